@@ -1,0 +1,1 @@
+"""Collectors: readers that turn every real source into the Timeline data contract."""

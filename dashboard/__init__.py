@@ -1,0 +1,1 @@
+"""The Dash dashboard and the Prometheus exporter of the diagnosis."""

@@ -1,0 +1,1 @@
+"""Reference mixed-batch inference engine (PyTorch + Triton), instrumented; the testbed."""

@@ -1,0 +1,5 @@
+import sys
+
+from mixdiag.cli import main
+
+sys.exit(main())

@@ -1,0 +1,17 @@
+"""``mixdiag schema``: print the Timeline data contract (frames, columns, dtypes, units)."""
+from mixdiag import schema
+
+
+def register(sub, common):
+    p = sub.add_parser("schema", parents=[common], help="print the Timeline data contract",
+                       description="Print every Timeline frame and column with dtype, unit and meaning.")
+    p.set_defaults(func=run)
+
+
+def run(args, console):
+    data = {frame: [{"name": c.name, "dtype": c.dtype, "unit": c.unit, "required": c.required,
+                     "choices": list(c.choices) if c.choices else None, "doc": c.doc}
+                    for c in cols] for frame, cols in schema.FRAMES.items()}
+    data["schema_version"] = schema.SCHEMA_VERSION
+    console.result(schema.describe(), data)
+    return 0

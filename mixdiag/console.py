@@ -1,0 +1,62 @@
+"""Output conventions shared by every CLI verb.
+
+* ``--json``: exactly one JSON document on stdout, nothing else (progress and logs go to stderr).
+* human output otherwise; ``-q`` silences progress and notes, ``-v`` adds detail.
+* progress bars (tqdm, on stderr) for work longer than a second or two.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any, Iterable, TypeVar
+
+T = TypeVar("T")
+
+
+def _clean(obj: Any) -> Any:
+    """JSON has no NaN/inf: write them as null, numpy scalars as Python numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        try:
+            obj = obj.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+class Console:
+    """Where a verb writes: one JSON document, or human lines; notes and progress on stderr."""
+
+    def __init__(self, json_mode: bool = False, verbosity: int = 0, stream=None, err=None):
+        self.json_mode = json_mode
+        self.verbosity = verbosity  # -1 quiet, 0 normal, >0 verbose
+        self.out = stream or sys.stdout
+        self.err = err or sys.stderr
+
+    def result(self, human: str | None, data: Any) -> None:
+        """Print the verb's result: ``data`` as JSON in --json mode, else ``human``."""
+        if self.json_mode:
+            json.dump(_clean(data), self.out, indent=2, sort_keys=False, allow_nan=False)
+            self.out.write("\n")
+        elif human is not None:
+            self.out.write(human.rstrip("\n") + "\n")
+        self.out.flush()
+
+    def note(self, msg: str, level: int = 0) -> None:
+        """A side remark on stderr, shown when verbosity >= level."""
+        if self.verbosity >= level:
+            self.err.write(msg.rstrip("\n") + "\n")
+
+    def progress(self, iterable: Iterable[T] | None = None, total: int | None = None, desc: str = "",
+                 unit: str = "it"):
+        """A tqdm progress bar on stderr (disabled with -q); use as iterator or context manager."""
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, unit=unit, file=self.err,
+                    disable=self.verbosity < 0, leave=False, dynamic_ncols=True, mininterval=0.5)
