@@ -1,0 +1,125 @@
+"""The Triton flat-stream paged attention matches a PyTorch reference under TRITON_INTERPRET=1."""
+import importlib.util
+import math
+import os
+import zlib
+
+import pytest
+import torch
+
+import mixdiag.engine as engine_pkg
+
+
+def _load_interpreted():
+    """A private copy of triton_attention whose kernel was decorated with the interpreter on.
+
+    ``triton.jit`` picks interpreter vs compiler when the module is imported, so a copy imported
+    here under TRITON_INTERPRET=1 works on CPU whatever else imported the module before.
+    """
+    path = os.path.join(os.path.dirname(engine_pkg.__file__), "triton_attention.py")
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        spec = importlib.util.spec_from_file_location("_triton_attention_interpreted", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+    return mod
+
+
+kernel = _load_interpreted()
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    """The interpreter also reads TRITON_INTERPRET while a kernel runs."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def reference(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale):
+    """One request at a time: gather its KV through the block table, causal softmax, GQA repeat."""
+    T, Hq, D = q.shape
+    block_size, Hkv = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    for b in range(seq_lens.shape[0]):
+        s, e = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        n = int(seq_lens[b])
+        pos = torch.arange(n)
+        blocks = block_tables[b, pos // block_size].long()
+        k = k_cache[blocks, pos % block_size].repeat_interleave(Hq // Hkv, dim=1)  # [n, Hq, D]
+        v = v_cache[blocks, pos % block_size].repeat_interleave(Hq // Hkv, dim=1)
+        qpos = torch.arange(n - (e - s), n)
+        scores = torch.einsum("thd,nhd->htn", q[s:e].double(), k.double()) * scale
+        scores = scores.masked_fill(pos[None, None, :] > qpos[None, :, None], float("-inf"))
+        out[s:e] = torch.einsum("htn,nhd->thd", scores.softmax(-1), v.double()).to(q.dtype)
+    return out
+
+
+def make_case(gen, q_lens, ctx_lens, hq, hkv, d, block_size, dtype=torch.float32):
+    """Random cache with requests' blocks scattered (shuffled physical ids, block_tables padded)."""
+    seq_lens = [c + ql for c, ql in zip(ctx_lens, q_lens)]
+    need = [math.ceil(n / block_size) for n in seq_lens]
+    num_blocks = sum(need) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    max_blocks = max(need) + 1
+    tables = torch.full((len(q_lens), max_blocks), num_blocks - 1, dtype=torch.int32)  # padding entries
+    used = 0
+    for b, nb in enumerate(need):
+        tables[b, :nb] = perm[used:used + nb].to(torch.int32)
+        used += nb
+    k_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, hkv, d, generator=gen).to(dtype)
+    T = sum(q_lens)
+    q = torch.randn(T, hq, d, generator=gen).to(dtype)
+    qsl = torch.tensor([0] + list(torch.tensor(q_lens).cumsum(0)), dtype=torch.int32)
+    return q, k_cache, v_cache, qsl, torch.tensor(seq_lens, dtype=torch.int32), tables
+
+
+CASES = [
+    # name,              q_lens,        ctx_lens,     Hq, Hkv, D,  block_size
+    ("decode-only",      [1, 1, 1],     [5, 16, 33],  4,  2,   16, 16),
+    ("prefill-only",     [7, 20],       [0, 0],       2,  2,   16, 16),
+    ("mixed",            [19, 1, 1, 3], [0, 40, 3, 9], 4, 1,   32, 8),
+    ("chunk-continues",  [9],           [23],         8,  2,   16, 4),
+    ("block-boundary",   [16, 1],       [16, 31],     2,  1,   16, 16),
+    ("gqa-3-odd-dim",    [5, 1],        [2, 12],      6,  2,   24, 5),
+    ("mha-big-group",    [1, 4],        [60, 0],      32, 1,   16, 16),
+]
+
+
+@pytest.mark.parametrize("name,q_lens,ctx_lens,hq,hkv,d,block_size", CASES, ids=[c[0] for c in CASES])
+def test_kernel_matches_reference(name, q_lens, ctx_lens, hq, hkv, d, block_size):
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    args = make_case(gen, q_lens, ctx_lens, hq, hkv, d, block_size)
+    scale = 1 / math.sqrt(d)
+    got = kernel.paged_attention(*args, scale)
+    want = reference(*args, scale)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+def test_randomized_shapes():
+    """Varlen mixes of decode rows and prefill chunks across GQA ratios and block sizes."""
+    gen = torch.Generator().manual_seed(1234)
+    for trial in range(6):
+        hkv = int(torch.randint(1, 3, (1,), generator=gen))
+        group = [1, 2, 4][int(torch.randint(0, 3, (1,), generator=gen))]
+        block_size = [4, 8, 16][int(torch.randint(0, 3, (1,), generator=gen))]
+        B = int(torch.randint(1, 5, (1,), generator=gen))
+        q_lens = [1 if torch.rand(1, generator=gen) < 0.5 else int(torch.randint(2, 24, (1,), generator=gen))
+                  for _ in range(B)]
+        ctx_lens = [int(torch.randint(0, 40, (1,), generator=gen)) for _ in range(B)]
+        args = make_case(gen, q_lens, ctx_lens, hkv * group, hkv, 16, block_size)
+        got = kernel.paged_attention(*args, 0.25)
+        torch.testing.assert_close(got, reference(*args, 0.25), atol=2e-5, rtol=2e-5,
+                                   msg=lambda m: f"trial {trial} q_lens={q_lens} ctx={ctx_lens}: {m}")
+
+
+def test_rejects_bad_head_ratio():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, qsl, sl, bt = make_case(gen, [1], [3], 3, 2, 16, 4)
+    with pytest.raises(ValueError, match="multiple"):
+        kernel.paged_attention(q, k, v, qsl, sl, bt, 1.0)
