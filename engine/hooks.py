@@ -1,0 +1,41 @@
+"""Extension points: the ``Tracer`` seam (NVTX / profiler ranges), no-op by default.
+
+The engine opens ``schedule``, ``prepare_inputs``, ``forward``, ``sample`` and ``step`` ranges and the
+model opens ``attn L<i>`` / ``moe L<i>`` per layer (names as docs/contracts.md §2). A tracer that
+records nothing must cost next to nothing: :class:`NullTracer` hands back one shared
+``nullcontext``.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager, Protocol, runtime_checkable
+
+_NULL = contextlib.nullcontext()
+
+
+@runtime_checkable
+class Tracer(Protocol):
+    """Opens a named range around a phase; ``payload`` is an integer (e.g. scheduled tokens)."""
+
+    def range(self, name: str, message: str | None = None, payload: Any = None) -> ContextManager: ...
+
+
+class NullTracer:
+    """The default tracer: every range is the same no-op context manager."""
+
+    def range(self, name: str, message: str | None = None, payload: Any = None) -> ContextManager:
+        return _NULL
+
+
+class RecordingTracer:
+    """Keeps (name, message, payload) of every range opened, in order; for tests and debugging."""
+
+    def __init__(self):
+        self.ranges: list[tuple[str, str | None, Any]] = []
+
+    def range(self, name: str, message: str | None = None, payload: Any = None) -> ContextManager:
+        self.ranges.append((name, message, payload))
+        return _NULL
+
+
+NULL_TRACER = NullTracer()
