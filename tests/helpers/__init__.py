@@ -1,0 +1,1 @@
+"""Reusable test helpers (real servers, fixtures) shared by several test areas."""
