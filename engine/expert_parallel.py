@@ -23,8 +23,8 @@ counts are accumulated per step for ``StepRecord.per_rank_tokens`` and the imbal
 """
 from __future__ import annotations
 
+import functools
 import math
-import os
 import socket
 from dataclasses import dataclass
 
@@ -62,20 +62,26 @@ class EPConfig:
 
 @dataclass(frozen=True)
 class ExpertWeights:
-    """SwiGLU experts of one MoE layer, stacked: w_gate/w_up [E, I, H], w_down [E, H, I]."""
+    """Experts of one MoE layer in :class:`~.moe.MoE`'s layout: w13 [E, 2I, H] (gate|up), w2 [E, H, I]."""
 
-    w_gate: torch.Tensor
-    w_up: torch.Tensor
-    w_down: torch.Tensor
+    w13: torch.Tensor
+    w2: torch.Tensor
 
     @property
     def num_experts(self) -> int:
-        return self.w_gate.shape[0]
+        return self.w13.shape[0]
+
+    @classmethod
+    def of(cls, moe) -> "ExpertWeights":
+        """The (detached) expert weights of a :class:`~.moe.MoE` layer."""
+        return cls(moe.w13.detach(), moe.w2.detach())
 
     def shard(self, rank: int, world_size: int) -> "ExpertWeights":
         lo, hi = expert_range(self.num_experts, rank, world_size)
-        return ExpertWeights(self.w_gate[lo:hi].contiguous(), self.w_up[lo:hi].contiguous(),
-                             self.w_down[lo:hi].contiguous())
+        return ExpertWeights(self.w13[lo:hi].contiguous(), self.w2[lo:hi].contiguous())
+
+    def to(self, device) -> "ExpertWeights":
+        return ExpertWeights(self.w13.to(device), self.w2.to(device))
 
 
 def expert_range(num_experts: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -105,9 +111,8 @@ def expert_forward(w: ExpertWeights, local_ids: torch.Tensor, x: torch.Tensor) -
         if n == 0:
             continue
         idx = order[start:start + n]
-        xe = x[idx]  # [n, H]
-        h = F.silu(xe @ w.w_gate[e].t()) * (xe @ w.w_up[e].t())  # [n, I]
-        out[idx] = h @ w.w_down[e].t()
+        g, u = F.linear(x[idx], w.w13[e]).chunk(2, dim=-1)  # [n, I] each, as MoE.expert
+        out[idx] = F.linear(F.silu(g) * u, w.w2[e])
         start += n
     return out
 
@@ -186,9 +191,9 @@ def _worker(rank: int, world: int, port: int, backend: str, threads: int, timeou
         torch.cuda.set_device(dev)
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    shards = [ExpertWeights(*(t.to(dev) for t in (s.w_gate, s.w_up, s.w_down))) for s in shards]
-    hidden = shards[0].w_gate.shape[2]
-    dtype = shards[0].w_gate.dtype
+    shards = [s.to(dev) for s in shards]
+    hidden = shards[0].w13.shape[2]
+    dtype = shards[0].w13.dtype
     try:
         while True:
             hdr = torch.empty(3, dtype=torch.int64, device=dev if backend == "nccl" else "cpu")
@@ -223,14 +228,14 @@ class ExpertParallel:
         self.num_experts = layers[0].num_experts
         check_shardable(self.num_experts, self.world)
         self.per_rank = self.num_experts // self.world
-        dev = layers[0].w_gate.device
+        dev = layers[0].w13.device
         backend = config.backend
         if backend == "auto":
             backend = "nccl" if dev.type == "cuda" else "gloo"
         self.backend = backend
         self.device = dev
-        self.hidden = layers[0].w_gate.shape[2]
-        self.dtype = layers[0].w_gate.dtype
+        self.hidden = layers[0].w13.shape[2]
+        self.dtype = layers[0].w13.dtype
         if dist.is_initialized():
             raise RuntimeError("torch.distributed is already initialised in this process; one EP group per process")
         port = _free_port()
@@ -240,7 +245,7 @@ class ExpertParallel:
             shards = [lw.shard(r, self.world) for lw in layers]
             wdev = f"cuda:{r % torch.cuda.device_count()}" if dev.type == "cuda" else "cpu"
             if dev.type != "cuda":
-                shards = [ExpertWeights(*(t.cpu() for t in (s.w_gate, s.w_up, s.w_down))) for s in shards]
+                shards = [s.to("cpu") for s in shards]
             p = ctx.Process(target=_worker, args=(r, self.world, port, backend, config.worker_threads,
                                                   config.timeout_s, shards, wdev), daemon=True)
             p.start()
@@ -251,6 +256,33 @@ class ExpertParallel:
         self._counts = [0] * self.world
         self._rounds = 0
         self._closed = False
+        self._moes: list = []
+
+    @classmethod
+    def attach(cls, model, config: EPConfig) -> "ExpertParallel":
+        """Shard ``model``'s MoE layers over ``config.world_size`` ranks and route them through EP.
+
+        Every ``MoE.experts_impl`` of the model becomes this group's :meth:`experts` for its
+        layer; :meth:`close` puts the local implementation back.
+        """
+        moes = list(model.moe_layers)
+        if not moes:
+            raise ValueError("the model has no MoE layers to shard")
+        for m in moes:
+            check_shardable(m.num_experts, config.world_size, m.top_k)
+        ep = cls(config, [ExpertWeights.of(m) for m in moes])
+        for i, m in enumerate(moes):
+            m.experts_impl = functools.partial(ep.experts, i)
+        ep._moes = moes
+        return ep
+
+    def set_router_bias(self, bias: torch.Tensor | None) -> None:
+        """Set (``None``: zero) the ``router_bias`` [E] of every attached MoE layer."""
+        for m in self._moes:
+            if bias is None:
+                m.router_bias.zero_()
+            else:
+                m.router_bias.copy_(bias.to(m.router_bias))
 
     # ---- one MoE call ----------------------------------------------------------------------
     def experts(self, layer: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -306,6 +338,8 @@ class ExpertParallel:
         if self._closed:
             return
         self._closed = True
+        for m in self._moes:
+            m.experts_impl = m.local_experts
         try:
             hdr = torch.tensor([_OP_STOP, 0, 0], dtype=torch.int64,
                                device=self.device if self.backend == "nccl" else "cpu")
