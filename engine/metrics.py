@@ -1,0 +1,179 @@
+"""The engine's Prometheus metrics (docs/contracts.md §3), one ``CollectorRegistry`` per engine.
+
+:class:`EngineMetrics` is an engine observer: call it (or :meth:`EngineMetrics.observe_step`) with
+each step record, and :meth:`EngineMetrics.observe_token` with each output event. It reads the
+record by the Timeline ``steps`` column names (``kind``, ``prefill_tokens``, ``decode_rows``,
+``graph_mode``, ``t_start_s`` ...), so any object carrying those attributes works; a missing or
+NaN attribute leaves its metric untouched rather than inventing a zero.
+
+Naming follows the Prometheus conventions: base units (seconds, bytes, ratios 0..1), counters end
+in ``_total``, and every label has a closed value set (``kind``, ``segment``, ``mode``,
+``source``). ITL and TTFT use vLLM V1's default buckets so dashboards built for vLLM read ours.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "mixdiag_engine"
+STEP_KINDS = ("prefill", "decode", "mixed", "idle")
+SEGMENTS = ("prefill", "decode")
+GRAPH_MODES = ("FULL", "PIECEWISE", "NONE")
+SM_SOURCES = ("measured", "estimated")
+
+#: vllm:inter_token_latency_seconds buckets (vllm/v1/metrics/loggers.py, V1 defaults).
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0)
+#: vllm:time_to_first_token_seconds buckets (V1 defaults).
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+#: Step durations: a CPU decode step is a few ms, a GPU one ~10 ms, a long prefill seconds.
+STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                  2.5, 5.0, 10.0)
+
+
+def _num(record: Any, name: str) -> float | None:
+    """The record's numeric field, or None when absent/NaN (the source could not know it)."""
+    v = getattr(record, name, None)
+    if v is None:
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+class EngineMetrics:
+    """Every metric of contracts §3 in ``registry``; feed it step records and token events."""
+
+    def __init__(self, registry: CollectorRegistry | None = None,
+                 arrival_s: Callable[[Any], float | None] | None = None):
+        self._arrival_s = arrival_s  # request id -> arrival time (for TTFT); None: no TTFT
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        p = PREFIX
+        self.steps = Counter(f"{p}_steps", "Forward steps by kind (mixed = prefill tokens and decode rows in one step)",
+                             ["kind"], registry=r)
+        self.scheduled_tokens = Counter(f"{p}_scheduled_tokens", "Tokens scheduled into forward steps by segment",
+                                        ["segment"], registry=r)
+        self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens processed (computed plus prefix-cache hits)",
+                                     registry=r)
+        self.generation_tokens = Counter(f"{p}_generation_tokens", "Output tokens generated", registry=r)
+        self.graph_dispatch = Counter(f"{p}_graph_dispatch", "Steps by planned CUDA-graph mode (the dispatcher's decision)",
+                                      ["mode"], registry=r)
+        self.graph_replays = Counter(f"{p}_graph_replays", "CUDA graphs really replayed, by mode (none on CPU)",
+                                     ["mode"], registry=r)
+        self.step_duration = Histogram(f"{p}_step_duration_seconds", "Wall time of one engine step by kind",
+                                       ["kind"], buckets=STEP_BUCKETS_S, registry=r)
+        self.itl = Histogram(f"{p}_inter_token_latency_seconds", "Time between consecutive outputs of a request",
+                             buckets=ITL_BUCKETS_S, registry=r)
+        self.ttft = Histogram(f"{p}_time_to_first_token_seconds", "Time from arrival to a request's first output",
+                              buckets=TTFT_BUCKETS_S, registry=r)
+        self.running = Gauge(f"{p}_requests_running", "Requests running after the last step", registry=r)
+        self.waiting = Gauge(f"{p}_requests_waiting", "Requests waiting after the last step", registry=r)
+        self.kv_usage = Gauge(f"{p}_kv_usage_ratio", "KV-cache block usage 0..1 after the last step", registry=r)
+        self.prefix_queries = Counter(f"{p}_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter(f"{p}_prefix_cache_hits", "Prompt tokens served from the prefix cache", registry=r)
+        self.preemptions = Counter(f"{p}_preemptions", "Requests preempted for lack of KV blocks", registry=r)
+        self.expert_imbalance = Gauge(f"{p}_expert_imbalance_ratio",
+                                      "Last step's max/mean tokens per expert-parallel rank (1 = balanced)", registry=r)
+        self.kv_transfer_bytes = Counter(f"{p}_kv_transfer_bytes", "PD KV bytes received and installed", registry=r)
+        self.kv_transfer_seconds = Counter(f"{p}_kv_transfer_seconds", "Time steps spent waiting on PD KV transfer",
+                                           registry=r)
+        self.sm_active = Gauge(f"{p}_sm_active_ratio", "SM activity 0..1 of the last step; source says measured or estimated",
+                               ["source"], registry=r)
+        # Bounded label sets exist from the start (a scrape before the first step shows zeros);
+        # graph_replays is the exception: it shows a mode only once a replay really happened.
+        for k in STEP_KINDS:
+            self.steps.labels(kind=k)
+            self.step_duration.labels(kind=k)
+        for s in SEGMENTS:
+            self.scheduled_tokens.labels(segment=s)
+        for m in GRAPH_MODES:
+            self.graph_dispatch.labels(mode=m)
+        self._last_token_s: dict[Any, float] = {}
+        self.steps_seen = 0
+
+    # ---- observers ----------------------------------------------------------------------------
+    def __call__(self, record: Any) -> None:
+        self.observe_step(record)
+
+    def observe_step(self, record: Any) -> None:
+        """Count one step record (attributes named like the Timeline ``steps`` columns)."""
+        kind = getattr(record, "kind", None)
+        if kind not in STEP_KINDS:
+            return  # "unknown" steps are not engine steps; nothing to count honestly
+        self.steps_seen += 1
+        self.steps.labels(kind=kind).inc()
+        t0, t1 = _num(record, "t_start_s"), _num(record, "t_end_s")
+        if t0 is not None and t1 is not None and t1 >= t0:
+            self.step_duration.labels(kind=kind).observe(t1 - t0)
+        prefill = _num(record, "prefill_tokens") or 0.0
+        decode = _num(record, "decode_rows") or 0.0
+        self.scheduled_tokens.labels(segment="prefill").inc(prefill)
+        self.scheduled_tokens.labels(segment="decode").inc(decode)
+        hits = _num(record, "prefix_hit_tokens") or 0.0
+        self.prompt_tokens.inc(prefill + hits)
+        queries = _num(record, "prefix_query_tokens")
+        if queries is not None:
+            self.prefix_queries.inc(queries)
+        self.prefix_hits.inc(hits)
+        out = _num(record, "output_tokens")
+        if out:
+            self.generation_tokens.inc(out)
+        mode = getattr(record, "graph_mode", None)
+        if kind != "idle" and mode in GRAPH_MODES:
+            self.graph_dispatch.labels(mode=mode).inc()
+            if _num(record, "graph_replayed") == 1.0:
+                self.graph_replays.labels(mode=mode).inc()
+        for gauge, name in ((self.running, "running_reqs"), (self.waiting, "waiting_reqs"),
+                            (self.kv_usage, "kv_usage"), (self.expert_imbalance, "expert_imbalance")):
+            v = _num(record, name)
+            if v is not None:
+                gauge.set(v)
+        v = _num(record, "preempted_reqs")
+        if v:
+            self.preemptions.inc(v)
+        v = _num(record, "kv_transfer_bytes")
+        if v:
+            self.kv_transfer_bytes.inc(v)
+        v = _num(record, "kv_transfer_s")
+        if v:
+            self.kv_transfer_seconds.inc(v)
+        for ev in getattr(record, "token_events", None) or ():
+            arrival = self._arrival_s(ev.request_id) if (ev.is_first and self._arrival_s) else None
+            self.observe_token(ev.request_id, ev.t_s, ev.n_tokens, arrival, first=ev.is_first)
+        v = _num(record, "sm_active")
+        source = getattr(record, "sm_active_source", None)
+        if v is not None and source in SM_SOURCES:  # an unlabelled or weaker (inferred) value is not exported
+            self.observe_sm_active(v, source)
+
+    def observe_token(self, request_id: Any, t_s: float, n_tokens: int = 1, arrival_s: float | None = None,
+                      first: bool | None = None) -> None:
+        """One output event of a request: its first gives TTFT (needs ``arrival_s``), later ones ITL.
+
+        ITL is per output event, as vLLM counts it (a speculative event carrying several tokens
+        is one observation); generation tokens are counted from step records, not here.
+        ``first`` (the engine's ``TokenEvent.is_first``) restarts a request, e.g. after preemption.
+        """
+        prev = None if first else self._last_token_s.get(request_id)
+        if prev is None:
+            if arrival_s is not None and t_s >= arrival_s:
+                self.ttft.observe(t_s - arrival_s)
+        elif t_s >= prev:
+            self.itl.observe(t_s - prev)
+        self._last_token_s[request_id] = t_s
+
+    def finish_request(self, request_id: Any) -> None:
+        """Forget a finished or aborted request (bounds the per-request state)."""
+        self._last_token_s.pop(request_id, None)
+
+    def observe_sm_active(self, ratio: float, source: str) -> None:
+        """Set the SM-activity gauge; ``source`` is ``measured`` or ``estimated`` (never blurred)."""
+        if source not in SM_SOURCES:
+            raise ValueError(f"sm_active source must be one of {SM_SOURCES}, got {source!r}")
+        self.sm_active.labels(source=source).set(min(max(float(ratio), 0.0), 1.0))

@@ -1,0 +1,90 @@
+"""``--profile START:STOP``: a PyTorch-profiler (Kineto) trace of a window of engine steps.
+
+:class:`ProfileWindow` is an engine observer. It starts ``torch.profiler`` once the step before
+``START`` has ended (at once when ``START`` is the first step) and stops after step ``STOP - 1``
+(half-open window ``[START, STOP)``), then writes the Chrome-trace JSON to ``DIR/trace.json``.
+While it records, :class:`~mixdiag.engine.nvtx_tracer.NvtxTracer` opens ``record_function``
+ranges with the NVTX strings (``step <n> kind=...``, ``schedule``, ``attn L<i>`` ...), so the
+trace carries the same ranges an Nsight capture would. A run that ends inside the window still
+writes what was recorded (:attr:`ProfileWindow.partial` is then true).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from mixdiag.errors import UserError
+
+_SPEC = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+
+
+def parse_window(spec: str) -> tuple[int, int]:
+    """``"20:60"`` -> ``(20, 60)``: profile steps 20..59. Raises UserError on anything else."""
+    m = _SPEC.match(spec or "")
+    if not m:
+        raise UserError(f"--profile expects START:STOP step numbers (e.g. 20:60), got {spec!r}")
+    start, stop = int(m.group(1)), int(m.group(2))
+    if stop <= start:
+        raise UserError(f"--profile window {spec!r} is empty: STOP must be greater than START")
+    return start, stop
+
+
+class ProfileWindow:
+    """Record a Kineto trace of steps ``[start, stop)`` into ``path`` (refuses an existing file)."""
+
+    def __init__(self, start: int, stop: int, path: str | Path, cuda: bool | None = None):
+        if stop <= start or start < 0:
+            raise UserError(f"profile window [{start}, {stop}) is empty or negative")
+        self.start, self.stop = start, stop
+        self.path = Path(path)
+        if self.path.exists():
+            raise UserError(f"{self.path} already exists; choose another run directory")
+        cuda = torch.cuda.is_available() if cuda is None else cuda
+        self._activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self._prof: profile | None = None
+        self.steps_recorded: list[int] = []
+        self.written: Path | None = None
+        self.partial = False
+
+    @property
+    def recording(self) -> bool:
+        return self._prof is not None
+
+    def begin(self, first_step: int = 0) -> None:
+        """Call before the engine's first step: starts at once when the window opens there."""
+        if first_step >= self.start and first_step < self.stop and not self.recording and self.written is None:
+            self._start()
+
+    def __call__(self, record: Any) -> None:
+        self.observe_step(record)
+
+    def observe_step(self, record: Any) -> None:
+        """After each step: note it if inside the window; start or stop at the window's edges."""
+        step = int(record.step)
+        if self.recording and self.start <= step < self.stop:
+            self.steps_recorded.append(step)
+        if self.recording and step >= self.stop - 1:
+            self._finish(partial=False)
+        elif not self.recording and self.written is None and self.start <= step + 1 < self.stop:
+            self._start()
+
+    def _start(self) -> None:
+        self._prof = profile(activities=self._activities, record_shapes=False, with_stack=False)
+        self._prof.__enter__()
+
+    def _finish(self, partial: bool) -> None:
+        prof, self._prof = self._prof, None
+        prof.__exit__(None, None, None)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(self.path))
+        self.written, self.partial = self.path, partial
+
+    def close(self) -> Path | None:
+        """End of run: stop a window still open and write it (flagged partial)."""
+        if self.recording:
+            self._finish(partial=True)
+        return self.written
