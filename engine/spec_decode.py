@@ -1,0 +1,112 @@
+"""Speculative decoding: verification of k draft tokens, the draft-count mask, KV rollback.
+
+A decode request with drafts ``d1..dk`` is scheduled ``1 + k`` rows: its last sampled token and
+the k drafts, at positions ``num_computed .. num_computed + k``; the target model's logits at row
+``i`` judge draft ``i + 1``, the last row gives a bonus token. Every row's KV is written in the
+step; after verification the positions of rejected drafts are rolled back (``num_computed`` is
+cut to the accepted length and wholly-rejected tail blocks can be released), so the next step
+overwrites them before anything reads them.
+
+Acceptance: greedy = accept while the draft equals the target argmax (then emit the target's
+token); temperature > 0 = the standard rejection-sampling rule (Leviathan et al. 2023, Chen et al.
+2023): accept ``x`` with probability ``min(1, p(x)/q(x))``, on rejection sample from
+``norm(max(0, p - q))``; the output distribution equals sampling from the target alone. A
+prompt-lookup drafter is deterministic, so ``q`` is one-hot.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """``tokens`` = accepted drafts followed by one target token (bonus or correction)."""
+
+    num_draft: int
+    num_accepted: int
+    tokens: tuple[int, ...]
+
+    @property
+    def num_rejected(self) -> int:
+        return self.num_draft - self.num_accepted
+
+
+def draft_token_counts(num_scheduled_tokens: Sequence[int], spec_tokens: Sequence[Sequence[int] | None]) -> np.ndarray:
+    """Per-request draft counts as vLLM's runner builds them (int32).
+
+    ``-1``: not a decode request (chunked prefill: the mask must not treat its rows as drafts);
+    ``0``: a decode without drafts this step; ``k``: a decode with k drafts (scheduled ``k + 1``).
+    ``spec_tokens[i]`` is None for requests the scheduler gave no speculative entry.
+    """
+    out = np.full(len(num_scheduled_tokens), -1, dtype=np.int32)
+    for i, (n, drafts) in enumerate(zip(num_scheduled_tokens, spec_tokens)):
+        if drafts is not None and n == len(drafts) + 1:
+            out[i] = len(drafts)
+    return out
+
+
+def verify_greedy(draft: Sequence[int], target_ids: Sequence[int]) -> VerifyResult:
+    """Accept the longest prefix of ``draft`` equal to the target argmax ``target_ids`` [k+1]."""
+    k = len(draft)
+    if len(target_ids) != k + 1:
+        raise ValueError(f"verify_greedy: {k} drafts need {k + 1} target tokens, got {len(target_ids)}")
+    n = 0
+    while n < k and int(draft[n]) == int(target_ids[n]):
+        n += 1
+    return VerifyResult(k, n, tuple(int(t) for t in target_ids[:n + 1]))
+
+
+def verify_sampling(draft: Sequence[int], target_probs: torch.Tensor, generator: torch.Generator | None,
+                    draft_probs: torch.Tensor | None = None) -> VerifyResult:
+    """Rejection-sampling verification; ``target_probs`` [k+1, V] after temperature/top-p.
+
+    ``draft_probs`` [k, V] is the drafter's distribution (None = one-hot on the draft token).
+    """
+    k = len(draft)
+    if target_probs.shape[0] != k + 1:
+        raise ValueError(f"verify_sampling: {k} drafts need {k + 1} target rows, got {target_probs.shape[0]}")
+    p_all = target_probs.double()
+    out: list[int] = []
+    for i, x in enumerate(int(t) for t in draft):
+        p = p_all[i]
+        q = torch.zeros_like(p)
+        if draft_probs is None:
+            q[x] = 1.0
+        else:
+            q = draft_probs[i].double()
+        u = torch.rand((), generator=generator, dtype=torch.float64, device=p.device)
+        if float(q[x]) > 0 and float(u) < min(1.0, float(p[x] / q[x])):
+            out.append(x)
+            continue
+        residual = (p - q).clamp_min(0)
+        if float(residual.sum()) <= 0:  # p == q: any rejection is measure-zero; fall back to p
+            residual = p
+        out.append(int(torch.multinomial(residual / residual.sum(), 1, generator=generator)))
+        return VerifyResult(k, i, tuple(out))
+    out.append(int(torch.multinomial(p_all[k] / p_all[k].sum(), 1, generator=generator)))
+    return VerifyResult(k, k, tuple(out))
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """KV bookkeeping after verification of one request."""
+
+    num_computed_tokens: int         # tokens whose KV is valid (was num_computed + 1 + k rows written)
+    rejected_positions: tuple[int, int]  # [start, end) positions whose KV is stale
+    keep_blocks: tuple[int, ...]
+    free_blocks: tuple[int, ...]     # tail blocks holding only rejected positions
+
+
+def rollback(num_computed_before: int, num_draft: int, num_accepted: int, block_ids: Sequence[int],
+             block_size: int) -> Rollback:
+    """Cut a request's KV back to ``num_computed_before + 1 + num_accepted`` valid positions."""
+    if not 0 <= num_accepted <= num_draft:
+        raise ValueError(f"rollback: accepted {num_accepted} of {num_draft} drafts")
+    valid = num_computed_before + 1 + num_accepted
+    written_end = num_computed_before + 1 + num_draft
+    need = -(-valid // block_size)
+    return Rollback(valid, (valid, written_end), tuple(block_ids[:need]), tuple(block_ids[need:]))
