@@ -1,0 +1,185 @@
+"""prom_text: real exposition fixtures, timed scrapes from a real prometheus_client registry."""
+import io
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from mixdiag.collectors import prom_text
+from mixdiag.collectors.prom_intervals import bucket_quantile
+from mixdiag.errors import UserError
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+# Counts by grep: total = wc -l, ignored = lines starting with '#', parsed = lines starting with vllm:/sglang:.
+FIXTURES = [
+    ("sglang_metrics_docs.txt", 49, 29, 20, {"sglang:num_queue_reqs": 2826.0, "sglang:token_usage": 0.28}),
+    ("vllm_metrics_11117.txt", 52, 48, 4, {"vllm:iteration_tokens_total_count": 8.0}),
+    ("vllm_metrics_ps318.txt", 29, 25, 4, {}),
+]
+
+
+@pytest.mark.parametrize("name,total,parsed,ignored,values", FIXTURES)
+def test_fixture_counts(name, total, parsed, ignored, values):
+    tl = prom_text.read(FIX / name)
+    src = tl.meta["sources"][0]
+    assert (src["lines_total"], src["lines_parsed"], src["lines_skipped"], src["lines_ignored"]) == \
+        (total, parsed, 0, ignored)
+    assert tl.meta["clock"] == "relative" and len(tl.steps) == 0
+    for metric, v in values.items():
+        got = tl.series[tl.series["name"] == metric]["value"]
+        assert list(got) == [v]
+
+
+def test_parse_syntax_variants():
+    text = ('# TYPE old_counter counter\n'
+            'old_counter{a="x"} 3\n'                                  # counter without _total
+            'sglang_num_running_reqs{model_name="m"} 4\n'             # underscore variant
+            'm{l="has \\"quote\\", comma"} +Inf 1700000000000\n'      # escapes + timestamp
+            'bad{l="unterminated} 1\n'
+            'x 12abc\n'
+            'x_created 1.7e9\n'
+            'dup 1\ndup 2\n')
+    stats = prom_text.LineStats(format="prom-text", path="t", lines_total=9)
+    s = prom_text.parse(text, stats)
+    assert s.samples["old_counter_total"] == {(("a", "x"),): 3.0}
+    assert s.samples["sglang:num_running_reqs"] == {(("model_name", "m"),): 4.0}
+    assert s.samples["m"] == {(("l", 'has "quote", comma'),): math.inf}
+    assert (stats.lines_parsed, stats.lines_skipped, stats.lines_ignored) == (4, 3, 2)
+
+
+def test_cut_last_line_is_skipped_and_flagged():
+    tl = prom_text.read(io.BytesIO(b"a_total 1\nb_total 2"), t_s=5.0)
+    src = tl.meta["sources"][0]
+    assert (src["lines_parsed"], src["lines_skipped"], src["partial"]) == (1, 1, True)
+    assert tl.meta["partial"] is True
+
+
+def test_not_prometheus_is_user_error(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_text("hello world\nthis is a log\n")
+    with pytest.raises(UserError):
+        prom_text.read(p)
+    with pytest.raises(UserError):
+        prom_text.read(tmp_path / "missing.prom")
+
+
+# 4 obs <= 0.1, 4 in (0.1, 0.2], 0 above; rank = q * 8, linear inside the bucket holding the rank.
+@pytest.mark.parametrize("q,cum,want", [
+    (0.25, [4, 8, 8, 8], 0.05), (0.5, [4, 8, 8, 8], 0.1), (0.75, [4, 8, 8, 8], 0.15), (1.0, [4, 8, 8, 8], 0.2),
+    (0.5, [0, 0, 0, 3], 0.3),        # everything above the last finite bound -> that bound
+    (0.5, [0, 0, 0, 0], math.nan),   # no observations
+])
+def test_bucket_quantile_matches_promql(q, cum, want):
+    upper = np.array([0.1, 0.2, 0.3, math.inf])
+    cum = np.array(cum, dtype=float)
+    if math.isnan(want):
+        assert math.isnan(bucket_quantile(q, upper, cum))
+        return
+    assert bucket_quantile(q, upper, cum) == pytest.approx(want)
+
+
+def _engine_registry():
+    reg = CollectorRegistry()
+    m = {
+        "steps": Counter("mixdiag_engine_steps", "", ["kind"], registry=reg),
+        "tok": Counter("mixdiag_engine_scheduled_tokens", "", ["segment"], registry=reg),
+        "gen": Counter("mixdiag_engine_generation_tokens", "", registry=reg),
+        "itl": Histogram("mixdiag_engine_inter_token_latency_seconds", "", buckets=(0.01, 0.05, 0.1, 1.0),
+                         registry=reg),
+        "run": Gauge("mixdiag_engine_requests_running", "", registry=reg),
+    }
+    return reg, m
+
+
+def test_scrape_sequence_intervals_from_real_registry():
+    reg, m = _engine_registry()
+    scrapes = [(100.0, generate_latest(reg).decode())]
+    # interval 0: 3 decode steps, 30 decode rows, ITL observations 0.02 x 4
+    m["steps"].labels("decode").inc(3)
+    m["tok"].labels("decode").inc(30)
+    m["gen"].inc(30)
+    for _ in range(4):
+        m["itl"].observe(0.02)
+    m["run"].set(10)
+    scrapes.append((101.0, generate_latest(reg).decode()))
+    # interval 1: one mixed step (label child born now) + 1 decode; slow tokens
+    m["steps"].labels("mixed").inc()
+    m["steps"].labels("decode").inc()
+    m["tok"].labels("prefill").inc(512)
+    m["tok"].labels("decode").inc(20)
+    m["gen"].inc(20)
+    for _ in range(2):
+        m["itl"].observe(0.5)
+    scrapes.append((102.0, generate_latest(reg).decode()))
+    # interval 2: nothing ran
+    scrapes.append((103.0, generate_latest(reg).decode()))
+    tl = prom_text.read_scrapes(scrapes, instance="engine0")
+    s = tl.steps
+    assert list(s["kind"]) == ["decode", "mixed", "idle"]
+    assert list(s["granularity"]) == ["interval"] * 3
+    assert list(s["t_start_s"]) == [100.0, 101.0, 102.0] and list(s["t_end_s"]) == [101.0, 102.0, 103.0]
+    assert list(s["decode_rows"]) == [30.0, 20.0, 0.0]
+    assert list(s["prefill_tokens"]) == [0.0, 512.0, 0.0]
+    assert list(s["output_tokens"]) == [30.0, 20.0, 0.0]
+    assert list(s["mixed_steps"]) == [0.0, 1.0, 0.0] and list(s["decode_steps"]) == [3.0, 1.0, 0.0]
+    assert list(s["itl_count"]) == [4.0, 2.0, 0.0]
+    assert s["itl_mean_s"][0] == pytest.approx(0.02) and s["itl_mean_s"][1] == pytest.approx(0.5)
+    assert 0.01 < s["itl_p50_s"][0] <= 0.05 and 0.1 < s["itl_p99_s"][1] <= 1.0
+    assert math.isnan(s["itl_p50_s"][2])
+    assert list(s["running_reqs"]) == [10.0, 10.0, 10.0]
+    inc = tl.series[(tl.series["name"] == "mixdiag_engine_steps_total:increase") &
+                    (tl.series["labels"] == "kind=mixed")]
+    assert list(inc["value"]) == [1.0, 0.0]  # born in interval 1
+    assert tl.meta["metric_sources"]["engine0"]["decode_rows"] == "mixdiag_engine_scheduled_tokens_total{segment=decode}"
+    assert tl.meta["signals"]["engine0"]["kind"] == "measured"
+
+
+def _vllm(engine_values, gen, running, itl_buckets, name="vllm:generation_tokens_total"):
+    lines = []
+    for e, g, r, b in zip(engine_values, gen, running, itl_buckets):
+        lab = f'engine="{e}",model_name="m"'
+        lines.append(f"{name}{{{lab}}} {g}")
+        lines.append(f"vllm:num_requests_running{{{lab}}} {r}")
+        for le, c in zip(("0.01", "0.1", "+Inf"), b):
+            lines.append(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="{le}"}} {c}')
+        lines.append(f"vllm:inter_token_latency_seconds_count{{{lab}}} {b[-1]}")
+    return "\n".join(lines) + "\n"
+
+
+def test_vllm_engines_split_and_counter_reset():
+    s0 = _vllm(["0", "1"], [100, 50], [3, 4], [(1, 2, 2), (0, 0, 0)])
+    s1 = _vllm(["0", "1"], [130, 10], [5, 6], [(1, 5, 5), (0, 1, 1)])   # engine 1 restarted: 50 -> 10
+    tl = prom_text.read_scrapes([(0.0, s0), (10.0, s1)], instance="vllm")
+    s = tl.steps.set_index("instance")
+    assert sorted(s.index) == ["vllm/engine0", "vllm/engine1"]
+    assert s.loc["vllm/engine0", "output_tokens"] == 30.0
+    assert s.loc["vllm/engine1", "output_tokens"] == 10.0  # reset: increase = value since restart
+    assert s.loc["vllm/engine0", "itl_count"] == 3.0
+    assert s.loc["vllm/engine1", "running_reqs"] == 6.0
+    assert s.loc["vllm/engine0", "kind"] == "unknown"  # tokens flowed, kind not in vLLM's metrics
+
+
+def test_scrape_directory(tmp_path):
+    reg, m = _engine_registry()
+    (tmp_path / "1700000000.prom").write_bytes(generate_latest(reg))
+    m["steps"].labels("prefill").inc(2)
+    (tmp_path / "1700000005.5.prom").write_bytes(generate_latest(reg))
+    (tmp_path / "README").write_text("not a scrape\n")
+    tl = prom_text.read(tmp_path, instance="e")
+    assert list(tl.steps["kind"]) == ["prefill"]
+    assert tl.steps["t_end_s"][0] == 1700000005.5
+    assert len(tl.meta["sources"]) == 2
+    assert any("other file" in n for n in tl.meta["sources"][0]["notes"])
+
+
+@pytest.mark.parametrize("head,name,want", [
+    (b"# HELP vllm:x y\n# TYPE vllm:x gauge\n", "m.txt", True),
+    (b'sglang:token_usage{model_name="m"} 0.2\n', "m.txt", True),
+    (b"", "scrape.prom", True),
+    (b"[2025-01-01 00:00:00] Prefill batch. #new-seq: 1", "x.log", False),
+])
+def test_sniff(head, name, want):
+    assert prom_text.sniff(head, name) is want
