@@ -1,0 +1,60 @@
+"""The app factory: a Dash app with the four pages and the diagnosis exporter's ``/metrics``.
+
+>>> from mixdiag.dashboard import DashboardConfig, create_app
+>>> app = create_app(DashboardConfig.from_data_path("runs/demo"))   # doctest: +SKIP
+>>> serve(app)                                                        # doctest: +SKIP
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dash
+from flask import Response
+
+from mixdiag.dashboard import callbacks, layout
+from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.store import DataStore
+from mixdiag.exporter import CONTENT_TYPE_LATEST, DiagnosisExporter
+
+
+def create_app(config: DashboardConfig, store: DataStore | None = None,
+               exporter: DiagnosisExporter | None = None) -> dash.Dash:
+    """A Dash app for ``config``: loads ``config.initial`` (if any), serves the pages and ``/metrics``.
+
+    The returned app carries ``app.mixdiag_store``, ``app.mixdiag_exporter`` and
+    ``app.mixdiag_live`` for the CLI and tests. Loading errors of the initial data raise
+    :class:`~mixdiag.errors.UserError` before anything is served.
+    """
+    from mixdiag.dashboard.live import LiveFollower
+
+    exporter = exporter or DiagnosisExporter()
+    store = store or DataStore(config, exporter)
+    if config.initial is not None:
+        store.load_path(config.initial)
+    live = LiveFollower(config.prometheus_url, window_s=config.live_window_s, refresh_s=config.refresh_s)
+
+    app = dash.Dash(__name__, title="mixdiag", update_title=None, serve_locally=True,
+                    assets_folder=str(Path(__file__).with_name("assets")))
+    # A base64 upload is 4/3 of the file plus the JSON envelope of the callback request.
+    app.server.config["MAX_CONTENT_LENGTH"] = config.upload_max_bytes * 4 // 3 + 2 * 2**20
+
+    def _layout():
+        ds = store.get(None)
+        return layout.page(config, callbacks.key_of(ds) if ds else None, live=bool(config.prometheus_url))
+
+    app.layout = _layout
+    callbacks.register(app, store, live)
+
+    @app.server.route("/metrics")
+    def _metrics():
+        return Response(exporter.render(), mimetype=None, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.mixdiag_store = store
+    app.mixdiag_exporter = exporter
+    app.mixdiag_live = live
+    return app
+
+
+def serve(app: dash.Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
+    """Serve ``app`` until interrupted (threaded Werkzeug server; bind address as given)."""
+    app.run(host=host, port=port, debug=False, dev_tools_ui=False, dev_tools_props_check=False)

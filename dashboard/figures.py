@@ -1,0 +1,194 @@
+"""Figure builders: pure functions from prepared frames (:mod:`.views`, :mod:`.stats`) to plotly figures.
+
+No figure builder reads files, holds state or knows about Dash; the callbacks call them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS, bucket_first_of_each, minmax_indices
+from mixdiag.dashboard.stats import CAUSES
+from mixdiag.dashboard.views import SpikeDetail, TimelineView
+
+#: One colour per cause, the same on every page (colour-blind-safe Okabe-Ito order, grey = unknown).
+CAUSE_COLORS = {"mixing": "#D55E00", "prefill_stall": "#E69F00", "ep_hotspot": "#CC79A7",
+                "pd_transfer": "#0072B2", "graph_fallback": "#009E73", "kv_pressure": "#56B4E9",
+                "host_stall": "#8B4513", "unknown": "#7F7F7F"}
+GRAPH_MODE_COLORS = {"FULL": "#009E73", "PIECEWISE": "#E69F00", "NONE": "#D55E00", "unknown": "#BBBBBB"}
+#: Graph-mode band, bottom to top.
+GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]
+#: Panel ids in the order they are stacked; the browser tests look for these titles.
+PANEL_TITLES = {"itl": "Inter-token latency", "alloc": "Token allocation per step",
+                "sm": "SM activity", "graph": "CUDA-graph mode per step",
+                "expert": "Expert imbalance (max/mean per EP rank)", "kv": "PD KV transfer per step"}
+
+
+def _color(cause: str) -> str:
+    return CAUSE_COLORS.get(cause, CAUSE_COLORS["unknown"])
+
+
+def timeline_panels(view: TimelineView) -> list[str]:
+    """Panel ids the Timeline figure of ``view`` has: the four signals, plus expert/KV when present."""
+    panels = ["itl", "alloc", "sm", "graph"]
+    if view.has_expert:
+        panels.append("expert")
+    if view.has_kv:
+        panels.append("kv")
+    return panels
+
+
+def _take(df: pd.DataFrame, idx: np.ndarray) -> pd.DataFrame:
+    return df.iloc[idx] if len(idx) != len(df) else df
+
+
+def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = None,
+                    max_points: int = DEFAULT_MAX_POINTS) -> go.Figure:
+    """Linked panels on one shared x-axis (seconds since the first sample).
+
+    Every line is downsampled to ``max_points`` over ``x_range`` (min and max per bucket, so
+    spikes stay visible); spike markers carry ``customdata = [instance, step]`` for the Spike
+    page. Zooming one panel zooms all (shared x-axis).
+    """
+    panels = timeline_panels(view)
+    heights = {"itl": 0.34, "alloc": 0.22, "sm": 0.16, "graph": 0.12, "expert": 0.12, "kv": 0.12}
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.035,
+                        subplot_titles=[PANEL_TITLES[p] for p in panels],
+                        row_heights=[heights[p] for p in panels])
+    row = {p: i + 1 for i, p in enumerate(panels)}
+    shown, total = 0, 0
+
+    # ITL line plus spike markers, one trace per cause so the legend names the causes.
+    itl = view.itl
+    idx = minmax_indices(itl["t_rel_s"].to_numpy(), itl["itl_s"].to_numpy(), max_points, x_range)
+    shown, total = shown + len(idx), total + len(itl)
+    d = _take(itl, idx)
+    fig.add_trace(go.Scatter(x=d["t_rel_s"], y=d["itl_s"], mode="lines", name="ITL",
+                             line={"color": "#4D4D4D", "width": 1}, hovertemplate="%{x:.3f}s ITL %{y:.4f}s"),
+                  row=row["itl"], col=1)
+    sp = view.spikes
+    for cause in CAUSES:
+        s = sp[sp["cause"] == cause]
+        if not len(s):
+            continue
+        k = minmax_indices(s["t_rel_s"].to_numpy(), s["itl_s"].to_numpy(), max_points, x_range)
+        s = _take(s, k)
+        fig.add_trace(go.Scatter(
+            x=s["t_rel_s"], y=s["itl_s"], mode="markers", name=f"spike: {cause}",
+            marker={"color": _color(cause), "size": 9, "symbol": "diamond", "line": {"width": 1, "color": "#222"}},
+            customdata=np.column_stack([s["instance"].to_numpy(), s["step"].to_numpy()]).tolist(),
+            hovertemplate=f"{cause}<br>step %{{customdata[1]}}<br>ITL %{{y:.4f}}s<extra>click for evidence</extra>",
+            meta="spike"), row=row["itl"], col=1)
+
+    st = view.steps
+    t = st["t_rel_s"].to_numpy()
+    pre = st["prefill_tokens"].fillna(0).to_numpy()
+    dec = st["decode_rows"].fillna(0).to_numpy()
+    ia = np.union1d(minmax_indices(t, pre, max_points, x_range), minmax_indices(t, dec, max_points, x_range))
+    shown, total = shown + len(ia), total + len(st)
+    a = _take(st, ia)
+    for col, name, color in (("decode_rows", "decode rows", "#0072B2"), ("prefill_tokens", "prefill tokens", "#D55E00")):
+        fig.add_trace(go.Scatter(x=a["t_rel_s"], y=a[col].fillna(0), mode="lines", name=name, stackgroup="alloc",
+                                 line={"color": color, "width": 0.5, "shape": "hv"},
+                                 hovertemplate=f"%{{x:.3f}}s {name} %{{y:.0f}}<extra></extra>"),
+                      row=row["alloc"], col=1)
+
+    sm = st["sm_active"].to_numpy(dtype="float64")
+    im = minmax_indices(t, sm, max_points, x_range)
+    m = _take(st, im)
+    fig.add_trace(go.Scatter(x=m["t_rel_s"], y=m["sm_active"], mode="lines", name=f"SM active ({view.sm_quality})",
+                             line={"color": "#CC79A7", "width": 1, "shape": "hv"},
+                             hovertemplate="%{x:.3f}s SM active %{y:.2f}<extra></extra>"), row=row["sm"], col=1)
+    fig.update_yaxes(title_text=f"ratio ({view.sm_quality})", range=[0, 1.05], row=row["sm"], col=1)
+
+    ig = bucket_first_of_each(t, st["graph_mode"].to_numpy(), max_points, x_range)
+    g = _take(st, ig)
+    for mode in GRAPH_MODE_ORDER:
+        gm = g[g["graph_mode"] == mode]
+        if not len(gm):
+            continue
+        fig.add_trace(go.Scatter(x=gm["t_rel_s"], y=gm["graph_mode"], mode="markers", name=f"graph {mode}",
+                                 marker={"color": GRAPH_MODE_COLORS[mode], "size": 6, "symbol": "line-ns-open",
+                                         "line": {"width": 2, "color": GRAPH_MODE_COLORS[mode]}},
+                                 hovertemplate=f"%{{x:.3f}}s graph {mode}<extra></extra>"), row=row["graph"], col=1)
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=GRAPH_MODE_ORDER, row=row["graph"], col=1)
+
+    if "expert" in row:
+        ex = st["expert_imbalance"].to_numpy(dtype="float64")
+        e = _take(st, minmax_indices(t, ex, max_points, x_range))
+        fig.add_trace(go.Scatter(x=e["t_rel_s"], y=e["expert_imbalance"], mode="lines", name="expert imbalance",
+                                 line={"color": "#CC79A7", "width": 1, "shape": "hv"}), row=row["expert"], col=1)
+        fig.update_yaxes(title_text="max/mean", row=row["expert"], col=1)
+    if "kv" in row:
+        kv = st["kv_transfer_bytes"].fillna(0).to_numpy()
+        k = _take(st, minmax_indices(t, kv, max_points, x_range))
+        fig.add_trace(go.Scatter(x=k["t_rel_s"], y=k["kv_transfer_bytes"].fillna(0), mode="lines",
+                                 name="KV transfer bytes", line={"color": "#0072B2", "width": 1, "shape": "hv"}),
+                      row=row["kv"], col=1)
+        fig.update_yaxes(title_text="bytes", row=row["kv"], col=1)
+
+    fig.update_yaxes(title_text="s", row=row["itl"], col=1)
+    fig.update_yaxes(title_text="tokens / rows", row=row["alloc"], col=1)
+    fig.update_xaxes(title_text=f"seconds since first sample ({view.instance})", row=len(panels), col=1)
+    if x_range is not None:
+        fig.update_xaxes(range=list(x_range))
+    note = (f"{shown:,} of {total:,} points drawn (min/max per pixel bucket; zoom to re-sample)"
+            if shown < total else f"all {total:,} points drawn")
+    fig.update_layout(height=220 + 150 * len(panels), margin={"l": 60, "r": 20, "t": 60, "b": 50},
+                      uirevision=view.instance, hovermode="closest", template="plotly_white",
+                      legend={"orientation": "h", "y": 1.06, "x": 0},
+                      meta={"points_shown": int(shown), "points_total": int(total)})
+    fig.add_annotation(text=note, xref="paper", yref="paper", x=1, y=-0.02, xanchor="right", yanchor="top",
+                       showarrow=False, font={"size": 10, "color": "#777"})
+    return fig
+
+
+def empty_figure(text: str = "") -> go.Figure:
+    """A blank figure (optionally with a centred message), for pages with nothing to show yet."""
+    fig = go.Figure()
+    fig.update_layout(height=200, template="plotly_white", xaxis={"visible": False}, yaxis={"visible": False},
+                      margin={"l": 20, "r": 20, "t": 20, "b": 20})
+    if text:
+        fig.add_annotation(text=text, showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+    return fig
+
+
+def by_cause_figure(counts: dict[str, int]) -> go.Figure:
+    """Horizontal bars: spikes per cause, every cause of the closed set listed."""
+    causes = [c for c in CAUSES if c in counts] + [c for c in counts if c not in CAUSES]
+    fig = go.Figure(go.Bar(x=[counts[c] for c in causes], y=causes, orientation="h",
+                           marker={"color": [_color(c) for c in causes]}, text=[counts[c] for c in causes],
+                           textposition="auto", hovertemplate="%{y}: %{x} spikes<extra></extra>"))
+    fig.update_layout(height=300, margin={"l": 110, "r": 20, "t": 30, "b": 40}, template="plotly_white",
+                      title={"text": "Spikes by cause", "font": {"size": 14}},
+                      yaxis={"autorange": "reversed"}, xaxis={"title": "spikes"})
+    return fig
+
+
+def spike_figure(detail: SpikeDetail) -> go.Figure:
+    """The spike and its neighbouring steps: measured ITL per step, baseline, the ledger's prediction."""
+    nb = detail.neighbours
+    y_col = "itl_max_s" if "itl_max_s" in nb and nb["itl_max_s"].notna().any() else None
+    y = nb[y_col] if y_col else nb["t_end_s"] - nb["t_start_s"]
+    cause = str(detail.spike.get("cause", "unknown"))
+    is_spike = (nb["step"] == detail.spike["step"]).to_numpy()
+    colors = [_color(cause) if s else "#9E9E9E" for s in is_spike]
+    fig = go.Figure(go.Bar(x=nb["step"].astype(str), y=y, marker={"color": colors}, name="measured",
+                           customdata=nb["kind"] if "kind" in nb else None,
+                           hovertemplate="step %{x} (%{customdata})<br>%{y:.4f}s<extra></extra>"))
+    base = detail.spike.get("baseline_s")
+    if base is not None and np.isfinite(base):
+        fig.add_hline(y=float(base), line_dash="dash", line_color="#555",
+                      annotation_text=f"baseline {float(base):.4f}s", annotation_position="top left")
+    if math.isfinite(detail.predicted_s):
+        fig.add_hline(y=detail.predicted_s, line_dash="dot", line_color=_color(cause),
+                      annotation_text=f"ledger predicted {detail.predicted_s:.4f}s", annotation_position="top right")
+    fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 40, "b": 40}, template="plotly_white",
+                      title={"text": f"Steps around spike {detail.spike['step']} ({cause})", "font": {"size": 14}},
+                      xaxis={"title": "step", "type": "category"},
+                      yaxis={"title": "max ITL in step (s)" if y_col else "step duration (s)"}, showlegend=False)
+    return fig
