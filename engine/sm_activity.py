@@ -6,7 +6,7 @@ from the step's arithmetic against a documented :class:`DeviceModel` (a roofline
 
     flops  = 2 x active parameters x tokens  +  attention score/value FLOPs  +  LM head
     bytes  = weights read once (dense layers, attention, the experts a step touches, LM head)
-             + KV read (tokens held) + KV written (tokens scheduled)
+             + KV read (tokens held, when the step has decode rows) + KV written (tokens scheduled)
     sm_active_est = t_compute / max(t_compute, t_memory),  t_compute = flops / peak_flops,
                     t_memory = bytes / mem_bw_bytes_s
 
@@ -104,7 +104,8 @@ class SmEstimator:
         touched = e * (1.0 - (1.0 - 1.0 / e) ** (t * k)) if e else 0.0
         params = (m.num_layers * self._attn_params + dense * self._dense_mlp
                   + moe * (touched * self._expert + self._shared + self._router) + self._lm_head)
-        nbytes = params * dev.bytes_per_param + (kv_tokens_held + t) * self._kv_token_bytes
+        # KV: decode rows read the contexts held; every scheduled token writes its K/V.
+        nbytes = params * dev.bytes_per_param + ((kv_tokens_held if decode_rows else 0.0) + t) * self._kv_token_bytes
         t_c, t_m = flops / dev.peak_flops, nbytes / dev.mem_bw_bytes_s
         return StepCost(flops, nbytes, t_c / max(t_c, t_m))
 

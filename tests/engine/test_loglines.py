@@ -1,0 +1,150 @@
+"""Log lines: byte-identical to real vLLM / SGLang lines (fixtures) and parseable by formats.md's regexes."""
+import io
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from mixdiag.engine.loglines import LogLineConfig, LogLineWriter, parse_formats
+from mixdiag.engine.records import StepRecord
+from mixdiag.errors import UserError
+
+FIXTURES = Path("/work/shared/fixtures/logs")
+REPO_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+VLLM_ITER = re.compile(r"Iteration\((?P<idx>\d+)\): (?P<ctx_req>\d+) context requests, (?P<ctx_tok>\d+) context tokens, "
+                       r"(?P<gen_req>\d+) generation requests, (?P<gen_tok>\d+) generation tokens, "
+                       r"iteration elapsed time: (?P<ms>[\d.]+) ms")
+VLLM_PREFIX = re.compile(r"(?:\((?P<proc>[^)\s]+) pid=(?P<pid>\d+)\)\s+)?(?P<level>[A-Z]+) (?P<mmdd>\d\d-\d\d) "
+                         r"(?P<hms>\d\d:\d\d:\d\d)(?:\.\d+)? \[?(?P<file>[\w.]+):(?P<lineno>\d+)\] ")
+SGL_PREFIX = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)((?: (?:DP|TP|EP|PP)\d+)*)\] ")
+SGL_BATCH = re.compile(r"(Prefill|Decode) batch(?: \[(\d+)\])?[.,] ")
+SGL_FIELD = re.compile(r"(#?[A-Za-z][A-Za-z -]*?(?: \(token/s\))?): ([^,]+)")
+
+
+def real_line(name, contains):
+    """First line of a real sample (tests/fixtures copy, else the shared fixture) containing ``contains``."""
+    path = REPO_FIXTURES / name if (REPO_FIXTURES / name).exists() else FIXTURES / name
+    for line in path.read_text().splitlines():
+        if not line.startswith("#") and contains in line:
+            return line
+    raise AssertionError(f"{contains!r} not in {path}")
+
+
+def local_ts(stamp, fmt):
+    return time.mktime(time.strptime(stamp, fmt))
+
+
+def test_vllm_line_is_byte_identical_to_a_real_one():
+    real = real_line("vllm_log_31193.txt", "Iteration(515)")
+    t1 = local_ts("2025-12-22 21:44:40", "%Y-%m-%d %H:%M:%S") + 0.5
+    r = StepRecord(step=515, t_start_s=t1 - 0.01099, t_end_s=t1, kind="decode", decode_reqs=20, decode_rows=20)
+    out = io.StringIO()
+    LogLineWriter(out, LogLineConfig(formats=("vllm",)), pid=2010410)(r)
+    assert out.getvalue() == real + "\n"
+
+
+def test_sglang_lines_are_byte_identical_to_real_ones():
+    real_decode = real_line("sglang_log_22166.txt", "Decode batch")
+    real_prefill = real_line("sglang_log_22166.txt", "Prefill batch")
+    t = local_ts("2026-04-05 20:02:51", "%Y-%m-%d %H:%M:%S")
+    out = io.StringIO()
+    w = LogLineWriter(out, LogLineConfig(formats=("sglang",), decode_log_interval=1))
+    gap = 32 / 1635.11
+    w(_with(StepRecord(step=0, t_start_s=t + 0.1, t_end_s=t + 0.1 + gap, kind="decode", decode_reqs=32,
+                       decode_rows=32, output_tokens=32, graph_mode="FULL", kv_usage=0.08, waiting_reqs=0,
+                       running_reqs=32), kv_tokens=11179))
+    gap = 158 / 559.53
+    w(StepRecord(step=1, t_start_s=t + 0.2, t_end_s=t + 0.2 + gap, kind="mixed", prefill_tokens=158, prefill_reqs=1,
+                 decode_reqs=31, decode_rows=31, graph_mode="FULL", kv_usage=0.08, waiting_reqs=0))
+    lines = out.getvalue().splitlines()
+    assert lines == [real_decode, real_prefill]
+
+
+def _with(record, **attrs):
+    for k, v in attrs.items():
+        setattr(record, k, v)
+    return record
+
+
+def run_steps(config, records, **kw):
+    out = io.StringIO()
+    w = LogLineWriter(out, config, **kw)
+    for r in records:
+        w(r)
+    return out.getvalue().splitlines(), w
+
+
+def steps(n_decode=5, t=1.7e9):
+    recs = [StepRecord(step=0, t_start_s=t, t_end_s=t + 0.2, kind="prefill", prefill_tokens=512, prefill_reqs=1,
+                       running_reqs=4, waiting_reqs=1, kv_usage=0.1, graph_mode="NONE")]
+    t += 0.2
+    for i in range(n_decode):
+        recs.append(StepRecord(step=1 + i, t_start_s=t, t_end_s=t + 0.01, kind="decode", decode_reqs=4, decode_rows=4,
+                               output_tokens=4, running_reqs=4, kv_usage=0.1, graph_mode="FULL"))
+        t += 0.01
+    recs.append(StepRecord(step=1 + n_decode, t_start_s=t, t_end_s=t + 0.1, kind="mixed", prefill_tokens=256,
+                           prefill_reqs=1, decode_reqs=4, decode_rows=4, output_tokens=4, running_reqs=5,
+                           kv_usage=0.12, graph_mode="PIECEWISE"))
+    recs.append(StepRecord(step=2 + n_decode, t_start_s=t + 0.1, t_end_s=t + 0.1, kind="idle"))
+    return recs
+
+
+def test_vllm_one_line_per_busy_step_and_parseable():
+    lines, _ = run_steps(LogLineConfig(formats=("vllm",), rank=1), steps())
+    assert len(lines) == 7  # idle steps are not logged
+    for line, r in zip(lines, steps()):
+        m, p = VLLM_ITER.search(line), VLLM_PREFIX.match(line)
+        assert m and p and p["proc"] == "EngineCore_DP1"
+        assert (int(m["idx"]), int(m["ctx_tok"]), int(m["gen_req"])) == (r.step, r.prefill_tokens, r.decode_reqs)
+        assert float(m["ms"]) == pytest.approx((r.t_end_s - r.t_start_s) * 1e3, abs=0.01)
+    mixed = VLLM_ITER.search(lines[-1])
+    assert int(mixed["ctx_tok"]) > 0 and int(mixed["gen_req"]) > 0  # a reader classifies it mixed
+
+
+def test_sglang_prefill_every_prefill_step_decode_every_interval():
+    lines, _ = run_steps(LogLineConfig(formats=("sglang",), decode_log_interval=2, rank=3, show_rank=True),
+                         steps(n_decode=5), kv_capacity_tokens=1000)
+    kinds = [SGL_BATCH.search(l).group(1) for l in lines]
+    assert kinds == ["Prefill", "Decode", "Decode", "Prefill"]
+    parsed = []
+    for line in lines:
+        pre = SGL_PREFIX.match(line)
+        assert pre and pre.group(2) == " DP3 TP3"
+        rest = line[SGL_BATCH.search(line).end():]
+        parsed.append(dict(SGL_FIELD.findall(rest)))
+    assert parsed[0]["#new-token"] == "512" and parsed[0]["#running-req"] == "0"  # nothing ran before it
+    assert parsed[1]["#running-req"] == "4" and parsed[1]["#token"] == "100" and parsed[1]["cuda graph"] == "True"
+    # 8 tokens over the 2 decode steps since the previous decode line (first line: since its own start)
+    assert float(parsed[2]["gen throughput (token/s)"]) == pytest.approx(8 / 0.02, rel=1e-3)
+    assert parsed[3]["#running-req"] == "4" and parsed[3]["cuda graph"] == "False"  # mixed: decodes folded in
+
+
+def test_sglang_prefill_only_step_reports_the_stalled_running_batch():
+    recs = steps(n_decode=1)[:-1]  # up to the mixed step, after which 5 requests run
+    stall = StepRecord(step=9, t_start_s=2e9, t_end_s=2e9 + 0.3, kind="prefill", prefill_tokens=512, prefill_reqs=1,
+                       running_reqs=5)
+    lines, _ = run_steps(LogLineConfig(formats=("sglang",)), recs + [stall])
+    assert "#running-req: 5," in lines[-1]  # the five running requests (after the mixed step) sat out
+
+
+def test_both_formats_and_unknown_fields_counted():
+    lines, w = run_steps(LogLineConfig(formats=parse_formats("both"), decode_log_interval=1), steps(n_decode=1))
+    assert any("Iteration(" in l for l in lines) and any("Decode batch," in l for l in lines)
+    assert w.unknown_fields == {"kv_tokens": 1}  # no capacity given: '#token: 0' is flagged, not measured
+
+
+def test_writer_file_and_errors(tmp_path):
+    p = tmp_path / "engine.log"
+    w = LogLineWriter(p, LogLineConfig(formats=("vllm",)))
+    w(steps()[0])
+    w.close()
+    assert p.read_text().count("Iteration(0)") == 1
+    with pytest.raises(UserError):
+        LogLineWriter(p)  # never overwrite
+    for bad in ("json", ""):
+        with pytest.raises(UserError):
+            parse_formats(bad)
+    with pytest.raises(UserError):
+        LogLineConfig(decode_log_interval=0)
