@@ -94,10 +94,6 @@ class Scrape:
         return sum(len(v) for v in self.samples.values())
 
 
-def _family_type(scrape: Scrape, name: str) -> str | None:
-    return scrape.types.get(name)
-
-
 def parse(text: str, stats: LineStats | None = None, *, final_newline: bool | None = None) -> Scrape:
     """Parse one exposition text; every line is counted in ``stats`` (created when omitted)."""
     lines, ends = split_lines(text)
@@ -215,14 +211,14 @@ def read(source, *, instance: str | None = None, t_s: float | None = None, **opt
         if other:
             timed[0].stats.note(f"{len(other)} other file(s) in the directory not read, e.g. {other[0]}")
         base = instance or Path(source).resolve().name
-        return build_timeline(timed, base, clock="unix", fmt=FORMAT, **options)
+        return build_timeline(timed, base, clock="unix", fmt=FORMAT)
     lines, ends, stats = read_lines(source, FORMAT)
     scrape = _parse_lines(lines, ends, stats)
     if lines and stats.lines_parsed == 0 and not scrape.types:
         raise UserError(f"{source_name(source)}: not a Prometheus text exposition (no sample line parsed)")
     t, clock = _scrape_time(scrape, t_s, stats)
     base = instance or Path(source_name(source)).stem
-    return build_timeline([TimedScrape(t, scrape, stats)], base, clock=clock, fmt=FORMAT, **options)
+    return build_timeline([TimedScrape(t, scrape, stats)], base, clock=clock, fmt=FORMAT)
 
 
 def read_scrapes(pairs: Iterable[tuple[float, str]], *, instance: str = "scrape", **options) -> Timeline:
@@ -235,4 +231,4 @@ def read_scrapes(pairs: Iterable[tuple[float, str]], *, instance: str = "scrape"
         stats = LineStats(format=FORMAT, path=f"<scrape {i} at t={float(t):.3f}>", lines_total=len(lines))
         timed.append(TimedScrape(float(t), _parse_lines(lines, ends, stats), stats))
     timed.sort(key=lambda s: s.t_s)
-    return build_timeline(timed, instance, clock="unix", fmt=FORMAT, **options)
+    return build_timeline(timed, instance, clock="unix", fmt=FORMAT)
