@@ -88,7 +88,9 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
     t = st["t_rel_s"].to_numpy()
     pre = st["prefill_tokens"].fillna(0).to_numpy()
     dec = st["decode_rows"].fillna(0).to_numpy()
-    ia = np.union1d(minmax_indices(t, pre, max_points, x_range), minmax_indices(t, dec, max_points, x_range))
+    # Two series share one index set (stacked areas must align): half the budget each.
+    half = max(max_points // 2, 2)
+    ia = np.union1d(minmax_indices(t, pre, half, x_range), minmax_indices(t, dec, half, x_range))
     shown, total = shown + len(ia), total + len(st)
     a = _take(st, ia)
     for col, name, color in (("decode_rows", "decode rows", "#0072B2"), ("prefill_tokens", "prefill tokens", "#D55E00")):

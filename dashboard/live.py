@@ -70,11 +70,13 @@ class LiveFollower:
     def active(self) -> bool:
         return self.url is not None
 
-    def start(self, url: str, refresh_s: float | None = None) -> None:
-        """Follow ``url`` from now on (forgetting scrapes of a previous URL)."""
+    def start(self, url: str, refresh_s: float | None = None, kind: str | None = None) -> None:
+        """Follow ``url`` from now on (forgetting scrapes of a previous URL); ``kind`` overrides :func:`url_kind`."""
         url = check_url(url, "live URL")
+        if kind not in (None, "engine", "prometheus"):
+            raise UserError(f"unknown live source kind {kind!r}")
         with self._lock:
-            self.url, self.kind = url, url_kind(url)
+            self.url, self.kind = url, kind or url_kind(url)
             self.dataset_id = None
             self._scrapes.clear()
             self.polls = 0

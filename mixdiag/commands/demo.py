@@ -1,0 +1,104 @@
+"""``mixdiag demo``: run the reference engine on the demo scenario, diagnose it, write the report, serve it.
+
+The first thing a new user runs (``make demo``). Nothing existing is overwritten: when ``--out``
+already holds something, the run goes to the first free ``OUT/run-N``.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mixdiag.commands.dashboard import add_serve_flags
+from mixdiag.errors import UserError
+
+DEFAULT_SCENARIO = "demo-mix"
+
+
+def pick_run_dir(out: Path) -> Path:
+    """``out`` when it does not exist or is empty, else the first ``out/run-N`` (N >= 1) that does not exist."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return out
+    for n in range(1, 10_000):
+        cand = out / f"run-{n}"
+        if not cand.exists():
+            return cand
+    raise UserError(f"{out} already holds 9999 runs; choose another --out")
+
+
+def register(sub, common):
+    p = sub.add_parser("demo", parents=[common], help="run the engine on the demo scenario, diagnose it, serve it",
+                       description="Run the reference engine on a scenario with several causes of TPOT spikes, "
+                                   "write the run directory and report.html, print the verdict and serve the "
+                                   "dashboard (unless --no-serve).")
+    p.add_argument("--out", default="runs/demo", metavar="DIR",
+                   help="where the run goes (default runs/demo; an existing run is kept: DIR/run-N is used)")
+    p.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"engine scenario (default {DEFAULT_SCENARIO})")
+    p.add_argument("--no-serve", action="store_true", help="stop after writing the report (headless)")
+    add_serve_flags(p)
+    p.set_defaults(func=run)
+
+
+def run_engine(scenario: str, run_dir: Path, quiet: bool) -> float:
+    """``mixdiag run --scenario S --out RUN_DIR`` in a child process (its progress bar on our stderr)."""
+    cmd = [sys.executable, "-m", "mixdiag", "run", "--scenario", scenario, "--out", str(run_dir)]
+    if quiet:
+        cmd.append("-q")
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=None if not quiet else subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        tail = (proc.stderr or "").strip().splitlines()[-1:] if quiet else []
+        raise UserError(f"the engine run failed (exit {proc.returncode})" + (f": {tail[0]}" if tail else ""))
+    return time.perf_counter() - t
+
+
+def write_report(run_dir: Path) -> Path:
+    """``mixdiag analyze RUN_DIR --html RUN_DIR/report.html`` (the same report ``analyze`` writes)."""
+    path = run_dir / "report.html"
+    cmd = [sys.executable, "-m", "mixdiag", "analyze", str(run_dir), "--html", str(path), "-q"]
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0 or not path.exists():
+        tail = (proc.stderr or "").strip().splitlines()[-1:]
+        raise UserError(f"writing {path} failed" + (f": {tail[0]}" if tail else ""))
+    return path
+
+
+def run(args, console):
+    from mixdiag.dashboard.config import DashboardConfig
+    from mixdiag.schema import Timeline
+
+    out = Path(args.out)
+    run_dir = pick_run_dir(out)
+    # Validate serving flags before minutes of engine work.
+    config = DashboardConfig(data_dir=None, host=args.host, port=args.port)
+    console.note(f"running the engine on scenario '{args.scenario}' into {run_dir}")
+    took = run_engine(args.scenario, run_dir, quiet=console.verbosity < 0 or console.json_mode)
+    report = write_report(run_dir)
+
+    from mixdiag.dashboard.app import create_app, serve
+    from mixdiag.dashboard.store import DataStore
+    from mixdiag.exporter import DiagnosisExporter
+
+    config = DashboardConfig(data_dir=out, host=config.host, port=config.port)
+    exporter = DiagnosisExporter()
+    store = DataStore(config, exporter)
+    ds = store.add(Timeline.load(run_dir), run_dir.name if run_dir != out else out.name)
+    h = ds.headline
+    url = f"http://{config.host}:{config.port}/"
+    causes = {c: n for c, n in h.by_cause.items() if n}
+    lines = [f"run:     {run_dir} ({h.n_steps:,} steps, engine {took:.0f} s)",
+             f"report:  {report}",
+             f"verdict: {h.verdict}",
+             "spikes:  " + (", ".join(f"{n} {c}" for c, n in causes.items()) or "none")]
+    if not args.no_serve:
+        lines.append(f"dashboard: {url}  (metrics: {url}metrics; Ctrl+C to stop)")
+    console.result("\n".join(lines), {"run_dir": str(run_dir), "report": str(report), "verdict": h.verdict,
+                                      "by_cause": h.by_cause, "steps": h.n_steps, "engine_s": took,
+                                      "url": None if args.no_serve else url})
+    if args.no_serve:
+        return 0
+    serve(create_app(config, store=store, exporter=exporter), config.host, config.port)
+    return 0
