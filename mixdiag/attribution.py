@@ -102,7 +102,7 @@ def attribute(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = Att
 
     # 1. host stall: the gap before the step is the long part.
     gap_x = _num(row.get("gap_excess_s"))
-    if _have(ctx, "step_timing") and not coarse and excess and excess > 0 and gap_x is not None \
+    if _have(ctx, "host_time") and not coarse and excess and excess > 0 and gap_x is not None \
             and gap_x >= cfg.host_gap_share * excess:
         share = min(1.0, gap_x / excess)
         return done("host_stall", 0.6 + 0.4 * share, gap_share_of_excess=round(share, 3))
@@ -159,6 +159,6 @@ def attribute(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = Att
         return done(cause, conf, **extra)
 
     # 8. unknown: confidence = the share of causes the available signals could rule out.
-    checkable = ["step_timing", "kv_transfer", "preemptions", "token_allocation", "expert_imbalance", "graph_mode"]
+    checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
     ruled = sum(_have(ctx, s) for s in checkable) / len(checkable)
     return Attribution("unknown", round(ruled * scale, 3), ev | {"reason": "no cause's evidence present"})

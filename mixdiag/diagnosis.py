@@ -102,7 +102,7 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     if coarse:  # gaps unknown: the step's own duration is the latency signal
         st["gap_before_s"] = np.nan
         st["latency_s"] = st["duration_s"]
-        quality = quality | {"step_timing": "absent"}
+        quality = quality | {"host_time": "absent"}
     has_tokens = len(tokens) > 0
     if has_tokens:
         st[["itl_max_s", "itl_events"]] = charge_itl(st, _itl_events(tokens)).to_numpy()
@@ -189,6 +189,9 @@ def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict) -> str:
             "kv_pressure": "KV-cache pressure (preemptions)",
             "host_stall": "host stalls (idle gaps between steps)",
             "unknown": "no cause the available signals support (unknown)"}[top]
+    if n_top * 2 <= n_spikes and len(ranked) > 1:
+        parts = ", ".join(f"{n} {c}" for c, n in ranked)
+        return f"{n_spikes} TPOT spikes in {n_rows} steps have several causes: {parts}."
     tail = f"; the rest: {rest}" if rest else ""
     return f"{n_top} of {n_spikes} TPOT spikes in {n_rows} steps are caused by {lead}{tail}."
 

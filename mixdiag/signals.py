@@ -15,7 +15,7 @@ import pandas as pd
 
 #: Signal names used in evidence and ``missing_signals``.
 SIGNALS = ("itl", "token_allocation", "graph_mode", "sm_active", "expert_imbalance", "kv_transfer",
-           "preemptions", "step_timing")
+           "preemption", "host_time")
 
 # Timeline columns behind each signal (``meta["signals"]`` may use either name).
 SIGNAL_COLUMNS = {
@@ -25,8 +25,8 @@ SIGNAL_COLUMNS = {
     "sm_active": ("sm_active",),
     "expert_imbalance": ("expert_imbalance",),
     "kv_transfer": ("kv_transfer_bytes", "kv_transfer_s"),
-    "preemptions": ("preempted_reqs",),
-    "step_timing": (),
+    "preemption": ("preempted_reqs",),
+    "host_time": (),
 }
 
 
@@ -62,7 +62,7 @@ def signal_quality(meta: dict, instance: str, steps: pd.DataFrame, has_tokens: b
     for sig in SIGNALS:
         if sig == "itl":
             present = has_tokens or any(_has_data(steps, c) for c in SIGNAL_COLUMNS["itl"])
-        elif sig == "step_timing":
+        elif sig == "host_time":
             present = bool(len(steps)) and bool((steps["granularity"] == "step").any())
         elif sig == "token_allocation":
             present = _has_data(steps, "prefill_tokens") and (_has_data(steps, "decode_rows")

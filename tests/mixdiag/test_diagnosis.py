@@ -112,7 +112,7 @@ def test_coarse_log_clock_uses_step_duration():
     st["t_end_s"] = st["t_start_s"] + dur
     d = diagnose(Timeline(st, None, meta={}))
     got = dict(zip(d.spikes["step"], d.spikes["cause"]))
-    assert "step_timing" in d.spikes["missing_signals"].iloc[0]
+    assert "host_time" in d.spikes["missing_signals"].iloc[0]
     assert d.instances["engine0"]["latency_source"] == "step_duration"
     # the gap-only host stall is invisible without a usable clock; every other fault is found
     assert got == {k: v for k, v in EXPECTED.items() if v != "host_stall"}
@@ -138,7 +138,7 @@ def test_interval_rows_spike_on_p99_with_lower_confidence():
     assert list(sp.index) == [10, 20]
     assert sp.loc[10, "cause"] == "mixing" and sp.loc[10, "confidence"] <= 0.8
     assert sp.loc[20, "cause"] == "unknown"
-    assert "step_timing" in sp.loc[10, "missing_signals"]
+    assert "host_time" in sp.loc[10, "missing_signals"]
     assert d.to_json()["steps"]["intervals"] == 30
     assert d.itl["source"] == "interval_quantiles"
 

@@ -1,0 +1,76 @@
+"""``mixdiag analyze INPUT...``: find TPOT spikes and say what caused each, with evidence."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from mixdiag.errors import UserError
+from mixdiag.schema import SchemaError, Timeline
+
+
+def register(sub, common):
+    p = sub.add_parser("analyze", parents=[common], help="find TPOT spikes and attribute each to a cause",
+                       description="Detect TPOT/ITL spikes and attribute each to mixing, prefill_stall, ep_hotspot, "
+                                   "pd_transfer, graph_fallback, kv_pressure, host_stall or unknown, with "
+                                   "evidence and confidence. INPUT: anything 'mixdiag ingest' reads (a run "
+                                   "directory, an Nsight SQLite export, a Kineto trace, engine logs, a scrape "
+                                   "directory); several inputs are analysed together on one clock. Never reads "
+                                   "truth.csv. The --json document is described in docs/analyze.md.")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="run directory or capture file(s)")
+    p.add_argument("--format", default="auto", help="input format for every INPUT (default: auto-detect)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="spikes listed in the human report (default 10)")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (never overwrites)")
+    h = p.add_argument_group("predicted spike height (HTML report)")
+    h.add_argument("--model", default="glm-5.3", metavar="PRESET", help="ledger model preset (default glm-5.3)")
+    h.add_argument("--model-config", metavar="FILE", help="ledger model config file (JSON/TOML) instead of --model")
+    h.add_argument("--device", default="h200", help="device model (h200, h100, a100; default h200)")
+    h.add_argument("--context-len", type=int, default=4096, metavar="C", help="decode context length assumed (default 4096)")
+    p.set_defaults(func=run)
+
+
+def _load_one(path: str, fmt: str) -> Timeline:
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"no such input: {path}")
+    try:
+        from mixdiag.collectors import load  # the collectors dispatch every supported format
+    except ImportError:
+        load = None
+    if load is not None:
+        return load(p, format=fmt)
+    if p.is_dir():
+        return Timeline.load(p)
+    raise UserError(f"{path}: cannot read this input (only run directories are supported without collectors)")
+
+
+def load_inputs(paths: list[str], fmt: str = "auto") -> Timeline:
+    """One Timeline from several inputs on one clock (instances must not clash)."""
+    tls = [_load_one(p, fmt) for p in paths]
+    if len(tls) == 1:
+        return tls[0]
+    try:
+        return Timeline.concat(tls)
+    except SchemaError as e:
+        raise UserError(f"cannot analyse these inputs together: {e}") from None
+
+
+def run(args, console):
+    from mixdiag.diagnosis import diagnose
+    from mixdiag.report import render
+
+    if args.top < 0:
+        raise UserError("--top must be >= 0")
+    if args.html and Path(args.html).exists():
+        raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
+    tl = load_inputs(args.inputs, args.format)
+    console.note(f"loaded {tl!r}", level=1)
+    d = diagnose(tl)
+    if args.html:
+        from mixdiag.device_model import device
+        from mixdiag.ledger import resolve
+        from mixdiag.report_html import write_html
+
+        write_html(d, args.html, model=resolve(args.model, args.model_config), device=device(args.device),
+                   context_len=args.context_len, title=f"mixdiag analyze {' '.join(args.inputs)}")
+        console.note(f"wrote {args.html}")
+    console.result(render(d, top=args.top), d.to_json())
+    return 0

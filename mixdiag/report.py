@@ -1,0 +1,93 @@
+"""Human-readable rendering of a :class:`~mixdiag.diagnosis.Diagnosis`: the verdict, a table by
+cause and the top spikes with their evidence (what ``mixdiag analyze`` prints)."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from mixdiag.attribution import CAUSES
+
+
+def _ms(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v * 1e3:.1f} ms"
+
+
+def evidence_summary(cause: str, ev: dict) -> str:
+    """One short line naming the signal values behind a cause."""
+    def g(k, fmt="{:g}"):
+        v = ev.get(k)
+        return None if v is None else (fmt.format(v) if not isinstance(v, str) else v)
+
+    parts: list[str] = []
+    if cause in ("mixing", "prefill_stall"):
+        parts.append(f"prefill {g('prefill_tokens', '{:.0f}') or '?'} tok + decode {g('decode_rows', '{:.0f}') or '?'} rows")
+        if ev.get("graph_mode"):
+            parts.append(f"graph {ev['graph_mode']}")
+        if ev.get("sm_delta") is not None:
+            parts.append(f"SM {ev['sm_delta']:+.2f} vs neighbours")
+        if ev.get("period_ratio") is not None:
+            parts.append(f"spike/prefill period {ev['period_ratio']:.2f}")
+    elif cause == "ep_hotspot":
+        parts.append(f"expert imbalance {g('expert_imbalance', '{:.2f}')}"
+                     + (f" ({ev['imbalance_rel']:.1f}x neighbours)" if ev.get("imbalance_rel") else ""))
+    elif cause == "pd_transfer":
+        parts.append(f"KV in {g('kv_transfer_bytes', '{:.3g}')} B, wait {_ms(ev.get('kv_transfer_s'))}")
+    elif cause == "graph_fallback":
+        parts.append(f"decode-only, graph {ev.get('graph_mode')} (decodes normally {ev.get('graph_norm')}),"
+                     f" {g('decode_reqs', '{:.0f}')} reqs")
+    elif cause == "kv_pressure":
+        parts.append(f"{g('preempted_reqs', '{:.0f}')} preempted" +
+                     (f", KV usage {ev['kv_usage']:.2f}" if ev.get("kv_usage") is not None else ""))
+    elif cause == "host_stall":
+        parts.append(f"gap before step {_ms(ev.get('gap_before_s'))}"
+                     + (f" ({ev['gap_share_of_excess']:.0%} of excess)" if ev.get("gap_share_of_excess") else ""))
+    else:
+        parts.append(f"kind {ev.get('kind')}; {ev.get('reason', 'no supported cause')}")
+    return ", ".join(parts)
+
+
+def render(d, top: int = 10) -> str:
+    """The human report of ``analyze``."""
+    out = [d.verdict, ""]
+    itl = d.itl
+    out.append(f"ITL ({itl.get('source')}): p50 {_ms(itl.get('p50_s'))}, p99 {_ms(itl.get('p99_s'))}, "
+               f"max {_ms(itl.get('max_s'))}")
+    sp = d.spikes
+    if len(sp):
+        out += ["", f"{'cause':<16} {'spikes':>7} {'share':>7} {'mean conf':>10} {'mean height':>12}", "-" * 56]
+        height = sp["itl_s"] / sp["baseline_s"].where(sp["baseline_s"] > 0)
+        for c in CAUSES:
+            m = sp["cause"] == c
+            if not m.any():
+                continue
+            out.append(f"{c:<16} {int(m.sum()):>7} {m.mean():>7.0%} {sp.loc[m, 'confidence'].mean():>10.2f} "
+                       f"{height[m].mean():>11.1f}x")
+        out += ["", f"top {min(top, len(sp))} spikes (by height over baseline):",
+                f"{'instance':<10} {'step':>7} {'t_s':>10} {'itl':>10} {'baseline':>10} {'cause':<15} {'conf':>5}  evidence"]
+        t0 = d.steps["t_start_s"].min() if len(d.steps) else 0.0
+        for i in height.sort_values(ascending=False, kind="stable").index[:top]:
+            r = sp.loc[i]
+            out.append(f"{r['instance']:<10} {int(r['step']):>7} {r['t_s'] - t0:>10.3f} {_ms(r['itl_s']):>10} "
+                       f"{_ms(r['baseline_s']):>10} {r['cause']:<15} {r['confidence']:>5.2f}  "
+                       f"{evidence_summary(r['cause'], r['evidence'])}")
+    if d.instances:
+        out.append("")
+    for inst, info in d.instances.items():
+        missing = [s for s, q in info["signals"].items() if q == "absent"]
+        est = [s for s, q in info["signals"].items() if q in ("estimated", "inferred")]
+        note = f"{inst}: latency from {info['latency_source']}"
+        if missing:
+            note += f"; missing signals: {', '.join(missing)}"
+        if est:
+            note += f"; estimated/inferred: {', '.join(est)}"
+        out.append(note)
+    return "\n".join(out)
+
+
+def spikes_table(d) -> pd.DataFrame:
+    """Spikes with height and a one-line evidence summary (for tables in HTML and the dashboard)."""
+    sp = d.spikes.copy()
+    sp["height_x"] = sp["itl_s"] / sp["baseline_s"].where(sp["baseline_s"] > 0)
+    sp["evidence_summary"] = [evidence_summary(c, e) for c, e in zip(sp["cause"], sp["evidence"])]
+    return sp

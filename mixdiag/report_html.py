@@ -1,0 +1,155 @@
+"""``analyze --html``: a self-contained HTML report (plotly.js inlined, works offline).
+
+One shared time axis with the article's four signals - TPOT/ITL with spikes coloured by cause,
+token allocation (prefill tokens vs decode rows), SM activity, CUDA-graph mode - plus a panel
+with the other causes' evidence (expert imbalance, KV transfer, preemptions, inter-step gap),
+and a table of the top spikes with the ledger's predicted spike height next to the measured one.
+"""
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+from plotly.subplots import make_subplots
+
+from mixdiag.device_model import DeviceModel, predict
+from mixdiag.ledger import BatchShape, ModelConfig
+from mixdiag.report import spikes_table
+
+CAUSE_COLORS = {"mixing": "#d62728", "prefill_stall": "#ff7f0e", "ep_hotspot": "#9467bd", "pd_transfer": "#1f77b4",
+                "graph_fallback": "#8c564b", "kv_pressure": "#e377c2", "host_stall": "#7f7f7f",
+                "unknown": "#bcbd22"}
+GRAPH_LEVEL = {"FULL": 2, "PIECEWISE": 1, "NONE": 0}
+MAX_POINTS = 20000  # per trace; larger runs are decimated (spikes are always drawn)
+
+
+def _decimate(df: pd.DataFrame) -> pd.DataFrame:
+    if len(df) <= MAX_POINTS:
+        return df
+    step = int(math.ceil(len(df) / MAX_POINTS))
+    keep = np.zeros(len(df), dtype=bool)
+    keep[::step] = True
+    if "is_spike" in df.columns:
+        keep |= df["is_spike"].to_numpy(dtype=bool)
+    return df[keep]
+
+
+def predicted_heights(sp: pd.DataFrame, model: ModelConfig, dev: DeviceModel, context_len: int) -> pd.Series:
+    """Ledger + device-model spike height for each spike's batch shape (NaN without allocation)."""
+    out = []
+    for ev in sp["evidence"]:
+        p, rows, reqs = ev.get("prefill_tokens"), ev.get("decode_rows"), ev.get("decode_reqs")
+        if p is None or not rows:
+            out.append(np.nan)
+            continue
+        reqs = int(reqs) if reqs else int(rows)
+        k = max(int(round(rows / reqs)) - 1, 0) if reqs else 0
+        shape = BatchShape(prefill_tokens=int(p), decode_reqs=reqs, spec_tokens=k, context_len=int(context_len))
+        out.append(predict(model, shape, dev)["height_x"])
+    return pd.Series(out, index=sp.index, dtype="float64")
+
+
+def figure(d) -> go.Figure:
+    """The five stacked panels on one time axis (seconds since the first step)."""
+    st = d.steps
+    t0 = float(st["t_start_s"].min()) if len(st) else 0.0
+    fig = make_subplots(rows=5, cols=1, shared_xaxes=True, vertical_spacing=0.03,
+                        row_heights=[0.32, 0.18, 0.16, 0.14, 0.20],
+                        subplot_titles=("TPOT / ITL per step, spikes coloured by cause", "token allocation",
+                                        "SM activity", "CUDA-graph mode", "other evidence"))
+    multi = st["instance"].nunique() > 1 if len(st) else False
+    for inst, s in st.groupby("instance", sort=True) if len(st) else []:
+        s = _decimate(s.sort_values("t_start_s"))
+        x = s["t_end_s"] - t0
+        tag = f" [{inst}]" if multi else ""
+        lat = s["itl_max_s"].fillna(s["latency_s"]) if "itl_max_s" in s else s["latency_s"]
+        fig.add_trace(go.Scattergl(x=x, y=lat * 1e3, mode="lines", name=f"ITL ms{tag}", line=dict(width=1)), 1, 1)
+        fig.add_trace(go.Scattergl(x=x, y=s["baseline_s"] * 1e3, mode="lines", name=f"baseline ms{tag}",
+                                   line=dict(width=1, dash="dash")), 1, 1)
+        fig.add_trace(go.Scattergl(x=x, y=s["prefill_tokens"], mode="markers", name=f"prefill tokens{tag}",
+                                   marker=dict(size=4)), 2, 1)
+        fig.add_trace(go.Scattergl(x=x, y=s["decode_rows"], mode="lines", name=f"decode rows{tag}"), 2, 1)
+        if s["sm_active"].notna().any():
+            fig.add_trace(go.Scattergl(x=x, y=s["sm_active"], mode="lines", name=f"SM active{tag}"), 3, 1)
+        g = s["graph_mode"].map(GRAPH_LEVEL)
+        if g.notna().any():
+            fig.add_trace(go.Scattergl(x=x, y=g, mode="lines", line=dict(shape="hv"), name=f"graph mode{tag}"), 4, 1)
+        for col, name in (("expert_imbalance", "expert imbalance"), ("preempted_reqs", "preempted"),):
+            if s[col].notna().any():
+                fig.add_trace(go.Scattergl(x=x, y=s[col], mode="lines", name=f"{name}{tag}"), 5, 1)
+        if s["kv_transfer_s"].fillna(0).gt(0).any():
+            fig.add_trace(go.Scattergl(x=x, y=s["kv_transfer_s"] * 1e3, mode="lines", name=f"KV wait ms{tag}"), 5, 1)
+        if "gap_before_s" in s and s["gap_before_s"].notna().any():
+            fig.add_trace(go.Scattergl(x=x, y=s["gap_before_s"] * 1e3, mode="lines", name=f"gap ms{tag}"), 5, 1)
+    sp = spikes_table(d)
+    for cause, g in sp.groupby("cause", sort=False):
+        hover = [f"{i} step {int(s)}<br>{cause} ({c:.2f})<br>{h:.1f}x baseline<br>{html.escape(e)}"
+                 for i, s, c, h, e in zip(g["instance"], g["step"], g["confidence"], g["height_x"], g["evidence_summary"])]
+        fig.add_trace(go.Scattergl(x=g["t_s"] - t0, y=g["itl_s"] * 1e3, mode="markers", name=f"spike: {cause}",
+                                   marker=dict(size=9, color=CAUSE_COLORS.get(cause, "#000"), symbol="diamond"),
+                                   text=hover, hoverinfo="text"), 1, 1)
+    fig.update_yaxes(title_text="ms", row=1, col=1)
+    fig.update_yaxes(title_text="tokens / rows", row=2, col=1)
+    fig.update_yaxes(title_text="ratio", range=[0, 1.05], row=3, col=1)
+    fig.update_yaxes(tickvals=[0, 1, 2], ticktext=["NONE", "PIECEWISE", "FULL"], range=[-0.3, 2.3], row=4, col=1)
+    fig.update_xaxes(title_text="seconds since the first step", row=5, col=1)
+    fig.update_layout(height=1100, template="plotly_white", legend=dict(orientation="v"),
+                      margin=dict(l=60, r=20, t=40, b=40), hovermode="closest")
+    return fig
+
+
+def _table(sp: pd.DataFrame, t0: float) -> str:
+    head = ("<tr><th>instance</th><th>step</th><th>t (s)</th><th>ITL (ms)</th><th>baseline (ms)</th>"
+            "<th>measured height</th><th>predicted height</th><th>cause</th><th>confidence</th><th>evidence</th>"
+            "<th>missing signals</th></tr>")
+    rows = []
+    for r in sp.itertuples(index=False):
+        pred = "-" if not np.isfinite(r.predicted_height_x) else f"{r.predicted_height_x:.1f}x"
+        rows.append(f"<tr><td>{html.escape(str(r.instance))}</td><td>{int(r.step)}</td><td>{r.t_s - t0:.3f}</td>"
+                    f"<td>{r.itl_s * 1e3:.1f}</td><td>{r.baseline_s * 1e3:.1f}</td><td>{r.height_x:.1f}x</td>"
+                    f"<td>{pred}</td><td style='color:{CAUSE_COLORS.get(r.cause, '#000')}'><b>{r.cause}</b></td>"
+                    f"<td>{r.confidence:.2f}</td><td>{html.escape(r.evidence_summary)}</td>"
+                    f"<td>{html.escape(', '.join(r.missing_signals))}</td></tr>")
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def write_html(d, path: str | Path, *, model: ModelConfig, device: DeviceModel, context_len: int = 4096,
+               top: int = 50, title: str = "mixdiag analyze") -> Path:
+    """Write the report to ``path`` (refuses to overwrite an existing file)."""
+    p = Path(path)
+    if p.exists():
+        raise FileExistsError(f"{p} exists; choose another path (mixdiag never overwrites your files)")
+    sp = spikes_table(d)
+    sp["predicted_height_x"] = predicted_heights(sp, model, device, context_len) if len(sp) else pd.Series(dtype=float)
+    top_sp = sp.sort_values("height_x", ascending=False, kind="stable").head(top)
+    t0 = float(d.steps["t_start_s"].min()) if len(d.steps) else 0.0
+    by_cause = "".join(f"<tr><td style='color:{CAUSE_COLORS[c]}'>{c}</td><td>{n}</td></tr>"
+                       for c, n in d.by_cause.items() if n)
+    fig_div = figure(d).to_html(full_html=False, include_plotlyjs=False, div_id="signals")
+    itl = d.itl
+    fmt = lambda v: "-" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
+    doc = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>body{{font-family:sans-serif;margin:1.5em;}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} .verdict{{font-size:1.2em;font-weight:bold}}</style>
+<script type="text/javascript">{get_plotlyjs()}</script></head><body>
+<h1>{html.escape(title)}</h1>
+<p class="verdict">{html.escape(d.verdict)}</p>
+<p>ITL ({html.escape(str(itl.get('source')))}): p50 {fmt(itl.get('p50_s'))}, p99 {fmt(itl.get('p99_s'))},
+max {fmt(itl.get('max_s'))}</p>
+<h2>Spikes by cause</h2><table><tr><th>cause</th><th>spikes</th></tr>{by_cause}</table>
+<h2>Four signals on one time axis</h2>{fig_div}
+<h2>Top spikes: measured vs predicted height</h2>
+<p>Predicted height: the shape ledger's bytes and FLOPs for the spike step's batch shape (prefill tokens,
+decode rows, context {context_len}) on model <b>{html.escape(model.name)}</b> and device
+<b>{html.escape(device.name)}</b> (roofline, mixdiag.device_model): how tall a spike that shape would make on
+that deployment if the prefill chunk were the cause. Steps without prefill tokens have no prediction.</p>
+{_table(top_sp, t0)}
+</body></html>"""
+    p.write_text(doc, encoding="utf-8")
+    return p
