@@ -1,0 +1,136 @@
+"""Step reconstruction shared by the trace collectors (Nsight Systems SQLite, Kineto JSON).
+
+Three ways to find steps in a trace, best first:
+
+1. mixdiag's own ``step`` ranges (docs/contracts.md §2): ``step <n> kind=... prefill_tokens=...
+   decode_reqs=... decode_rows=... graph=...`` with extra `` key=value`` fields tolerated;
+2. an engine's own range naming (:data:`ENGINE_STEP_RANGES`, vLLM/SGLang) - heuristic;
+3. gaps between GPU work (:func:`split_on_gaps`) - heuristic.
+
+The graph mode of a step is read from what was launched (:func:`graph_mode`), never guessed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mixdiag.schema import GRAPH_MODES, STEP_KINDS
+
+#: Sub-ranges of a step (contracts §2) -> the steps column their duration fills.
+PHASE_COLUMNS: dict[str, str] = {
+    "schedule": "schedule_s",
+    "prepare_inputs": "prepare_s",
+    "kv_transfer": "kv_transfer_s",
+}
+
+#: Range names engines other than ours put around one forward step. Steps found this way carry
+#: no composition (kind "unknown") and are marked heuristic in meta.
+ENGINE_STEP_RANGES: tuple[str, ...] = (
+    "execute_model",                # vLLM V1 worker/model runner
+    "gpu_model_runner: forward",    # vLLM V1 record_function naming
+    "ModelRunner.forward",          # SGLang model runner
+    "forward_batch_generation",     # SGLang TP worker
+)
+
+_STEP_HEAD = re.compile(r"^step\s+(\d+)(?:\s|$)")
+_KV = re.compile(r"(\w+)=(\S*)")
+_INT_FIELDS = ("prefill_tokens", "decode_reqs", "decode_rows")
+
+#: Default gap (seconds of GPU idleness) that separates two steps in the gap heuristic.
+DEFAULT_STEP_GAP_S = 0.0005
+
+
+@dataclass(frozen=True)
+class StepMessage:
+    """A parsed ``step`` range message; fields the message lacks are None."""
+
+    step: int
+    kind: str = "unknown"
+    prefill_tokens: int | None = None
+    decode_reqs: int | None = None
+    decode_rows: int | None = None
+    graph: str = "unknown"
+    extra: dict = field(default_factory=dict)
+
+
+def parse_step_message(text: str | None) -> StepMessage | None:
+    """Parse a contracts-§2 step message; None if ``text`` is not one.
+
+    Lenient about drift: unknown ``key=value`` fields land in ``extra``; a kind or graph value
+    outside the schema's choices becomes "unknown"; a malformed integer field becomes None.
+    """
+    if not text:
+        return None
+    text = text.strip()
+    m = _STEP_HEAD.match(text)
+    if not m:
+        return None
+    fields = dict(_KV.findall(text[m.end():]))
+    kind = fields.pop("kind", "unknown")
+    graph = fields.pop("graph", "unknown").upper()
+    ints = {}
+    for name in _INT_FIELDS:
+        raw = fields.pop(name, None)
+        ints[name] = int(raw) if raw is not None and raw.isdigit() else None
+    return StepMessage(step=int(m.group(1)), kind=kind if kind in STEP_KINDS else "unknown",
+                       graph=graph if graph in GRAPH_MODES else "unknown", extra=fields, **ints)
+
+
+def is_engine_step_range(text: str | None) -> bool:
+    """True for a range name that some engine puts around one step (heuristic path)."""
+    return bool(text) and text.strip() in ENGINE_STEP_RANGES
+
+
+def graph_mode(graph_launches: int, eager_between: int) -> str:
+    """CUDA-graph mode of a step from what it launched.
+
+    No graph launch -> NONE (eager). Graph launches with eager kernels launched between the first
+    and the last of them -> PIECEWISE (pieces around eager attention). Otherwise the graph covers
+    the model's forward -> FULL (eager work before or after it, e.g. sampling, is allowed).
+    """
+    if graph_launches <= 0:
+        return "NONE"
+    return "PIECEWISE" if eager_between > 0 else "FULL"
+
+
+def split_on_gaps(start: np.ndarray, end: np.ndarray, gap: float) -> np.ndarray:
+    """Step index of each item of one stream of GPU work sorted by ``start``.
+
+    A new step begins where the item starts more than ``gap`` after every earlier item ended
+    (running maximum of ends, so overlapping streams do not open false gaps).
+    """
+    n = len(start)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    run_end = np.maximum.accumulate(end)
+    brk = np.empty(n, dtype=bool)
+    brk[0] = False
+    brk[1:] = (start[1:] - run_end[:-1]) > gap
+    return np.cumsum(brk, dtype=np.int64)
+
+
+def graph_counts(step: np.ndarray, start: np.ndarray, graph_key: np.ndarray, n_steps: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: distinct graph launches and eager items started between the first and last one.
+
+    ``graph_key`` is -1 for eager work and a launch identifier (>= 0) for work of a graph launch
+    (one graph-trace row, or the kernels of one node-mode launch sharing a correlation id).
+    Returns ``(graph_launches[n_steps], eager_between[n_steps])``.
+    """
+    is_graph = graph_key >= 0
+    launches = np.zeros(n_steps, dtype=np.int64)
+    eager_between = np.zeros(n_steps, dtype=np.int64)
+    if not is_graph.any():
+        return launches, eager_between
+    pairs = np.unique(np.stack([step[is_graph], graph_key[is_graph]]), axis=1)
+    np.add.at(launches, pairs[0], 1)
+    first = np.full(n_steps, np.inf)
+    last = np.full(n_steps, -np.inf)
+    np.minimum.at(first, step[is_graph], start[is_graph])
+    np.maximum.at(last, step[is_graph], start[is_graph])
+    eager = ~is_graph
+    inside = eager & (start > first[step]) & (start < last[step])
+    np.add.at(eager_between, step[inside], 1)
+    return launches, eager_between
