@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import nvtx
+import nvtx as nvtx_lib
 import torch
 from torch.autograd.profiler import record_function
 
@@ -93,15 +93,16 @@ class NvtxTracer:
 
     ``domain`` is the ``nvtx`` domain object to emit into (default: ``nvtx.get_domain("mixdiag")``,
     a dummy when no NVTX tool is attached); ``kineto=False`` stops mirroring into the PyTorch
-    profiler. ``enabled=False`` makes every range a no-op (``--no-nvtx``).
+    profiler, ``nvtx=False`` keeps only the Kineto mirror (``--no-nvtx`` with ``--profile``);
+    ``enabled=False`` makes every range a no-op.
     """
 
-    def __init__(self, domain=None, *, kineto: bool = True, enabled: bool = True):
+    def __init__(self, domain=None, *, nvtx: bool = True, kineto: bool = True, enabled: bool = True):
         self.enabled = enabled
         self.kineto = kineto and enabled
         self._domain = None
-        if enabled:
-            d = nvtx.get_domain(DOMAIN) if domain is None else domain
+        if enabled and nvtx:
+            d = nvtx_lib.get_domain(DOMAIN) if domain is None else domain
             # nvtx gives a DummyDomain (no handle) when no tool is attached: treat as off.
             self._domain = d if hasattr(d, "push_range") and not _is_dummy(d) else None
         self._fixed: dict[str, Any] = {}  # text -> EventAttributes for payload-less fixed names

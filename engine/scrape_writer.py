@@ -29,19 +29,21 @@ class ScrapeWriter:
     """Scrape ``registry`` into ``out_dir/scrapes/`` every ``interval_s`` seconds (None: only the final one)."""
 
     def __init__(self, registry: CollectorRegistry, out_dir: str | Path, interval_s: float | None = None,
-                 clock=time.time):
+                 clock=time.time, *, subdir: str = "scrapes", final_name: str = "metrics.prom"):
         if interval_s is not None and not interval_s > 0:
             raise UserError(f"--scrape-interval must be > 0 seconds, got {interval_s}")
         self.registry = registry
         self.out_dir = Path(out_dir)
         self.interval_s = interval_s
+        self.scrape_dir = self.out_dir / subdir
+        self.final_name = final_name
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.written: list[Path] = []
         self.final: Path | None = None
         if interval_s is not None:
-            (self.out_dir / "scrapes").mkdir(parents=True, exist_ok=True)
+            self.scrape_dir.mkdir(parents=True, exist_ok=True)
             self._thread = threading.Thread(target=self._loop, name="mixdiag-scrapes", daemon=True)
             self._thread.start()
 
@@ -49,10 +51,10 @@ class ScrapeWriter:
         """Write one timed scrape immediately; the file name is the scrape's unix time (ms precision)."""
         t = self._clock()
         name = f"{t:.3f}.prom"
-        p = self.out_dir / "scrapes" / name
+        p = self.scrape_dir / name
         while p.exists():  # two scrapes in one millisecond: keep both, never overwrite
             t += 0.001
-            p = self.out_dir / "scrapes" / f"{t:.3f}.prom"
+            p = self.scrape_dir / f"{t:.3f}.prom"
         self.written.append(write_exposition(self.registry, p))
         return p
 
@@ -70,6 +72,6 @@ class ScrapeWriter:
             self._thread = None
             self.scrape_now()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.final = write_exposition(self.registry, self.out_dir / "metrics.prom")
+        self.final = write_exposition(self.registry, self.out_dir / self.final_name)
         self.written.append(self.final)
         return self.final
