@@ -1,0 +1,139 @@
+"""vllm_log: every real fixture with hand-counted lines, and the line kinds of formats.md §1.2."""
+import io
+import math
+from pathlib import Path
+
+import pytest
+
+from mixdiag.collectors import vllm_log
+from mixdiag.errors import UserError
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+
+# Counted by reading each file: stats lines, Iteration lines, ignored (headers, uvicorn, ERROR lines).
+FIXTURES = [
+    # name,              total, stats, iterations, ignored
+    ("vllm_log_19680.txt", 2, 1, 0, 1),
+    ("vllm_log_3094.txt", 2, 1, 0, 1),
+    ("vllm_log_31193.txt", 4, 0, 3, 1),
+    ("vllm_log_37307.txt", 7, 5, 0, 2),
+    ("vllm_log_6790.txt", 9, 4, 0, 5),
+]
+
+
+@pytest.mark.parametrize("name,total,stats,iters,ignored", FIXTURES)
+def test_fixture_counts(name, total, stats, iters, ignored):
+    tl = vllm_log.read(FIX / name, year=2025)
+    src = tl.meta["sources"][0]
+    assert (src["lines_total"], src["lines_parsed"], src["lines_skipped"], src["lines_ignored"]) == \
+        (total, stats + iters, 0, ignored)
+    g = tl.steps["granularity"].value_counts().to_dict()
+    assert g.get("interval", 0) == stats and g.get("step", 0) == iters
+
+
+def test_fixture_values():
+    tl = vllm_log.read(FIX / "vllm_log_37307.txt", year=2026)
+    s = tl.steps
+    assert list(s["waiting_reqs"]) == [90, 84, 78, 72, 66] and list(s["running_reqs"]) == [10, 16, 22, 28, 34]
+    assert list(s["kv_usage"]) == pytest.approx([0.193, 0.309, 0.425, 0.542, 0.654])
+    # second line: 10 s after the first, 23999.9 prompt tok/s -> ~240k prompt tokens (estimated)
+    assert s["t_end_s"][1] - s["t_start_s"][1] == 10.0 and s["prefill_tokens"][1] == pytest.approx(239999.0)
+    assert tl.meta["signals"]["vllm_log_37307"]["prefill_tokens"] == "estimated"
+    tl = vllm_log.read(FIX / "vllm_log_3094.txt", year=2024)
+    row = tl.steps.iloc[0]
+    assert (row["running_reqs"], row["waiting_reqs"], row["kv_usage"]) == (2, 3, pytest.approx(0.821))  # Pending
+    tl = vllm_log.read(FIX / "vllm_log_31193.txt", year=2025)
+    assert list(tl.steps["iteration"]) == [515, 516, 517] and set(tl.steps["kind"]) == {"decode"}
+    assert list(tl.steps["decode_reqs"]) == [20, 20, 20]
+    assert list(tl.steps["elapsed_s"]) == pytest.approx([0.01099, 0.01095, 0.01079])
+    tl = vllm_log.read(FIX / "vllm_log_6790.txt", year=2024)
+    assert set(tl.steps["kind"]) == {"idle"}  # 0.0 prompt and generation throughput
+
+
+@pytest.mark.parametrize("ctx_req,ctx_tok,gen_req,kind", [
+    (1, 100, 3, "mixed"), (1, 100, 0, "prefill"), (0, 0, 5, "decode"), (0, 0, 0, "idle"),
+])
+def test_iteration_kind(ctx_req, ctx_tok, gen_req, kind):
+    line = (f"(EngineCore_DP0 pid=1) INFO 03-01 10:00:00 [core.py:349] Iteration(7): {ctx_req} context requests, "
+            f"{ctx_tok} context tokens, {gen_req} generation requests, {gen_req} generation tokens, "
+            "iteration elapsed time: 2.50 ms\n")
+    tl = vllm_log.read(io.StringIO(line), year=2025, instance="v")
+    assert tl.steps["kind"][0] == kind and tl.steps["prefill_tokens"][0] == ctx_tok
+
+
+LOG = """\
+2025-12-31T23:59:50.250000000Z (APIServer pid=1) INFO 12-31 23:59:50 [loggers.py:259] Engine 001: Avg prompt throughput: 10.0 tokens/s, Avg generation throughput: 5.0 tokens/s, Running: 1 reqs, Waiting: 0 reqs, Preemptions: 2, GPU KV cache usage: 10.0%, Prefix cache hit rate: 0.0%, Corrupted: 0 reqs, MM cache hit rate: 1.0%
+(APIServer pid=1) INFO 01-01 00:00:00 [loggers.py:259] Engine 001: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 0.0 tokens/s, Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%
+(APIServer pid=1) INFO 01-01 00:00:00 [metrics.py:1] SpecDecoding metrics: Mean acceptance length: 2.50, Accepted throughput: 10.00 tokens/s, Drafted throughput: 20.00 tokens/s, Accepted: 100 tokens, Drafted: 200 tokens, Per-position acceptance rate: 0.800, 0.600, 0.400, Avg Draft acceptance rate: 50.0%
+(APIServer pid=1) INFO 01-01 00:00:00 [metrics.py:1] KV Transfer metrics: KVConnectorType: NixlConnector, Avg xfer time (ms)=12.5, P90 xfer time (ms)=20.0, Avg MB per transfer=64.0, Throughput (MB/s)=5000.0
+(EngineCore_DP0 pid=2) INFO 01-01 00:00:01 [eplb_state.py:1] EPLB step: avg_tokens=12.00, max_tokens=20, balancedness=0.6000
+(EngineCore_DP0 pid=2) INFO 01-01 00:00:01 [cuda_graph.py:1] **CUDAGraph Config Settings:**
+
+- Mode: FULL_AND_PIECEWISE
+- Capture sizes: [1, 2, 4, 8]
+
+**CUDAGraph Stats:**
+
+| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |
+|-----------------|---------------|--------------|--------------|-------|
+| 8 | 8 | 0 | FULL | 40 |
+| 300 | 300 | 0 | CUDAGraphMode.NONE | 3 |
+INFO:     127.0.0.1:1 - "GET /metrics HTTP/1.1" 200 OK
+(APIServer pid=1) INFO 01-01 00:00:02 [loggers.py:259] Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg gen
+"""
+
+
+def test_every_line_kind_with_year_rollover_and_docker_prefix():
+    tl = vllm_log.read(io.StringIO(LOG), instance="v")
+    src = tl.meta["sources"][0]
+    # parsed: 2 stats + spec + kv + eplb + Mode + Capture + Stats header + table header + separator + 2 rows = 12
+    # ignored: Config Settings header line, 3 blank lines, uvicorn; skipped: the cut stats line
+    assert (src["lines_total"], src["lines_parsed"], src["lines_ignored"], src["lines_skipped"]) == (18, 12, 5, 1)
+    assert src["partial"] is True
+    assert sorted(tl.instances) == ["v/engine0", "v/engine1"]
+    rows = tl.steps[tl.steps["instance"] == "v/engine1"]
+    assert list(rows["kind"]) == ["unknown", "idle"]
+    assert rows["t_end_s"].iloc[0] == 1767225590.25  # docker time (UTC, with year and fraction)
+    assert rows["t_end_s"].iloc[1] == 1767225600.0  # 2026-01-01 00:00:00: the year rolled over
+    assert rows["preempted_reqs"].iloc[0] == 2 and math.isnan(rows["preempted_reqs"].iloc[1])
+    ser = tl.series.set_index(["name", "labels"])["value"]
+    assert ser[("vllm_log:spec_decode_mean_acceptance_length", "")] == 2.5
+    assert ser[("vllm_log:spec_decode_avg_draft_acceptance_rate_pct", "")] == 50.0
+    assert ser[("vllm_log:spec_decode_per_position_acceptance_rate", "position=2")] == 0.4
+    assert ser[("vllm_log:kv_transfer_avg_xfer_time_ms", "")] == 12.5
+    assert ser[("vllm_log:eplb_balancedness", "")] == 0.6
+    assert ser[("vllm_log:cudagraph_steps", "mode=FULL,padded_tokens=8,unpadded_tokens=8")] == 40
+    assert ser[("vllm_log:cudagraph_steps", "mode=NONE,padded_tokens=300,unpadded_tokens=300")] == 3
+    assert tl.meta["cudagraph_config"] == {"Mode": "FULL_AND_PIECEWISE", "Capture sizes": "[1, 2, 4, 8]"}
+
+
+def test_scheduler_iteration_details_and_stats_become_series_when_iterating():
+    text = ("INFO 05-01 10:00:00 [loggers.py:1] Engine 000: SchedulerIterationDetails(iteration_index=5, "
+            "num_ctx_requests=1, num_ctx_tokens=64, num_generation_requests=4, num_generation_tokens=4, "
+            "elapsed_ms=3.2, num_encoder_inputs=0, num_encoder_output_tokens=0, is_dummy=False)\n"
+            "INFO 05-01 10:00:00 [loggers.py:1] Engine 000: SchedulerIterationDetails(iteration_index=6, "
+            "num_ctx_requests=0, num_ctx_tokens=0, num_generation_requests=0, num_generation_tokens=0, "
+            "elapsed_ms=0.1, num_encoder_inputs=0, num_encoder_output_tokens=0, is_dummy=True)\n"
+            "INFO 05-01 10:00:10 [loggers.py:1] Engine 000: Avg prompt throughput: 6.4 tokens/s, "
+            "Avg generation throughput: 0.4 tokens/s, Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%, "
+            "Prefix cache hit rate: 0.0%\n")
+    tl = vllm_log.read(io.StringIO(text), year=2026, instance="v")
+    assert list(tl.steps["kind"]) == ["mixed"]  # the dummy (DP padding) step computed nothing
+    assert list(tl.steps["granularity"]) == ["step"]
+    assert tl.series[tl.series["name"] == "vllm_log:running"]["value"].tolist() == [4.0]
+    assert tl.meta["sources"][0]["lines_parsed"] == 3
+
+
+def test_missing_year_is_noted_and_not_vllm_is_user_error(tmp_path):
+    tl = vllm_log.read(FIX / "vllm_log_19680.txt")
+    assert any("no year" in n for n in tl.meta["sources"][0]["notes"])
+    p = tmp_path / "x.log"
+    p.write_text("nothing here\n")
+    with pytest.raises(UserError):
+        vllm_log.read(p)
+
+
+def test_sniff():
+    assert vllm_log.sniff((FIX / "vllm_log_31193.txt").read_bytes(), "x")
+    assert vllm_log.sniff((FIX / "vllm_log_6790.txt").read_bytes(), "x")
+    assert not vllm_log.sniff((FIX / "sglang_log_13023.txt").read_bytes(), "x")
