@@ -27,28 +27,23 @@ def register(sub, common):
     p.set_defaults(func=run)
 
 
-def _load_one(path: str, fmt: str) -> Timeline:
-    p = Path(path)
-    if not p.exists():
-        raise UserError(f"no such input: {path}")
+def load_inputs(paths: list[str], fmt: str = "auto") -> Timeline:
+    """One Timeline from one or several inputs on one clock (via ``mixdiag.collectors.load``)."""
+    for path in paths:
+        if not path.startswith(("http://", "https://")) and not Path(path).exists():
+            raise UserError(f"no such input: {path}")
     try:
-        from mixdiag.collectors import load  # the collectors dispatch every supported format
+        from mixdiag.collectors import load  # every supported format, aligned on one clock
     except ImportError:
         load = None
     if load is not None:
-        return load(p, format=fmt)
-    if p.is_dir():
-        return Timeline.load(p)
-    raise UserError(f"{path}: cannot read this input (only run directories are supported without collectors)")
-
-
-def load_inputs(paths: list[str], fmt: str = "auto") -> Timeline:
-    """One Timeline from several inputs on one clock (instances must not clash)."""
-    tls = [_load_one(p, fmt) for p in paths]
-    if len(tls) == 1:
-        return tls[0]
+        return load(paths if len(paths) > 1 else paths[0], format=fmt)
+    # Without collectors: run directories written by Timeline.save.
+    if not all(Path(p).is_dir() for p in paths):
+        raise UserError("only run directories can be read (mixdiag.collectors is not installed)")
+    tls = [Timeline.load(p) for p in paths]
     try:
-        return Timeline.concat(tls)
+        return tls[0] if len(tls) == 1 else Timeline.concat(tls)
     except SchemaError as e:
         raise UserError(f"cannot analyse these inputs together: {e}") from None
 
