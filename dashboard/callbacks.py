@@ -15,7 +15,7 @@ from dash.exceptions import PreventUpdate
 from mixdiag.dashboard import figures, layout
 from mixdiag.dashboard.stats import signals_frame, sources_frame
 from mixdiag.dashboard.store import DataStore, fmt_seconds
-from mixdiag.dashboard.views import default_instance, spike_detail
+from mixdiag.dashboard.views import LedgerChoice, default_instance, spike_detail
 from mixdiag.errors import UserError
 
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range\[(0|1)\]$")
@@ -87,13 +87,14 @@ def on_dataset(store: DataStore, key: dict | None):
             default_instance(ds.timeline, ds.diagnosis), f"{ds.label}")
 
 
-def on_timeline(store: DataStore, key: dict | None, instance: str | None, relayout: dict | None, max_points: int):
+def on_timeline(store: DataStore, key: dict | None, instance: str | None, relayout: dict | None, max_points: int,
+                trigger: str | None = None):
     """The Timeline figure, re-sampled to the zoomed x-range when the trigger was a zoom."""
     ds = store.get(key["id"]) if key else None
     if ds is None or not instance or instance not in ds.timeline.instances:
         raise PreventUpdate
     x_range = None
-    if ctx.triggered_id == "timeline-graph":
+    if trigger == "timeline-graph":
         x_range = x_range_from_relayout(relayout)
         if x_range is False:
             raise PreventUpdate
@@ -109,12 +110,12 @@ def spike_options(ds) -> list[dict]:
              "value": f"{r.instance}|{int(r.step)}"} for r in top.itertuples(index=False)]
 
 
-def on_spike_pick(store: DataStore, key: dict | None, click: dict | None):
+def on_spike_pick(store: DataStore, key: dict | None, click: dict | None, trigger: str | None = None):
     """Spike dropdown options/value and the active tab: a click on a spike marker opens the Spike page."""
     ds = store.get(key["id"]) if key else None
     if ds is None:
         raise PreventUpdate
-    if ctx.triggered_id == "timeline-graph":
+    if trigger == "timeline-graph":
         pts = (click or {}).get("points") or []
         cd = pts[0].get("customdata") if pts else None
         if not isinstance(cd, (list, tuple)) or len(cd) != 2:
@@ -123,25 +124,32 @@ def on_spike_pick(store: DataStore, key: dict | None, click: dict | None):
     return spike_options(ds), None, no_update
 
 
-def on_spike(store: DataStore, key: dict | None, choice: str | None):
+def on_spike(store: DataStore, key: dict | None, choice: str | None, ledger: LedgerChoice | None = LedgerChoice()):
     """The Spike page for ``choice`` ('instance|step')."""
     ds = store.get(key["id"]) if key else None
     if ds is None or not choice or "|" not in choice:
         return (html.Div("Click a spike marker on the Timeline page (or pick one above) to see its evidence."),
                 figures.empty_figure(), "", "")
     inst, step = choice.rsplit("|", 1)
-    d = spike_detail(ds.diagnosis, inst, int(step))
+    d = spike_detail(ds.diagnosis, inst, int(step), ledger=ledger)
     if d is None:
         return html.Div(f"no spike at {inst} step {step}"), figures.empty_figure(), "", ""
     s = d.spike
     conf = s.get("confidence")
-    pred = (f"{fmt_seconds(d.predicted_s)} (evidence '{d.predicted_key}')" if d.predicted_key
-            else "not given by the diagnosis")
+    mx = f" ({d.measured_x:.1f}x baseline)" if d.measured_x == d.measured_x else ""
+    if d.predicted_key is not None and d.predicted_x == d.predicted_x:
+        pred = f"{fmt_seconds(d.predicted_s)} ({d.predicted_x:.1f}x baseline)"
+    elif d.predicted_key is not None:
+        pred = fmt_seconds(d.predicted_s)
+    else:
+        pred = "none"
     summary = html.Div([
         html.Div([html.B(f"{s['cause']}"), f" at {s['instance']} step {s['step']}",
                   f", confidence {float(conf):.2f}" if conf is not None else ""], id="spike-cause"),
-        html.Div(f"measured ITL {fmt_seconds(d.measured_s)}; baseline {fmt_seconds(float(s.get('baseline_s', float('nan'))))}; "
-                 f"ledger-predicted {pred}", id="spike-heights"),
+        html.Div(f"measured ITL {fmt_seconds(d.measured_s)}{mx}; baseline "
+                 f"{fmt_seconds(float(s.get('baseline_s', float('nan'))))}; predicted height {pred}",
+                 id="spike-heights"),
+        html.Div(d.prediction_basis, style={"color": "#666", "fontSize": "12px"}),
         html.Div(f"signals missing from the source: {', '.join(d.missing_signals)}" if d.missing_signals
                  else "no signal missing", style={"color": "#666", "fontSize": "12px"}),
     ])
@@ -177,18 +185,18 @@ def register(app, store: DataStore, live=None) -> None:
     @app.callback(Output("timeline-graph", "figure"), Input("dataset-key", "data"), Input("instance", "value"),
                   Input("timeline-graph", "relayoutData"))
     def _timeline(key, instance, relayout):
-        return on_timeline(store, key, instance, relayout, max_points)
+        return on_timeline(store, key, instance, relayout, max_points, ctx.triggered_id)
 
     @app.callback(Output("spike-choice", "options"), Output("spike-choice", "value"), Output("tabs", "value"),
                   Input("dataset-key", "data"), Input("timeline-graph", "clickData"))
     def _pick(key, click):
-        return on_spike_pick(store, key, click)
+        return on_spike_pick(store, key, click, ctx.triggered_id)
 
     @app.callback(Output("spike-summary", "children"), Output("spike-graph", "figure"),
                   Output("spike-evidence", "children"), Output("spike-neighbours", "children"),
                   Input("spike-choice", "value"), State("dataset-key", "data"))
     def _spike(choice, key):
-        return on_spike(store, key, choice)
+        return on_spike(store, key, choice, LedgerChoice(store.config.ledger_preset, store.config.ledger_device))
 
     if live is None:
         return

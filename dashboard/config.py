@@ -38,6 +38,8 @@ class DashboardConfig:
     parse_timeout_s: float = 180.0
     max_points: int = DEFAULT_MAX_POINTS
     live_window_s: float = 900.0
+    ledger_preset: str = "glm-5.3"   # model the Spike page's predicted height assumes (mixdiag ledger)
+    ledger_device: str = "h200"
 
     def __post_init__(self):
         if self.data_dir is not None:
@@ -58,6 +60,11 @@ class DashboardConfig:
             raise UserError(f"refresh interval must be 0.5..3600 s, got {self.refresh_s}")
         if self.upload_max_bytes <= 0:
             raise UserError("upload size cap must be positive")
+        from mixdiag.device_model import device
+        from mixdiag.ledger import resolve
+
+        resolve(self.ledger_preset)   # UserError naming the choices when unknown
+        device(self.ledger_device)
         if self.max_points < 100:
             raise UserError("max_points must be at least 100")
 

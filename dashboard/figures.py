@@ -187,8 +187,9 @@ def spike_figure(detail: SpikeDetail) -> go.Figure:
         fig.add_hline(y=float(base), line_dash="dash", line_color="#555",
                       annotation_text=f"baseline {float(base):.4f}s", annotation_position="top left")
     if math.isfinite(detail.predicted_s):
+        src = "ledger" if detail.predicted_key == "ledger" else "diagnosis"
         fig.add_hline(y=detail.predicted_s, line_dash="dot", line_color=_color(cause),
-                      annotation_text=f"ledger predicted {detail.predicted_s:.4f}s", annotation_position="top right")
+                      annotation_text=f"{src} predicted {detail.predicted_s:.4f}s", annotation_position="top right")
     fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 40, "b": 40}, template="plotly_white",
                       title={"text": f"Steps around spike {detail.spike['step']} ({cause})", "font": {"size": 14}},
                       xaxis={"title": "step", "type": "category"},

@@ -114,6 +114,15 @@ def timeline_view(timeline: Timeline, diagnosis, instance: str) -> TimelineView:
 
 
 @dataclass(frozen=True)
+class LedgerChoice:
+    """Which model and device the Spike page's ledger prediction assumes (``mixdiag ledger`` presets)."""
+
+    preset: str = "glm-5.3"
+    device: str = "h200"
+    context_len: int = 4096  # decode context assumed, as `mixdiag analyze --context-len` defaults
+
+
+@dataclass(frozen=True)
 class SpikeDetail:
     """What the Spike page shows for one spike."""
 
@@ -122,12 +131,15 @@ class SpikeDetail:
     missing_signals: tuple[str, ...]
     neighbours: pd.DataFrame   # the steps around the spike (diagnosis steps columns)
     measured_s: float
-    predicted_s: float         # the ledger's predicted height, NaN when the diagnosis gives none
-    predicted_key: str | None  # evidence key the prediction came from
+    predicted_s: float         # the predicted height in seconds, NaN when there is no prediction
+    predicted_key: str | None  # where the prediction came from: an evidence key, or "ledger"
+    measured_x: float = math.nan   # measured height / baseline
+    predicted_x: float = math.nan  # predicted height / baseline (mixed over pure-decode step time)
+    prediction_basis: str = ""     # one line: what the prediction assumes, or why there is none
 
 
 def _prediction(evidence: dict) -> tuple[float, str | None]:
-    """The ledger-predicted height in the evidence: the first numeric key naming a prediction."""
+    """A predicted height (s) the diagnosis put in the evidence: the first numeric key naming a prediction."""
     for key in sorted(evidence, key=lambda k: (not str(k).startswith("ledger"), str(k))):
         k = str(key).lower()
         if ("predict" in k or k.startswith("ledger")) and k.endswith("_s"):
@@ -140,6 +152,36 @@ def _prediction(evidence: dict) -> tuple[float, str | None]:
     return math.nan, None
 
 
+def ledger_height(evidence: dict, choice: "LedgerChoice") -> tuple[float, str]:
+    """The shape ledger's predicted spike height (mixed / pure-decode step time) for a mixed step.
+
+    The same computation as the HTML report (``report_html.predicted_heights``) from the
+    spike's evidence, so both show one number. Only a step holding a prefill chunk beside decode
+    rows has a prediction: the ledger models what the chunk adds. Returns (NaN, reason) otherwise.
+    """
+    pre, rows = _num(evidence.get("prefill_tokens")), _num(evidence.get("decode_rows"))
+    if not (math.isfinite(pre) and math.isfinite(rows)) or pre <= 0 or rows <= 0:
+        return math.nan, "no ledger prediction: the step holds no prefill chunk beside decode rows"
+    from mixdiag.device_model import device
+    from mixdiag.ledger import resolve
+    from mixdiag.report_html import predicted_heights
+
+    one = pd.DataFrame({"evidence": [evidence]})
+    h = float(predicted_heights(one, resolve(choice.preset), device(choice.device), choice.context_len).iloc[0])
+    reqs = _num(evidence.get("decode_reqs"))
+    basis = (f"ledger: {choice.preset} on {choice.device}, {int(pre)}-token chunk beside "
+             f"{int(reqs if math.isfinite(reqs) and reqs > 0 else rows)} decode requests, context "
+             f"{choice.context_len} (a roofline model of that deployment, as in the HTML report)")
+    return h, basis
+
+
+def _num(v) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
@@ -150,8 +192,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def spike_detail(diagnosis, instance: str, step: int, neighbours: int = NEIGHBOURS) -> SpikeDetail | None:
-    """The spike of ``instance`` at ``step``, its evidence and its neighbouring steps; None if no such spike."""
+def spike_detail(diagnosis, instance: str, step: int, neighbours: int = NEIGHBOURS,
+                 ledger: LedgerChoice | None = LedgerChoice()) -> SpikeDetail | None:
+    """The spike of ``instance`` at ``step``, its evidence, its neighbouring steps and its predicted height.
+
+    The prediction is the diagnosis' own when its evidence carries one; else, for a mixed
+    step, the shape ledger's (``ledger`` chooses model and device; None: no prediction).
+    None when there is no such spike.
+    """
     sp = diagnosis.spikes
     if sp is None or not len(sp):
         return None
@@ -166,11 +214,22 @@ def spike_detail(diagnosis, instance: str, step: int, neighbours: int = NEIGHBOU
                       columns=["key", "value"])
     st = diagnosis.steps
     st = st[st["instance"] == instance].sort_values("step")
-    pos = np.searchsorted(st["step"].to_numpy(), int(step))
+    pos = int(np.searchsorted(st["step"].to_numpy(), int(step)))
     neigh = st.iloc[max(pos - neighbours, 0): pos + neighbours + 1].reset_index(drop=True)
+    measured, base = float(row["itl_s"]), _num(row.get("baseline_s"))
+    measured_x = measured / base if math.isfinite(base) and base > 0 else math.nan
     predicted, key = _prediction(evidence)
+    predicted_x, basis = math.nan, ""
+    if key is not None:
+        predicted_x = predicted / base if math.isfinite(base) and base > 0 else math.nan
+        basis = f"diagnosis evidence '{key}'"
+    elif ledger is not None:
+        predicted_x, basis = ledger_height(evidence, ledger)
+        if math.isfinite(predicted_x) and math.isfinite(base):
+            predicted, key = predicted_x * base, "ledger"
     spike = {k: row[k] for k in ("instance", "step", "t_s", "itl_s", "baseline_s", "cause", "confidence")
              if k in row.index}
     spike["step"] = int(spike["step"])
-    return SpikeDetail(spike=spike, evidence=ev, missing_signals=missing, neighbours=neigh,
-                       measured_s=float(row["itl_s"]), predicted_s=predicted, predicted_key=key)
+    return SpikeDetail(spike=spike, evidence=ev, missing_signals=missing, neighbours=neigh, measured_s=measured,
+                       predicted_s=predicted, predicted_key=key, measured_x=measured_x, predicted_x=predicted_x,
+                       prediction_basis=basis)

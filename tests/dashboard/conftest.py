@@ -80,6 +80,12 @@ def make_timeline():
 
 
 @pytest.fixture(scope="module")
+def faulty_timeline():
+    """A Timeline with mixing, EP-hotspot, PD-transfer and host-stall spikes."""
+    return build_timeline(faults=FAULTS)
+
+
+@pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):
     """A saved run directory (Timeline files) with mixing, EP-hotspot, PD-transfer and host-stall spikes."""
     d = tmp_path_factory.mktemp("data") / "run1"

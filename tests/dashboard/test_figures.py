@@ -133,9 +133,9 @@ def test_spike_figure_draws_the_ledger_prediction_when_given():
                        "t_end_s": [0.02, 1.1, 2.02], "itl_max_s": [0.02, 0.1, 0.02]})
     base = dict(spike={"instance": "e", "step": 10, "cause": "mixing", "baseline_s": 0.02},
                 evidence=pd.DataFrame(columns=["key", "value"]), missing_signals=(), neighbours=nb, measured_s=0.1)
-    with_pred = figures.spike_figure(SpikeDetail(predicted_s=0.09, predicted_key="ledger_predicted_s", **base))
+    with_pred = figures.spike_figure(SpikeDetail(predicted_s=0.09, predicted_key="ledger", **base))
     without = figures.spike_figure(SpikeDetail(predicted_s=math.nan, predicted_key=None, **base))
     texts = lambda f: [a.text for a in f.layout.annotations]  # noqa: E731
     assert any("ledger predicted 0.0900s" in t for t in texts(with_pred))
-    assert not any("ledger" in t for t in texts(without))
+    assert not any("predicted" in t for t in texts(without))
     assert any("baseline" in t for t in texts(without))

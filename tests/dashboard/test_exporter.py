@@ -1,0 +1,82 @@
+"""The diagnosis exporter: Prometheus naming, bounded labels, counters that only count new spikes."""
+import math
+
+import pytest
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
+from mixdiag.dashboard.stats import CAUSES
+from mixdiag.diagnosis import diagnose
+from mixdiag.exporter import DiagnosisExporter
+from mixdiag.schema import Timeline
+
+
+def scrape(exporter) -> dict:
+    """{(metric name, labels tuple): value} from the text exposition, via prometheus_client's parser."""
+    out, types = {}, {}
+    for fam in text_string_to_metric_families(exporter.render().decode()):
+        types[fam.name] = fam.type
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    out["__types__"] = types
+    return out
+
+
+def spikes_total(m) -> dict:
+    return {c: m[("mixdiag_spikes_total", (("cause", c),))] for c in CAUSES}
+
+
+def test_counts_equal_the_report(faulty_timeline):
+    d = diagnose(faulty_timeline)
+    ex = DiagnosisExporter()
+    ex.publish(faulty_timeline, d, duration_s=0.5, now=faulty_timeline.span()[1] + 2.0)
+    m = scrape(ex)
+    assert spikes_total(m) == {c: float(n) for c, n in d.to_json()["by_cause"].items()}
+    last = d.spikes.loc[d.spikes["t_s"].idxmax()]
+    assert m[("mixdiag_last_spike_cause", (("cause", last["cause"]),))] == 1.0
+    assert sum(m[("mixdiag_last_spike_cause", (("cause", c),))] for c in CAUSES) == 1.0
+    assert m[("mixdiag_last_spike_itl_seconds", ())] == pytest.approx(last["itl_s"])
+    assert m[("mixdiag_analysis_lag_seconds", ())] == pytest.approx(2.0)
+    assert m[("mixdiag_analysis_duration_seconds", ())] == 0.5
+    assert m[("mixdiag_mixed_steps_ratio", ())] == pytest.approx((faulty_timeline.steps["kind"] == "mixed").mean())
+    assert m[("mixdiag_itl_seconds", (("quantile", "0.99"),))] == pytest.approx(d.itl["p99_s"])
+    assert m[("mixdiag_analyses_total", ())] == 1.0
+    types = m["__types__"]
+    assert types["mixdiag_spikes"] == "counter" and types["mixdiag_analyses"] == "counter"
+    assert types["mixdiag_last_spike_itl_seconds"] == "gauge"
+
+
+def test_labels_are_bounded_and_the_registry_is_private(faulty_timeline):
+    ex1, ex2 = DiagnosisExporter(), DiagnosisExporter()
+    ex1.publish(faulty_timeline, diagnose(faulty_timeline))
+    labels = {lab for key in scrape(ex1) if key != "__types__" for lab in key[1]}
+    assert {v for k, v in labels if k == "cause"} == set(CAUSES)
+    assert {k for k, _ in labels} <= {"cause", "quantile"}
+    assert scrape(ex2)[("mixdiag_analyses_total", ())] == 0.0
+    assert REGISTRY.get_sample_value("mixdiag_analyses_total") is None
+
+
+def test_overlapping_windows_count_each_spike_once(make_timeline):
+    full = make_timeline(n_steps=300, period=30)
+    d_full = diagnose(full)
+    first = Timeline(full.steps[full.steps["step"] < 150], full.tokens[full.tokens["step"] < 150], meta=full.meta)
+    ex = DiagnosisExporter()
+    ex.publish(first, diagnose(first))
+    n_first = sum(spikes_total(scrape(ex)).values())
+    ex.publish(first, diagnose(first))  # the same window again: nothing new
+    assert sum(spikes_total(scrape(ex)).values()) == n_first
+    ex.publish(full, d_full)  # the window grew: only the newer spikes are added
+    assert sum(spikes_total(scrape(ex)).values()) == len(d_full.spikes)
+    ex.publish(first, diagnose(first), reset=True)  # a different dataset: counters start over
+    assert sum(spikes_total(scrape(ex)).values()) == n_first
+
+
+def test_empty_exporter_and_relative_clock(make_timeline):
+    ex = DiagnosisExporter()
+    m = scrape(ex)
+    assert all(v == 0 for v in spikes_total(m).values())
+    assert math.isnan(m[("mixdiag_last_spike_itl_seconds", ())])
+    tl = make_timeline(period=0)
+    tl = Timeline(tl.steps, tl.tokens, meta=dict(tl.meta, clock="relative"))
+    ex.publish(tl, diagnose(tl))
+    assert math.isnan(scrape(ex)[("mixdiag_analysis_lag_seconds", ())])  # no wall clock: no lag

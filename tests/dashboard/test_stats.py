@@ -1,0 +1,52 @@
+"""Overview numbers agree with the diagnosis (the report's own numbers)."""
+import math
+
+import pandas as pd
+import pytest
+
+from mixdiag.dashboard.stats import CAUSES, by_cause, headline, mixed_share, signals_frame, sources_frame
+from mixdiag.diagnosis import diagnose
+from mixdiag.schema import Timeline
+
+
+def test_headline_matches_the_diagnosis(make_timeline):
+    tl = make_timeline(faults={70: dict(expert_imbalance=4.0, dur=0.080)})
+    d = diagnose(tl)
+    h = headline(tl, d)
+    doc = d.to_json()
+    assert h.verdict == doc["verdict"]
+    assert h.by_cause == doc["by_cause"] and h.n_spikes == len(doc["spikes"])
+    assert (h.itl_p50_s, h.itl_p99_s, h.itl_max_s) == (doc["itl"]["p50_s"], doc["itl"]["p99_s"], doc["itl"]["max_s"])
+    assert h.itl_source == "tokens"
+    assert h.mixed_share == pytest.approx((tl.steps["kind"] == "mixed").sum() / len(tl.steps))
+    assert h.last_spike["t_s"] == d.spikes["t_s"].max()
+
+
+@pytest.mark.parametrize("kinds,want", [
+    (["decode", "mixed", "idle", "prefill"], 1 / 3),
+    (["idle", "idle"], math.nan),
+    (["mixed"], 1.0),
+])
+def test_mixed_share(kinds, want):
+    s = pd.DataFrame({"kind": kinds, "granularity": "step"})
+    got = mixed_share(s)
+    assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
+
+
+def test_by_cause_fills_every_cause_and_folds_strangers_into_unknown():
+    class D:
+        by_cause = {"mixing": 2, "cosmic_ray": 1}
+    got = by_cause(D())
+    assert list(got) == list(CAUSES) and got["mixing"] == 2 and got["unknown"] == 1
+
+
+def test_sources_and_signals_frames(make_timeline):
+    tl = make_timeline(meta_signals={"sm_active": "estimated"})
+    meta = dict(tl.meta, sources=[{"format": "vllm-log", "path": "a.log", "lines_total": 10, "lines_parsed": 8,
+                                   "lines_skipped": 2, "skipped_examples": [], "partial": False, "notes": ["x"]}])
+    tl = Timeline(tl.steps.assign(expert_imbalance=float("nan")), tl.tokens, tl.series, meta)
+    src = sources_frame(tl)
+    assert src.iloc[0].to_dict() == {"format": "vllm-log", "path": "a.log", "lines_parsed": 8, "lines_skipped": 2,
+                                     "partial": False, "notes": "x"}
+    sig = signals_frame(tl).set_index("instance").loc["engine0"]
+    assert sig["sm_active"] == "estimated" and sig["expert_imbalance"] == "absent" and sig["itl"] == "present"
