@@ -48,6 +48,7 @@ class Engine:
         self.tracer = tracer or NULL_TRACER
         self.observers: list[Callable[[StepRecord], None]] = []   # each gets every StepRecord
         self.before_step: list[Callable[[int], None]] = []        # each gets the step number first
+        self.kv_connector = None   # PD split: receives remote-prefilled KV (engine/faults.py PDConnector)
         self.step_no = 0
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}
@@ -64,7 +65,8 @@ class Engine:
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: Sequence[int], params: SamplingParams | None = None, *,
                     request_id: str | None = None, arrival_s: float | None = None,
-                    has_input_embeds: bool = False, beam_group: str | None = None) -> str:
+                    has_input_embeds: bool = False, beam_group: str | None = None,
+                    remote_prefill: bool = False) -> str:
         """Queue a request; returns its id. Raises :class:`InvalidRequest` and changes nothing on bad input."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
@@ -83,12 +85,18 @@ class Engine:
             raise InvalidRequest(f"request needs up to {need} KV blocks but the pool has "
                                  f"{self.config.cache.num_blocks}; lower max_tokens or enlarge the cache")
         rid = str(request_id) if request_id is not None else f"req-{next(self._ids)}"
-        if rid in self.scheduler.requests or rid in self._finished:
+        if rid in self.scheduler.requests or rid in self._finished or (
+                self.kv_connector is not None and rid in self.kv_connector.waiting):
             raise InvalidRequest(f"request id {rid!r} is already in use")
         seed = params.seed if params.seed is not None else _derive_seed(self.config.seed, rid)
         req = Request(rid, prompt, params, time.time() if arrival_s is None else arrival_s, sampling_seed=seed,
                       has_input_embeds=has_input_embeds, beam_group=beam_group)
-        self.scheduler.add_request(req)
+        if remote_prefill:  # PD: a prefill worker computes the prompt's KV; the connector queues it on arrival
+            if self.kv_connector is None:
+                raise InvalidRequest("remote_prefill needs a kv_connector (a [faults.pd_transfer] scenario)")
+            self.kv_connector.submit(req)
+        else:
+            self.scheduler.add_request(req)
         return rid
 
     def abort(self, request_id: str) -> bool:
@@ -100,11 +108,13 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or (self.kv_connector is not None and self.kv_connector.has_pending())
 
     def request(self, request_id: str) -> Request:
         """A request by id, finished or not."""
         req = self.scheduler.requests.get(request_id) or self._finished.get(request_id)
+        if req is None and self.kv_connector is not None:
+            req = self.kv_connector.waiting.get(request_id)
         if req is None:
             raise KeyError(request_id)
         return req
@@ -123,6 +133,10 @@ class Engine:
         tr = self._tracer
         t_start = time.time()
         c0 = time.perf_counter()
+        kv_bytes, kv_s = 0, 0.0
+        if self.kv_connector is not None:  # PD: read/install KV that arrived, queue those requests
+            with tr.range("kv_transfer"):
+                kv_bytes, kv_s = self.kv_connector.receive()
         with tr.range("schedule"):
             out = self.scheduler.schedule()
         c1 = time.perf_counter()
@@ -134,7 +148,7 @@ class Engine:
                          graph_mode=plan.mode, graph_bucket=plan.bucket, graph_replayed=False,
                          preempted_reqs=len(out.preempted_req_ids), forward_mode=out.forward_mode.value,
                          token_budget=out.token_budget, num_scheduled_tokens=dict(out.num_scheduled_tokens),
-                         schedule_s=c1 - c0)
+                         schedule_s=max(0.0, c1 - c0 - kv_s), kv_transfer_bytes=float(kv_bytes), kv_transfer_s=kv_s)
         msg = (f"step {n} kind={rec.kind} prefill_tokens={rec.prefill_tokens} decode_reqs={rec.decode_reqs} "
                f"decode_rows={rec.decode_rows} graph={rec.graph_mode}")
         c4 = c1

@@ -106,3 +106,28 @@ def test_ep_hotspot_window_skews_ranks():
     assert max(r.expert_imbalance for r in outside) < 2.0
     assert {s for _, s, c in truth.rows if c == "ep_hotspot"} == {6, 7, 8, 9}
     assert all(float(m.router_bias.abs().sum()) == 0 for m in eng.model.moe_layers)  # window closed
+
+
+@pytest.mark.parametrize("mode", ["sync", "overlap"])
+def test_pd_transfer_matches_local_engine_and_counts_bytes(mode):
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, 128, (n,), generator=g).tolist() for n in (30, 7, 55, 18, 40, 12)]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    local = Engine(EngineConfig(model=SMALL, num_threads=1)).generate(prompts, params)
+
+    faults = FaultsConfig.from_dict({"pd_transfer": {"mode": mode, "every": 2}})
+    eng = Engine(faults.apply(EngineConfig(model=SMALL, num_threads=1)))
+    with FaultInjector(eng, faults) as inj:
+        truth = TruthRecorder(eng, inj)
+        ids = [inj.add_request(p, params) for p in prompts]
+        recs = eng.run()
+        outs = [eng.output(i) for i in ids]
+        remote_lens = list(inj.pd.transferred_prompt_lens)
+    assert outs == local
+    assert sorted(remote_lens) == sorted(len(p) for p in prompts[::2])  # every 2nd request went remote
+    moved = sum(r.kv_transfer_bytes for r in recs)
+    assert moved == sum((n - 1) * SMALL.kv_bytes_per_token for n in remote_lens)
+    pd_steps = {r.step for r in recs if r.kv_transfer_bytes > 0}
+    assert pd_steps and {s for _, s, c in truth.rows if c == "pd_transfer"} == pd_steps
+    assert all(r.kv_transfer_s > 0 for r in recs if r.kv_transfer_bytes > 0)
+    assert eng.kv_manager.num_free_blocks == eng.config.cache.num_blocks
