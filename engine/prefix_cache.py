@@ -190,3 +190,132 @@ class PrefixCache:
 
     def evictable_blocks(self) -> tuple[int, ...]:
         return tuple(self._lru)
+
+
+# ---- the block manager with a prefix cache ----------------------------------------------------
+# Imported late: kv_cache does not know about prefix caching; this subclass plugs it in.
+from .kv_cache import BlockPool, KVCacheManager, OutOfBlocks  # noqa: E402
+
+
+class CachingBlockPool(BlockPool):
+    """A :class:`BlockPool` whose released cached blocks stay hittable until evicted (LRU)."""
+
+    def __init__(self, num_blocks: int, cache: PrefixCache):
+        super().__init__(num_blocks)
+        self.cache = cache
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free) + self.cache.num_evictable
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free / self.num_blocks
+
+    def allocate(self, n: int) -> list[int]:
+        if n > self.num_free:
+            raise OutOfBlocks(f"need {n} KV blocks, {self.num_free} free")
+        out = [self._free.popleft() if self._free else self.cache.evict() for _ in range(n)]
+        for b in out:
+            self.ref_counts[b] = 1
+        return out
+
+    def take_cached(self, blocks: Sequence[int]) -> None:
+        """A prefix hit: share cached blocks (ref 0 ones leave the eviction list)."""
+        self.cache.acquire(blocks)
+        for b in blocks:
+            self.ref_counts[b] += 1
+
+    def free(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref_counts[b] <= 0:
+                raise ValueError(f"block {b} freed twice")
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0 and not self.cache.on_release(b):
+                self._free.append(b)
+
+
+class PrefixCachingKVManager(KVCacheManager):
+    """``KVCacheManager`` with a prefix cache: hits at admission, full blocks registered as scheduled.
+
+    Schedulers call :meth:`match_prefix` for a request about to be admitted (no side effects), cut
+    its chunk to what the hit leaves, and pass the hit to :meth:`allocate_slots`, which shares the
+    hit blocks, sets ``num_computed_tokens`` and records the query/hit tokens. Every allocation
+    registers the blocks the scheduled tokens fill (known tokens only: never draft positions), in
+    flight for the current step. The engine calls :meth:`begin_step` / :meth:`end_step` around a step.
+    """
+
+    def __init__(self, config, *, allow_inflight_hits: bool = False):
+        super().__init__(config)
+        self.prefix_cache = PrefixCache(self.block_size, allow_inflight_hits=allow_inflight_hits)
+        self.pool = CachingBlockPool(config.num_blocks, self.prefix_cache)
+        self._keys: dict[str, list[bytes]] = {}
+        self._registered: dict[str, int] = {}
+        #: request id -> prefix hit applied at its admission in the current step
+        self.step_hits: dict[str, PrefixHit] = {}
+
+    def begin_step(self, step: int) -> None:
+        self.prefix_cache.begin_step(step)
+        self.step_hits = {}
+
+    def end_step(self, step: int) -> None:
+        self.prefix_cache.end_step(step)
+
+    def _keys_for(self, request) -> list[bytes]:
+        """Chain keys of every full block of the request's known tokens (extended incrementally)."""
+        keys = self._keys.setdefault(request.request_id, [])
+        have = len(keys)
+        if (len(request.all_token_ids) // self.block_size) > have:
+            parent = keys[-1] if keys else ROOT_KEY
+            keys.extend(chain_keys(request.all_token_ids, self.block_size, parent=parent, start_block=have))
+        return keys
+
+    def match_prefix(self, request) -> PrefixHit | None:
+        """The cache hit ``request`` would get if admitted now (None if it already holds KV)."""
+        if request.num_computed_tokens or self.block_ids.get(request.request_id):
+            return None
+        n = request.num_tokens
+        return self.prefix_cache.lookup(self._keys_for(request), num_tokens=n, max_hit_tokens=n - 1, record=False)
+
+    def allocate_slots(self, request, num_new_tokens: int, reserve_blocks: int = 0,
+                       prefix: PrefixHit | None = None) -> bool:
+        rid = request.request_id
+        if prefix is not None and prefix.block_ids:
+            hit = list(prefix.block_ids)
+            parked = sum(1 for b in hit if self.pool.ref_counts[b] == 0)  # counted as free until taken
+            need = self.blocks_for(prefix.hit_tokens + num_new_tokens) - len(hit)
+            if need + parked + reserve_blocks > self.pool.num_free:
+                return False
+            self.pool.take_cached(hit)
+            self.block_ids[rid] = hit + self.pool.allocate(need)
+            request.num_computed_tokens = prefix.hit_tokens
+        elif not super().allocate_slots(request, num_new_tokens, reserve_blocks):
+            return False
+        if prefix is not None:
+            st = self.prefix_cache.stats
+            st.queries_total += prefix.query_tokens
+            st.step_queries += prefix.query_tokens
+            st.hits_total += prefix.hit_tokens
+            st.step_hits += prefix.hit_tokens
+            st.inflight_blocked_total += prefix.inflight_blocked
+            self.step_hits[rid] = prefix
+        self._register(request, num_new_tokens)
+        return True
+
+    def _register(self, request, num_new_tokens: int) -> None:
+        """Cache the blocks this step fills with known tokens (drafts are never cached)."""
+        rid = request.request_id
+        upto = min(request.num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
+        start = self._registered.get(rid, 0)
+        if upto <= start:
+            return
+        keys = self._keys_for(request)
+        blocks = self.block_ids[rid]
+        for i in range(start, upto):
+            self.prefix_cache.register(keys[i], blocks[i], self.prefix_cache.step)
+        self._registered[rid] = upto
+
+    def free(self, request_id: str) -> None:
+        super().free(request_id)
+        self._keys.pop(request_id, None)
+        self._registered.pop(request_id, None)

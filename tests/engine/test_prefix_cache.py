@@ -155,3 +155,76 @@ def test_register_duplicate_key_and_recycled_block():
     assert cache.lookup([k2], num_tokens=4).block_ids == (3,)
     with pytest.raises(ValueError):
         PrefixCache(0)
+
+
+# ---- the prefix-caching KV manager -----------------------------------------------------------
+from mixdiag.engine.config import CacheConfig  # noqa: E402
+from mixdiag.engine.prefix_cache import PrefixCachingKVManager  # noqa: E402
+from mixdiag.engine.request import Request, SamplingParams  # noqa: E402
+
+
+def _req(rid, prompt):
+    return Request(rid, prompt, SamplingParams(), 0.0)
+
+
+def _admit(kv, req):
+    hit = kv.match_prefix(req)
+    n = req.num_tokens - (hit.hit_tokens if hit else 0)
+    assert kv.allocate_slots(req, n, prefix=hit)
+    return hit
+
+
+def test_manager_inflight_rule_then_hit_and_no_leak():
+    kv = PrefixCachingKVManager(CacheConfig(block_size=BS, num_blocks=16))
+    shared = list(range(30, 42))                       # 3 full blocks
+    a, b, c = _req("a", shared + [1]), _req("b", shared + [2, 3]), _req("c", shared + [4])
+    kv.begin_step(0)
+    assert _admit(kv, a).hit_tokens == 0
+    hit_b = _admit(kv, b)                              # same step: A is still writing the blocks
+    assert hit_b.hit_tokens == 0 and hit_b.inflight_blocked == 1
+    assert kv.get_block_ids("b")[:3] != kv.get_block_ids("a")[:3]
+    kv.end_step(0)
+    kv.begin_step(1)
+    hit_c = _admit(kv, c)
+    assert hit_c.hit_tokens == 12 and c.num_computed_tokens == 12
+    assert kv.get_block_ids("c")[:3] == kv.get_block_ids("a")[:3]
+    assert kv.step_hits["c"] is hit_c
+    assert (kv.prefix_cache.stats.step_queries, kv.prefix_cache.stats.step_hits) == (13, 12)
+    assert kv.prefix_cache.stats.queries_total == 13 + 14 + 13
+    for rid in ("a", "b", "c"):
+        kv.free(rid)
+    assert kv.num_free_blocks == 16 and not any(kv.pool.ref_counts)
+    assert kv.prefix_cache.num_evictable == kv.prefix_cache.num_cached > 0
+
+
+def test_manager_evicts_lru_cached_blocks_under_pressure():
+    kv = PrefixCachingKVManager(CacheConfig(block_size=BS, num_blocks=4))
+    kv.begin_step(0)
+    a = _req("a", list(range(100, 108)) + [1])         # 3 blocks, 2 full ones cached
+    _admit(kv, a)
+    kv.end_step(0)
+    kv.free("a")
+    assert kv.num_free_blocks == 4 and kv.prefix_cache.num_evictable == 2
+    kv.begin_step(1)
+    big = _req("big", list(range(200, 215)))          # needs all 4 blocks: both cached ones evicted
+    assert _admit(kv, big).hit_tokens == 0
+    assert kv.prefix_cache.num_cached == 3 and kv.prefix_cache.stats.evictions_total == 2
+    kv.end_step(1)
+    kv.begin_step(2)
+    again = _req("again", list(range(100, 108)) + [1])
+    assert kv.match_prefix(again).hit_tokens == 0       # a's prefix was evicted
+    assert not kv.allocate_slots(again, 9)               # and the pool is full
+    kv.free("big")
+    assert kv.num_free_blocks == 4
+
+
+def test_manager_never_caches_draft_positions():
+    kv = PrefixCachingKVManager(CacheConfig(block_size=BS, num_blocks=8))
+    kv.begin_step(0)
+    r = _req("r", [5, 6, 7])
+    _admit(kv, r)
+    r.append_output(8)
+    r.num_computed_tokens = 3
+    r.spec_token_ids = [9, 9, 9, 9]                    # positions 4..7: drafts fill block 1
+    assert kv.allocate_slots(r, 5)
+    assert kv.prefix_cache.num_cached == 1              # block 0 (tokens 5,6,7,8); block 1 holds drafts
