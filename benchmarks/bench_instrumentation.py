@@ -1,0 +1,124 @@
+"""What instrumentation costs a decode step: everything on vs everything off, interleaved in one run.
+
+One engine, 32 requests decoding (batch 32, ``ignore_eos``); after warm-up, steps alternate
+between the two arms (ABBA order, so neither arm always runs first):
+
+  on   NVTX tracer (no tool attached: the cheap path a production run takes), SM-activity
+       estimate, Prometheus metrics, vLLM + SGLang log lines to a file, ``/metrics`` served on
+       127.0.0.1 and scraped by a client thread every 0.5 s, timed scrapes to disk every 1 s;
+  off  the engine's NullTracer and no observers.
+
+The server, scrape client and scrape writer stay up through both arms (they are background
+threads whose cost per scrape does not depend on the arm). Only ``engine.step()`` is timed.
+Prints the median step time of each arm and their ratio (target <= 1.02), plus the median of
+per-pair ratios; ``--json`` ends with one JSON line.
+
+    .venv/bin/python benchmarks/bench_instrumentation.py [--pairs 300] [--batch 32] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+from mixdiag.engine.config import EngineConfig
+from mixdiag.engine.engine import Engine
+from mixdiag.engine.hooks import NULL_TRACER
+from mixdiag.engine.instrumentation import Instrumentation, InstrumentationConfig
+from mixdiag.engine.request import SamplingParams
+
+TARGET = 1.02
+
+
+def note(msg: str) -> None:
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def decode_engine(batch: int, steps: int, threads: int) -> Engine:
+    """An engine whose next ``steps`` steps are pure decode steps of ``batch`` requests."""
+    eng = Engine(EngineConfig(num_threads=threads))
+    for i in range(batch):
+        eng.add_request([2 + (i * 7 + j) % 500 for j in range(16)], SamplingParams(max_tokens=steps + 64, ignore_eos=True))
+    while True:  # prefill (and mixed) steps until every request decodes
+        rec = eng.step()
+        if rec.kind == "decode" and rec.decode_reqs == batch:
+            return eng
+
+
+def scrape_client(url: str, stop: threading.Event, every_s: float = 0.5) -> None:
+    while not stop.wait(every_s):
+        with urllib.request.urlopen(url, timeout=5) as r:
+            r.read()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=300, help="on/off step pairs measured (default 300)")
+    ap.add_argument("--warmup", type=int, default=30, help="decode steps before measuring (default 30)")
+    ap.add_argument("--batch", type=int, default=32, help="decode batch size (default 32)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steady on shared cores)")
+    ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    args = ap.parse_args(argv)
+
+    eng = decode_engine(args.batch, args.warmup + 2 * args.pairs + 8, args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
+        cfg = InstrumentationConfig(serve_port=0, log_formats=("vllm", "sglang"), scrape_interval_s=1.0)
+        inst = Instrumentation(cfg, eng, tmp)
+        on_obs, on_tracer = list(eng.observers), eng.tracer
+        stop = threading.Event()
+        client = threading.Thread(target=scrape_client, args=(inst.server.url, stop), daemon=True)
+        client.start()
+
+        def arm(on: bool) -> None:
+            eng.observers[:] = on_obs if on else []
+            eng.tracer = on_tracer if on else NULL_TRACER
+
+        def timed(on: bool) -> float:
+            arm(on)
+            t0 = time.perf_counter()
+            rec = eng.step()
+            dt = time.perf_counter() - t0
+            if rec.kind != "decode" or rec.decode_reqs != args.batch:
+                raise RuntimeError(f"step {rec.step} is {rec.kind} with {rec.decode_reqs} decodes, not batch {args.batch}")
+            return dt
+
+        for i in range(args.warmup):
+            timed(i % 2 == 0)
+        on_s, off_s = [], []
+        note(f"measuring {args.pairs} interleaved on/off decode-step pairs at batch {args.batch} ...")
+        for i in range(args.pairs):
+            order = (True, False) if i % 2 == 0 else (False, True)
+            for on in order:
+                (on_s if on else off_s).append(timed(on))
+        stop.set()
+        client.join(timeout=5)
+        arm(True)
+        summary = inst.close()
+
+    med_on, med_off = statistics.median(on_s), statistics.median(off_s)
+    pair_ratio = statistics.median(a / b for a, b in zip(on_s, off_s))
+    ratio = med_on / med_off
+    overhead = statistics.median(a - b for a, b in zip(on_s, off_s))
+    result = {"bench": "instrumentation", "batch": args.batch, "pairs": args.pairs, "threads": args.threads,
+              "on_median_ms": round(med_on * 1e3, 4), "off_median_ms": round(med_off * 1e3, 4),
+              "on_mean_ms": round(statistics.fmean(on_s) * 1e3, 4), "off_mean_ms": round(statistics.fmean(off_s) * 1e3, 4),
+              "overhead_median_us": round(overhead * 1e6, 1), "ratio": round(ratio, 4), "pair_ratio_median": round(pair_ratio, 4), "target": TARGET,
+              "pass": ratio <= TARGET, "log_lines": summary.get("log_lines"), "scrapes": summary.get("scrapes")}
+    print(f"decode step, batch {args.batch}: instrumentation on {result['on_median_ms']:.3f} ms, "
+          f"off {result['off_median_ms']:.3f} ms (medians of {args.pairs} interleaved steps each)")
+    print(f"median per-pair cost of instrumentation: {overhead * 1e6:.1f} us per step")
+    print(f"ratio on/off = {ratio:.4f} (median of per-pair ratios {pair_ratio:.4f}); target <= {TARGET} -> "
+          f"{'PASS' if result['pass'] else 'FAIL'}")
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
