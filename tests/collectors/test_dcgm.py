@@ -1,0 +1,119 @@
+"""dcgm: the README capture, SM-activity choice, overlap mapping onto steps, scrape directories."""
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+from mixdiag.collectors import dcgm
+from mixdiag.errors import UserError
+from mixdiag.schema import Timeline
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+UUID = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
+
+
+def test_readme_capture_has_no_sm_activity_and_says_so():
+    steps = pd.DataFrame({"instance": ["e"], "step": [0], "t_start_s": [0.0], "t_end_s": [1.0],
+                          "granularity": ["step"], "kind": ["decode"]})
+    tl = dcgm.read(FIX / "dcgm_exporter_readme.txt", steps=steps, t_s=0.5)
+    src = tl.meta["sources"][0]
+    assert (src["lines_total"], src["lines_parsed"], src["lines_ignored"]) == (11, 3, 8)  # by grep
+    assert tl.meta["sm_active_metric"] is None
+    assert any("commented out" in n for n in tl.meta["notes"])
+    assert set(tl.series["name"]) == {"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP"}
+    assert tl.series.set_index("name").loc["DCGM_FI_DEV_SM_CLOCK", "labels"] == f"UUID={UUID},gpu=0"
+    assert len(tl.steps) == 0  # nothing to map: the steps are not returned as if enriched
+
+
+@pytest.mark.parametrize("present,metric,fallback,want", [
+    (dcgm.SM_METRICS, "auto", True, ("DCGM_FI_PROF_SM_ACTIVE", "measured")),
+    (dcgm.SM_METRICS[1:], "auto", True, ("DCGM_FI_PROF_SM_OCCUPANCY", "estimated")),
+    (("DCGM_FI_DEV_GPU_UTIL",), "auto", True, ("DCGM_FI_DEV_GPU_UTIL", "estimated")),
+    (("DCGM_FI_DEV_GPU_UTIL",), "auto", False, (None, "absent")),
+    (dcgm.SM_METRICS, "DCGM_FI_DEV_GPU_UTIL", True, ("DCGM_FI_DEV_GPU_UTIL", "estimated")),
+])
+def test_choose_metric(present, metric, fallback, want):
+    assert dcgm.choose_metric(present, metric, fallback) == want
+
+
+def test_choose_metric_unknown_forced_field():
+    with pytest.raises(UserError, match="not in the DCGM data"):
+        dcgm.choose_metric(["DCGM_FI_DEV_GPU_UTIL"], "DCGM_FI_PROF_SM_ACTIVE")
+
+
+@pytest.mark.parametrize("start,end,want", [
+    (0.5, 0.5, 0.2),      # instant inside the first sample's window (-1, 0]... -> next sample (0, 1]
+    (0.0, 1.0, 0.2),      # exactly sample 1's window
+    (0.5, 1.5, 0.5),      # half 0.2, half 0.8
+    (1.0, 3.0, 0.5),      # 0.8 then 0.2
+    (10.0, 11.0, math.nan),  # after the last sample
+])
+def test_overlap_mean(start, end, want):
+    t = np.array([0.0, 1.0, 2.0, 3.0])
+    v = np.array([0.9, 0.2, 0.8, 0.2])
+    got = dcgm.overlap_mean(t, v, np.array([start]), np.array([end]))[0]
+    assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
+
+
+def _scrapes(tmp_path, values, util=None):
+    """Timed dcgm-exporter scrapes from a real prometheus_client registry with the exporter's labels."""
+    reg = CollectorRegistry()
+    g = Gauge("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.",
+              ["gpu", "UUID", "Hostname"], registry=reg)
+    u = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", ["gpu", "UUID", "Hostname"], registry=reg)
+    for i, (t, per_gpu) in enumerate(values):
+        for gpu, val in enumerate(per_gpu):
+            g.labels(str(gpu), f"GPU-{gpu}", "node-1").set(val)
+            u.labels(str(gpu), f"GPU-{gpu}", "node-1").set(100.0 if util is None else util[i])
+        (tmp_path / f"{t}.prom").write_bytes(generate_latest(reg))
+    return tmp_path
+
+
+def test_scrape_dir_maps_sm_active_onto_steps(tmp_path):
+    d = _scrapes(tmp_path, [(100, (0.1, 0.3)), (101, (0.9, 0.7)), (102, (0.2, 0.2))])
+    steps = Timeline(pd.DataFrame({
+        "instance": ["e0"] * 3, "step": [0, 1, 2], "t_start_s": [100.2, 101.0, 101.5], "t_end_s": [100.8, 101.0, 102.0],
+        "granularity": ["step"] * 3, "kind": ["decode", "mixed", "decode"]}),
+        meta={"sources": [{"format": "x"}], "signals": {"e0": {"kind": "measured"}}})
+    tl = dcgm.read(d, steps=steps)
+    assert tl.meta["sm_active_metric"] == "DCGM_FI_PROF_SM_ACTIVE"
+    assert list(tl.steps["sm_active"]) == pytest.approx([0.8, 0.8, 0.2])  # GPU mean per sample window
+    assert tl.meta["signals"]["e0"] == {"kind": "measured", "sm_active": "measured"}
+    assert len(tl.meta["sources"]) == 1 + 3
+
+
+def test_gpu_util_fallback_is_estimated_and_percent_scaled(tmp_path):
+    d = _scrapes(tmp_path, [(0, (0.0,)), (1, (0.0,))], util=[50.0, 100.0])
+    scrape = (d / "1.prom").read_text().replace("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_X")
+    (d / "1.prom").write_text(scrape)
+    (d / "0.prom").write_text((d / "0.prom").read_text().replace("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_X"))
+    steps = pd.DataFrame({"instance": ["e"], "step": [0], "t_start_s": [0.5], "t_end_s": [1.0],
+                          "granularity": ["step"], "kind": ["decode"]})
+    tl = dcgm.read(d, steps=steps)
+    assert tl.meta["sm_active_metric"] == "DCGM_FI_DEV_GPU_UTIL"
+    assert tl.steps["sm_active"][0] == pytest.approx(1.0)
+    assert tl.meta["signals"]["e"]["sm_active"] == "estimated"
+    assert any("not SM activity" in n for n in tl.meta["notes"])
+
+
+def test_several_instances_need_gpu_map(tmp_path):
+    d = _scrapes(tmp_path, [(0, (0.1, 0.9)), (1, (0.2, 0.8))])
+    steps = pd.DataFrame({"instance": ["a", "b"], "step": [0, 0], "t_start_s": [0.5, 0.5], "t_end_s": [1.0, 1.0],
+                          "granularity": ["step"] * 2, "kind": ["decode"] * 2})
+    tl = dcgm.read(d, steps=steps)
+    assert tl.steps["sm_active"].isna().all() and any("gpu_map" in n for n in tl.meta["notes"])
+    tl = dcgm.read(d, steps=steps, gpu_map={"a": ["0"], "b": ["1"]})
+    assert list(tl.steps["sm_active"]) == pytest.approx([0.2, 0.8])
+
+
+def test_not_dcgm():
+    with pytest.raises(UserError, match="no DCGM"):
+        dcgm.read(FIX / "sglang_metrics_docs.txt")
+
+
+def test_sniff():
+    assert dcgm.sniff((FIX / "dcgm_exporter_readme.txt").read_bytes(), "m")
+    assert not dcgm.sniff((FIX / "vllm_metrics_11117.txt").read_bytes(), "m")
