@@ -20,6 +20,9 @@ class DrafterConfig:
     num_spec_tokens: int = 5
     min_n: int = 1
     max_n: int = 4
+    #: always propose exactly k tokens, as an MTP/EAGLE head does: when the n-gram continuation is
+    #: shorter (or absent), repeat its last token (or the context's). Keeps decode steps uniform.
+    pad_to_k: bool = False
 
     def __post_init__(self):
         if self.num_spec_tokens < 1:
@@ -35,9 +38,17 @@ class NgramDrafter:
         self.config = config
 
     def propose(self, context: Sequence[int], k: int | None = None) -> list[int]:
-        """Up to ``k`` draft tokens continuing ``context`` (empty if no n-gram recurs)."""
+        """Up to ``k`` draft tokens continuing ``context`` (exactly ``k`` with ``pad_to_k``)."""
         k = self.config.num_spec_tokens if k is None else k
-        if k <= 0 or len(context) < self.config.min_n + 1:
+        if k <= 0 or not len(context):
+            return []
+        drafts = self._lookup(context, k)
+        if self.config.pad_to_k and len(drafts) < k:
+            drafts = drafts + [drafts[-1] if drafts else int(context[-1])] * (k - len(drafts))
+        return drafts
+
+    def _lookup(self, context: Sequence[int], k: int) -> list[int]:
+        if len(context) < self.config.min_n + 1:
             return []
         ctx = np.asarray(context, dtype=np.int64)
         L = len(ctx)

@@ -110,3 +110,116 @@ def rollback(num_computed_before: int, num_draft: int, num_accepted: int, block_
     written_end = num_computed_before + 1 + num_draft
     need = -(-valid // block_size)
     return Rollback(valid, (valid, written_end), tuple(block_ids[:need]), tuple(block_ids[need:]))
+
+
+# ---- engine side: propose, trim to the schedule, verify, roll back ------------------------------
+@dataclass
+class SpecStepStats:
+    """One step's speculative accounting (``draft_tokens`` verified, how many were accepted)."""
+
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verified_reqs: int = 0
+
+
+def _target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Rows of ``logits`` [n, V] turned into the sampler's distribution (temperature, then top-p)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sp, si = torch.sort(probs, descending=True, dim=-1)
+        keep = torch.cumsum(sp, -1) - sp < top_p
+        probs = torch.zeros_like(probs).scatter_(-1, si, sp * keep)
+    return probs
+
+
+class SpecDecoder:
+    """Drives speculative decoding inside the engine loop (k = ``drafter.config.num_spec_tokens``).
+
+    After each step's bookkeeping :meth:`propose` gives every decoding request its drafts (the
+    scheduler then asks for ``1 + len(drafts)`` rows); :meth:`trim` cuts drafts a budget-limited
+    schedule could not fit; :meth:`sample` verifies each drafted request's rows (greedy match, or
+    rejection sampling for temperature > 0) and samples the other rows with ``sample_fn``;
+    :meth:`rollback` cuts ``num_computed_tokens`` back to the accepted length and releases KV
+    blocks holding only rejected positions.
+    """
+
+    def __init__(self, drafter, max_model_len: int):
+        self.drafter = drafter
+        self.k = drafter.config.num_spec_tokens
+        self.max_model_len = max_model_len
+
+    def propose(self, running) -> None:
+        for req in running:
+            if req.is_decode and not req.spec_token_ids:
+                room = self.max_model_len - req.num_tokens  # draft positions must stay < max_model_len
+                req.spec_token_ids = self.drafter.propose(req.all_token_ids, min(self.k, max(room, 0)))
+
+    @staticmethod
+    def trim(out) -> None:
+        """Drop drafts beyond the rows the scheduler gave a request (``n - 1`` drafts fit)."""
+        for req in out.requests:
+            if req.spec_token_ids and req.is_decode:
+                n = out.num_scheduled_tokens[req.request_id]
+                if n < len(req.spec_token_ids) + 1:
+                    req.spec_token_ids = req.spec_token_ids[:max(n - 1, 0)]
+
+    @staticmethod
+    def draft_counts(out) -> np.ndarray:
+        """vLLM's per-request draft-count array for the step (-1 prefill, 0 no draft, k drafts)."""
+        nst = [out.num_scheduled_tokens[r.request_id] for r in out.requests]
+        spec = [list(r.spec_token_ids) if r.is_decode else None for r in out.requests]
+        return draft_token_counts(nst, spec)
+
+    def sample(self, logits: torch.Tensor, batch, requests: dict, sample_fn, generator_for
+               ) -> tuple[dict[str, list[int]], SpecStepStats]:
+        """Tokens per request from ``logits`` [S, V] whose rows follow ``batch.sample_req_ids``.
+
+        ``generator_for(req)`` gives the seeded generator of the request's next random draw.
+        """
+        stats = SpecStepStats()
+        sampled: dict[str, list[int]] = {}
+        plain_rows, plain_reqs = [], []
+        ids = batch.sample_req_ids
+        i = 0
+        while i < len(ids):
+            j = i
+            while j < len(ids) and ids[j] == ids[i]:
+                j += 1
+            req = requests[ids[i]]
+            drafts = req.spec_token_ids
+            if drafts and j - i == len(drafts) + 1:
+                rows = logits[i:j]
+                if req.params.greedy:
+                    res = verify_greedy(drafts, rows.argmax(-1).tolist())
+                else:
+                    probs = _target_probs(rows, req.params.temperature, req.params.top_p)
+                    res = verify_sampling(drafts, probs, generator_for(req))
+                sampled[req.request_id] = list(res.tokens)
+                stats.draft_tokens += res.num_draft
+                stats.accepted_tokens += res.num_accepted
+                stats.verified_reqs += 1
+            else:
+                plain_rows.append(j - 1)
+                plain_reqs.append(req)
+            i = j
+        if plain_rows:
+            rows = logits.index_select(0, torch.tensor(plain_rows, device=logits.device))
+            for req, tok in zip(plain_reqs, sample_fn(rows, plain_reqs)):
+                sampled[req.request_id] = [tok]
+        return sampled, stats
+
+    @staticmethod
+    def rollback(out, kv_manager) -> None:
+        """After the scheduler's update: valid KV ends at the last accepted token; free the tail."""
+        for req in out.requests:
+            if req.status.finished or not req.is_decode:
+                continue
+            valid = req.num_tokens - 1  # last accepted token's KV is written next step
+            if req.num_computed_tokens > valid:
+                req.num_computed_tokens = valid
+                blocks = kv_manager.get_block_ids(req.request_id)
+                need = -(-valid // kv_manager.block_size)
+                if len(blocks) > need:
+                    tail = blocks[need:]
+                    del blocks[need:]
+                    kv_manager.pool.free(list(reversed(tail)))

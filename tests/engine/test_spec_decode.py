@@ -105,3 +105,10 @@ def _generate(prompt, n_out, drafter=None):
 def test_greedy_spec_output_identical_to_plain(prompt, n_out, k):
     drafter = NgramDrafter(DrafterConfig(num_spec_tokens=k, max_n=3))
     assert _generate(prompt, n_out, drafter) == _generate(prompt, n_out)
+
+
+def test_drafter_pads_to_k_like_an_mtp_head():
+    d = NgramDrafter(DrafterConfig(num_spec_tokens=4, max_n=2, pad_to_k=True))
+    assert d.propose([1, 2, 3, 1, 2]) == [3, 1, 2, 2]     # continuation [3,1,2] padded with its last
+    assert d.propose([4, 5, 6]) == [6, 6, 6, 6]           # no recurrence: repeat the context's last token
+    assert d.propose([4, 5, 6], k=0) == []
