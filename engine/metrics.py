@@ -13,9 +13,13 @@ in ``_total``, and every label has a closed value set (``kind``, ``segment``, ``
 from __future__ import annotations
 
 import math
+import threading
+from bisect import bisect_left
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 PREFIX = "mixdiag_engine"
 STEP_KINDS = ("prefill", "decode", "mixed", "idle")
@@ -32,6 +36,51 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
 #: Step durations: a CPU decode step is a few ms, a GPU one ~10 ms, a long prefill seconds.
 STEP_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                   2.5, 5.0, 10.0)
+
+
+class BatchHistogram:
+    """A label-less Prometheus histogram fed many values per call (one lock per step, not per token).
+
+    prometheus_client's ``Histogram.observe`` takes a lock and walks the buckets per value; a
+    decode step of 32 requests makes 32 ITL observations, which cost more than the rest of the
+    instrumentation together. This keeps plain bucket counts and renders them at scrape time.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self.bounds = tuple(float(b) for b in buckets)
+        self._counts = [0] * (len(self.bounds) + 1)  # last slot: above the largest bound (+Inf only)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values) -> None:
+        """Add every value (seconds) in ``values``."""
+        if not values:
+            return
+        idx = [bisect_left(self.bounds, v) for v in values]  # bucket le=b holds v <= b
+        total = sum(values)
+        with self._lock:
+            counts = self._counts
+            for i in idx:
+                counts[i] += 1
+            self._sum += total
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def collect(self):
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cum, buckets = 0, []
+        for b, c in zip(self.bounds + (math.inf,), counts):
+            cum += c
+            buckets.append((floatToGoString(b), cum))
+        fam = HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+        yield fam
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, self.documentation)]
 
 
 def _num(record: Any, name: str) -> float | None:
@@ -68,10 +117,10 @@ class EngineMetrics:
                                      ["mode"], registry=r)
         self.step_duration = Histogram(f"{p}_step_duration_seconds", "Wall time of one engine step by kind",
                                        ["kind"], buckets=STEP_BUCKETS_S, registry=r)
-        self.itl = Histogram(f"{p}_inter_token_latency_seconds", "Time between consecutive outputs of a request",
-                             buckets=ITL_BUCKETS_S, registry=r)
-        self.ttft = Histogram(f"{p}_time_to_first_token_seconds", "Time from arrival to a request's first output",
-                              buckets=TTFT_BUCKETS_S, registry=r)
+        self.itl = BatchHistogram(f"{p}_inter_token_latency_seconds", "Time between consecutive outputs of a request",
+                                  ITL_BUCKETS_S, r)
+        self.ttft = BatchHistogram(f"{p}_time_to_first_token_seconds", "Time from arrival to a request's first output",
+                                   TTFT_BUCKETS_S, r)
         self.running = Gauge(f"{p}_requests_running", "Requests running after the last step", registry=r)
         self.waiting = Gauge(f"{p}_requests_waiting", "Requests waiting after the last step", registry=r)
         self.kv_usage = Gauge(f"{p}_kv_usage_ratio", "KV-cache block usage 0..1 after the last step", registry=r)
@@ -88,13 +137,12 @@ class EngineMetrics:
                                ["source"], registry=r)
         # Bounded label sets exist from the start (a scrape before the first step shows zeros);
         # graph_replays is the exception: it shows a mode only once a replay really happened.
-        for k in STEP_KINDS:
-            self.steps.labels(kind=k)
-            self.step_duration.labels(kind=k)
-        for s in SEGMENTS:
-            self.scheduled_tokens.labels(segment=s)
-        for m in GRAPH_MODES:
-            self.graph_dispatch.labels(mode=m)
+        # Children resolved once: labels() per step costs more than the increments.
+        self._steps_by_kind = {k: self.steps.labels(kind=k) for k in STEP_KINDS}
+        self._duration_by_kind = {k: self.step_duration.labels(kind=k) for k in STEP_KINDS}
+        self._tokens_prefill = self.scheduled_tokens.labels(segment="prefill")
+        self._tokens_decode = self.scheduled_tokens.labels(segment="decode")
+        self._dispatch_by_mode = {m: self.graph_dispatch.labels(mode=m) for m in GRAPH_MODES}
         self._last_token_s: dict[Any, float] = {}
         self.steps_seen = 0
 
@@ -108,26 +156,30 @@ class EngineMetrics:
         if kind not in STEP_KINDS:
             return  # "unknown" steps are not engine steps; nothing to count honestly
         self.steps_seen += 1
-        self.steps.labels(kind=kind).inc()
+        self._steps_by_kind[kind].inc()
         t0, t1 = _num(record, "t_start_s"), _num(record, "t_end_s")
         if t0 is not None and t1 is not None and t1 >= t0:
-            self.step_duration.labels(kind=kind).observe(t1 - t0)
+            self._duration_by_kind[kind].observe(t1 - t0)
         prefill = _num(record, "prefill_tokens") or 0.0
         decode = _num(record, "decode_rows") or 0.0
-        self.scheduled_tokens.labels(segment="prefill").inc(prefill)
-        self.scheduled_tokens.labels(segment="decode").inc(decode)
+        if prefill:
+            self._tokens_prefill.inc(prefill)
+        if decode:
+            self._tokens_decode.inc(decode)
         hits = _num(record, "prefix_hit_tokens") or 0.0
-        self.prompt_tokens.inc(prefill + hits)
+        if prefill or hits:
+            self.prompt_tokens.inc(prefill + hits)
         queries = _num(record, "prefix_query_tokens")
-        if queries is not None:
+        if queries:
             self.prefix_queries.inc(queries)
-        self.prefix_hits.inc(hits)
+        if hits:
+            self.prefix_hits.inc(hits)
         out = _num(record, "output_tokens")
         if out:
             self.generation_tokens.inc(out)
         mode = getattr(record, "graph_mode", None)
         if kind != "idle" and mode in GRAPH_MODES:
-            self.graph_dispatch.labels(mode=mode).inc()
+            self._dispatch_by_mode[mode].inc()
             if _num(record, "graph_replayed") == 1.0:
                 self.graph_replays.labels(mode=mode).inc()
         for gauge, name in ((self.running, "running_reqs"), (self.waiting, "waiting_reqs"),
@@ -144,22 +196,39 @@ class EngineMetrics:
         v = _num(record, "kv_transfer_s")
         if v:
             self.kv_transfer_seconds.inc(v)
-        for ev in getattr(record, "token_events", None) or ():
-            arrival = self._arrival_s(ev.request_id) if (ev.is_first and self._arrival_s) else None
-            self.observe_token(ev.request_id, ev.t_s, ev.n_tokens, arrival, first=ev.is_first)
+        events = getattr(record, "token_events", None)
+        if events:
+            self.observe_tokens(events)
         v = _num(record, "sm_active")
         source = getattr(record, "sm_active_source", None)
         if v is not None and source in SM_SOURCES:  # an unlabelled or weaker (inferred) value is not exported
             self.observe_sm_active(v, source)
 
-    def observe_token(self, request_id: Any, t_s: float, n_tokens: int = 1, arrival_s: float | None = None,
-                      first: bool | None = None) -> None:
-        """One output event of a request: its first gives TTFT (needs ``arrival_s``), later ones ITL.
+    def observe_tokens(self, events) -> None:
+        """A step's output events (``request_id``, ``t_s``, ``is_first``): TTFT for firsts, ITL otherwise.
 
         ITL is per output event, as vLLM counts it (a speculative event carrying several tokens
-        is one observation); generation tokens are counted from step records, not here.
-        ``first`` (the engine's ``TokenEvent.is_first``) restarts a request, e.g. after preemption.
+        is one observation); generation tokens are counted from step records, not here. A
+        first event (the engine's ``TokenEvent.is_first``) restarts a request, e.g. after preemption.
         """
+        last = self._last_token_s
+        itl, ttft = [], []
+        for ev in events:
+            rid, t = ev.request_id, ev.t_s
+            prev = None if ev.is_first else last.get(rid)
+            if prev is None:
+                arrival = self._arrival_s(rid) if self._arrival_s is not None else None
+                if arrival is not None and t >= arrival:
+                    ttft.append(t - arrival)
+            elif t >= prev:
+                itl.append(t - prev)
+            last[rid] = t
+        self.itl.observe_many(itl)
+        self.ttft.observe_many(ttft)
+
+    def observe_token(self, request_id: Any, t_s: float, n_tokens: int = 1, arrival_s: float | None = None,
+                      first: bool | None = None) -> None:
+        """One output event outside a step record; ``arrival_s`` gives TTFT for a request's first."""
         prev = None if first else self._last_token_s.get(request_id)
         if prev is None:
             if arrival_s is not None and t_s >= arrival_s:

@@ -147,3 +147,24 @@ def test_missing_values_are_not_invented():
     assert value(m, "mixdiag_engine_expert_imbalance_ratio") == 0  # untouched initial value, never NaN
     m(rec(1, "unknown", 1.0, 0.01))
     assert m.steps_seen == 1
+
+
+@pytest.mark.parametrize("values", [[], [0.01], [0.0, 0.01, 0.010001, 80.0, 80.5, 1e9], [0.3] * 50])
+def test_batch_histogram_matches_prometheus_client(values):
+    from prometheus_client import Histogram
+
+    from mixdiag.engine.metrics import BatchHistogram
+
+    ours, ref = CollectorRegistry(), CollectorRegistry()
+    BatchHistogram("x_seconds", "x", ITL_BUCKETS_S, ours).observe_many(values)
+    h = Histogram("x_seconds", "x", buckets=ITL_BUCKETS_S, registry=ref)
+    for v in values:
+        h.observe(v)
+
+    def samples(reg):
+        return sorted((s.name, tuple(sorted(s.labels.items())), s.value) for f in reg.collect() for s in f.samples
+                      if not s.name.endswith("_created"))
+
+    a, b = samples(ours), samples(ref)
+    assert [x[:2] for x in a] == [x[:2] for x in b]
+    assert [x[2] for x in a] == pytest.approx([x[2] for x in b])
