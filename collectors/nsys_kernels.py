@@ -125,8 +125,7 @@ def project(db: NsysDb, ranges: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         gpu["device"] = gpu["device"].fillna(gpu["g_dev"])
         gpu["gpu_kernels"] = gpu["gpu_kernels"].fillna(0)
         gpu = gpu.drop(columns=["g_start", "g_end", "g_ns", "g_dev"])
-    for frame in (host, gpu):
-        frame.set_index("idx", inplace=True)
+    for frame in (host.set_index("idx"), gpu.set_index("idx")):
         for col in frame.columns:
             out.loc[frame.index, col] = frame[col].to_numpy(dtype="float64")
     # Steps without a single launch call launched nothing: zero, not unknown.
