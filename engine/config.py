@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from mixdiag.errors import UserError
 
 POLICIES = ("token_budget", "mix_running", "prefill_first")
+CUDAGRAPH_MODES = ("FULL_AND_PIECEWISE", "FULL", "PIECEWISE", "NONE")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
@@ -116,6 +117,8 @@ class CacheConfig:
 
     block_size: int = 16
     num_blocks: int = 4096
+    enable_prefix_caching: bool = False     # full blocks keyed by a chain hash, reused across requests
+    allow_inflight_prefix_hits: bool = False  # vLLM: hit blocks still being written this step (else refused)
 
     def __post_init__(self):
         _positive(self, "block_size", "num_blocks")
@@ -144,6 +147,12 @@ class SchedulerConfig:
     num_spec_tokens: int = 0                # speculative draft tokens per decode (uniform decode = 1 + k)
     cudagraph_capture_sizes: tuple[int, ...] = field(default_factory=default_capture_sizes)
     enforce_eager: bool = False             # plan NONE for every step
+    #: which graphs exist: FULL_AND_PIECEWISE (vLLM's default), FULL (uniform decode only),
+    #: PIECEWISE (no FULL graphs: uniform decode replays piecewise), NONE (eager, = enforce_eager)
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"
+    draft_slots: int = 0                    # vLLM: input slots per request for parallel drafting
+    enable_microbatching: bool = False      # gate a two-micro-batch split per step (decision recorded)
+    microbatch_min_tokens: int = 32         # steps below this are not worth splitting
 
     def __post_init__(self):
         _check(self.policy in POLICIES, f"SchedulerConfig.policy must be one of {', '.join(POLICIES)}, "
@@ -151,6 +160,12 @@ class SchedulerConfig:
         _positive(self, "max_num_seqs", "max_num_batched_tokens", "chunked_prefill_size")
         _check(self.long_prefill_token_threshold >= 0, "SchedulerConfig.long_prefill_token_threshold must be >= 0")
         _check(self.num_spec_tokens >= 0, "SchedulerConfig.num_spec_tokens must be >= 0")
+        _check(self.cudagraph_mode in CUDAGRAPH_MODES, f"SchedulerConfig.cudagraph_mode must be one of "
+                                                       f"{', '.join(CUDAGRAPH_MODES)}, got {self.cudagraph_mode!r}")
+        _check(self.draft_slots >= 0, "SchedulerConfig.draft_slots must be >= 0")
+        _check(self.draft_slots < self.max_num_batched_tokens,
+               "SchedulerConfig.draft_slots must be below max_num_batched_tokens")
+        _check(self.microbatch_min_tokens >= 2, "SchedulerConfig.microbatch_min_tokens must be >= 2")
         sizes = tuple(self.cudagraph_capture_sizes)
         _check(all(isinstance(s, int) and s > 0 for s in sizes),
                f"SchedulerConfig.cudagraph_capture_sizes must be positive integers, got {sizes!r}")

@@ -7,6 +7,9 @@
   PIECEWISE (attention runs eager between captured pieces), padded the same way;
 * above the largest captured size, an idle step, or ``enforce_eager`` -> NONE (eager).
 
+``cudagraph_mode`` narrows this as vLLM's does: PIECEWISE (no FULL graphs) plans uniform decode
+PIECEWISE; FULL (no piecewise graphs) plans non-uniform steps NONE; NONE plans every step NONE.
+
 On CPU this is the *planned* mode; :class:`GraphPlan` never claims a replay happened.
 """
 from __future__ import annotations
@@ -36,7 +39,12 @@ def plan_graph(num_scheduled: list[int], all_decode: bool, config: SchedulerConf
     uniform = is_uniform_decode(num_scheduled, config.uniform_decode_query_len, all_decode)
     total = sum(num_scheduled)
     sizes = config.cudagraph_capture_sizes
-    if total == 0 or config.enforce_eager or not sizes or total > sizes[-1]:
+    mode = config.cudagraph_mode
+    if total == 0 or config.enforce_eager or mode == "NONE" or not sizes or total > sizes[-1]:
         return GraphPlan("NONE", None, uniform)
     bucket = sizes[bisect.bisect_left(sizes, total)]
-    return GraphPlan("FULL" if uniform else "PIECEWISE", bucket, uniform)
+    if uniform and mode != "PIECEWISE":
+        return GraphPlan("FULL", bucket, uniform)
+    if mode == "FULL":  # FULL-only: no piecewise graphs, non-uniform steps run eagerly
+        return GraphPlan("NONE", None, uniform)
+    return GraphPlan("PIECEWISE", bucket, uniform)

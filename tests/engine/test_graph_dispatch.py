@@ -28,3 +28,22 @@ def test_plan(nst, all_decode, spec, eager, mode, bucket):
 
 def test_capture_sizes_normalised():
     assert SchedulerConfig(cudagraph_capture_sizes=(8, 2, 2)).cudagraph_capture_sizes == (2, 8)
+
+
+@pytest.mark.parametrize("cg_mode,nst,all_decode,mode,bucket", [
+    ("FULL_AND_PIECEWISE", [6, 6], True, "FULL", 16),
+    ("PIECEWISE", [6, 6], True, "PIECEWISE", 16),      # no FULL graphs: uniform decode replays pieces
+    ("FULL", [6, 6], True, "FULL", 16),
+    ("FULL", [9, 6], False, "NONE", None),             # FULL-only: a mixed step runs eagerly
+    ("NONE", [6, 6], True, "NONE", None),
+])
+def test_plan_follows_cudagraph_mode(cg_mode, nst, all_decode, mode, bucket):
+    cfg = SchedulerConfig(cudagraph_capture_sizes=SIZES, num_spec_tokens=5, cudagraph_mode=cg_mode)
+    p = plan_graph(nst, all_decode, cfg)
+    assert (p.mode, p.bucket) == (mode, bucket)
+
+
+def test_cudagraph_mode_validated():
+    from mixdiag.engine.config import ConfigError
+    with pytest.raises(ConfigError, match="cudagraph_mode"):
+        SchedulerConfig(cudagraph_mode="SOMETIMES")
