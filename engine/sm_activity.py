@@ -15,9 +15,9 @@ to ``StepRecord.sm_active`` with ``sm_active_source = "estimated"``; the run's
 ``meta["signals"][instance]["sm_active"]`` says ``estimated`` and the Prometheus gauge carries
 ``source="estimated"``. It is never reported as measured.
 
-On CUDA, :class:`NvmlSmSampler` reads NVML: GPM ``SM_UTIL`` on Hopper and newer (``measured``),
-else device utilization (the share of time any kernel ran — a weaker signal, quality
-``inferred``, and not exported as the SM gauge).
+On CUDA, :class:`NvmlSmSampler` reads NVML through ``mixdiag.collectors.nvml``: GPM ``SM_UTIL``
+on Hopper and newer (``measured``), else device utilization (the share of time any kernel ran,
+a weaker signal: ``estimated``, as the NVML collector marks it).
 """
 from __future__ import annotations
 
@@ -128,61 +128,46 @@ class SmEstimator:
 
 
 class NvmlSmSampler:
-    """Measured SM activity from NVML between consecutive step ends (CUDA only).
+    """SM activity from NVML between consecutive step ends (CUDA only), via ``collectors.nvml``.
 
     GPM ``SM_UTIL`` (Hopper+): quality ``measured``. Otherwise ``nvmlDeviceGetUtilizationRates``
-    (share of time a kernel ran, not SM activity): quality ``inferred``; the record's
-    ``sm_active_source`` is then ``inferred`` and the Prometheus SM gauge is left alone.
+    (the share of time any kernel ran, not SM activity): quality ``estimated``, as the NVML
+    collector marks it, so the Prometheus gauge says ``source="estimated"`` too.
     """
 
-    GPM_SM_UTIL = 2  # NVML_GPM_METRIC_SM_UTIL
-
     def __init__(self, device_index: int = 0, nvml: Any = None):
-        if nvml is None:
-            try:
-                import pynvml as nvml  # nvidia-ml-py (extra "gpu")
-            except ImportError:
-                raise UserError("measuring SM activity on CUDA needs nvidia-ml-py: pip install 'mixdiag[gpu]'") from None
-        self._nvml = nvml
-        nvml.nvmlInit()
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
-        self._gpm = False
-        try:
-            self._gpm = bool(nvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice)
-        except Exception:  # noqa: BLE001 - pre-Hopper drivers raise NotSupported/FunctionNotFound
-            self._gpm = False
-        self.source = "measured" if self._gpm else "inferred"
-        self._prev = self._sample() if self._gpm else None
+        from mixdiag.collectors.nvml import choose_source, load_nvml
 
-    def _sample(self):
-        s = self._nvml.nvmlGpmSampleAlloc()
-        self._nvml.nvmlGpmSampleGet(self._handle, s)
-        return s
+        self._nvml = nvml = nvml if nvml is not None else load_nvml()
+        self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
+        self._gpm = choose_source(nvml, self._handle) == "gpm_sm_util"
+        self.source = "measured" if self._gpm else "estimated"
+        self._samples = None
+        if self._gpm:  # two GPM buffers, swapped each read: the window is previous read -> now
+            self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
+            nvml.nvmlGpmSampleGet(self._handle, self._samples[0])
 
     def read(self) -> float:
         """SM activity 0..1 since the previous read (GPM) or NVML's last utilization window."""
+        from mixdiag.collectors.nvml import gpm_sm_util
+
         nvml = self._nvml
         if not self._gpm:
             return nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
-        cur = self._sample()
-        req = nvml.c_nvmlGpmMetricsGet_t()
-        req.version = nvml.NVML_GPM_METRICS_GET_VERSION
-        req.numMetrics = 1
-        req.sample1, req.sample2 = self._prev, cur
-        req.metrics[0].metricId = self.GPM_SM_UTIL
-        nvml.nvmlGpmMetricsGet(req)
-        nvml.nvmlGpmSampleFree(self._prev)
-        self._prev = cur
-        return min(max(req.metrics[0].value / 100.0, 0.0), 1.0)
+        prev, cur = self._samples
+        nvml.nvmlGpmSampleGet(self._handle, cur)
+        self._samples = [cur, prev]
+        return gpm_sm_util(nvml, prev, cur)
 
     def __call__(self, record: Any) -> None:
         record.sm_active = self.read()
         record.sm_active_source = self.source
 
     def close(self) -> None:
-        if self._prev is not None:
-            self._nvml.nvmlGpmSampleFree(self._prev)
-            self._prev = None
+        if self._samples is not None:
+            for s in self._samples:
+                self._nvml.nvmlGpmSampleFree(s)
+            self._samples = None
         self._nvml.nvmlShutdown()
 
 

@@ -1,4 +1,6 @@
 """SM activity: the CPU estimate reproduces the roofline sawtooth and is labelled estimated; NVML path flags quality."""
+import sys
+
 import pytest
 
 from mixdiag.engine.config import ModelConfig
@@ -83,23 +85,39 @@ class FakeNvml:
         return type("S", (), {"isSupportedDevice": 1})()
 
     def nvmlDeviceGetUtilizationRates(self, h): return type("U", (), {"gpu": self.util})()
-    def nvmlGpmSampleAlloc(self): self.n += 1; return self.n
-    def nvmlGpmSampleGet(self, h, s): pass
+    def nvmlGpmSampleAlloc(self):
+        self.n += 1
+        return {"id": self.n, "taken": 0}
+
+    def nvmlGpmSampleGet(self, h, s):
+        self.clock = getattr(self, "clock", 0) + 1
+        s["taken"] = self.clock
+
     def nvmlGpmSampleFree(self, s): self.freed += 1
 
     def c_nvmlGpmMetricsGet_t(self):
-        metric = type("M", (), {"metricId": 0, "value": 0.0})()
+        metric = type("M", (), {"metricId": 0, "value": 0.0, "nvmlReturn": 0})()
         return type("R", (), {"metrics": [metric]})()
 
     def nvmlGpmMetricsGet(self, req):
-        assert req.metrics[0].metricId == NvmlSmSampler.GPM_SM_UTIL and req.sample2 == req.sample1 + 1
+        assert req.metrics[0].metricId == 2  # NVML_GPM_METRIC_SM_UTIL
+        assert req.sample2["taken"] > req.sample1["taken"]  # window: previous read -> now
         req.metrics[0].value = 62.5
 
 
-@pytest.mark.parametrize("gpm,source,value", [(True, "measured", 0.625), (False, "inferred", 0.37)])
+@pytest.mark.parametrize("gpm,source,value", [(True, "measured", 0.625), (False, "estimated", 0.37)])
 def test_nvml_quality_flags(gpm, source, value):
-    s = NvmlSmSampler(0, nvml=FakeNvml(gpm))
-    r = step("decode", decode=4)
-    s(r)
-    assert r.sm_active_source == source and r.sm_active == pytest.approx(value)
+    nv = FakeNvml(gpm)
+    s = NvmlSmSampler(0, nvml=nv)
+    for _ in range(3):
+        r = step("decode", decode=4)
+        s(r)
+        assert r.sm_active_source == source and r.sm_active == pytest.approx(value)
     s.close()
+    assert nv.freed == (2 if gpm else 0) and nv.n == (2 if gpm else 0)  # two GPM buffers, reused
+
+
+def test_cuda_without_nvml_is_a_user_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # as on a machine without nvidia-ml-py
+    with pytest.raises(UserError, match="nvidia-ml-py"):
+        make_sm_source("cuda:0", SMALL)
