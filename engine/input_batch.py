@@ -23,7 +23,7 @@ class ForwardBatch:
     block_tables: torch.Tensor     # int32 [B, max_blocks] (0-padded)
     logits_indices: torch.Tensor   # int64 [S]
     req_ids: tuple[str, ...]       # [B], stream order
-    sample_req_ids: tuple[str, ...]  # [S], the request of each logits row
+    sample_req_ids: tuple[str, ...]  # [S], the request of each logits row (1 + d rows for d drafts)
 
     @property
     def num_tokens(self) -> int:
@@ -59,7 +59,14 @@ def prepare_inputs(out, kv_manager, device: str | torch.device = "cpu") -> Forwa
     seq_lens = starts + q_lens
     sample = set(out.sample_req_ids)
     sel = [i for i, r in enumerate(reqs) if r.request_id in sample]
-    logits_idx = qsl[1:][sel] - 1 if sel else np.zeros(0, dtype=np.int64)
+    # Speculative verification: a decode with d drafts samples all of its 1 + d rows.
+    rows = [1 + len(reqs[i].spec_token_ids) if reqs[i].spec_token_ids and reqs[i].is_decode
+            and q_lens[i] == len(reqs[i].spec_token_ids) + 1 else 1 for i in sel]
+    if any(r > 1 for r in rows):
+        logits_idx = np.concatenate([np.arange(qsl[i + 1] - r, qsl[i + 1]) for i, r in zip(sel, rows)])
+        sel = [i for i, r in zip(sel, rows) for _ in range(r)]
+    else:
+        logits_idx = qsl[1:][sel] - 1 if sel else np.zeros(0, dtype=np.int64)
     as_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(device=device, dtype=dt)  # noqa: E731
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.int64, device=device), positions=as_t(positions, torch.int64),

@@ -212,9 +212,19 @@ class Scheduler:
         self.requests.pop(req.request_id, None)
 
     # ---- helpers for policies --------------------------------------------------------------
-    def _chunk(self, req: Request, budget: int, threshold: int = 0) -> int:
-        """Tokens ``req`` computes this step: what it needs, cut to ``threshold`` (if > 0) and ``budget``."""
-        n = req.num_tokens_to_compute
+    def _prefix_hit(self, req: Request):
+        """The prefix-cache hit ``req`` would get if admitted now (None without a prefix cache)."""
+        match = getattr(self.kv, "match_prefix", None)
+        return match(req) if match is not None else None
+
+    def _allocate_admission(self, req: Request, n: int, hit) -> bool:
+        """KV for an admission of ``n`` tokens after the hit (which the KV manager applies)."""
+        return self.kv.allocate_slots(req, n) if hit is None else self.kv.allocate_slots(req, n, prefix=hit)
+
+    def _chunk(self, req: Request, budget: int, threshold: int = 0, skip: int = 0) -> int:
+        """Tokens ``req`` computes this step: what it needs (less ``skip`` prefix-cache hits), cut to
+        ``threshold`` (if > 0) and ``budget``."""
+        n = req.num_tokens_to_compute - skip
         if 0 < threshold < n:
             n = threshold
         return min(n, budget)
@@ -236,8 +246,9 @@ class Scheduler:
         max_seqs = self.config.max_num_seqs if max_seqs is None else max_seqs
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
             req = self.waiting[0]
-            n = self._chunk(req, budget, threshold)
-            if not self.kv.allocate_slots(req, n):
+            hit = self._prefix_hit(req)
+            n = self._chunk(req, budget, threshold, skip=hit.hit_tokens if hit else 0)
+            if not self._allocate_admission(req, n, hit):
                 break
             self.admit(req)
             out.append((req, n))

@@ -20,11 +20,15 @@ class TokenBudgetScheduler(Scheduler):
         cfg = self.config
         budget = cfg.max_num_batched_tokens
         thr = cfg.long_prefill_token_threshold
+        # vLLM: input slots are a second budget; each request also takes `draft_slots` of them
+        # (parallel drafting), so num_new_tokens = min(need, token_budget, input_budget - draft_slots).
+        self._input_budget = cfg.max_num_batched_tokens
+        ds = cfg.draft_slots
         scheduled = []
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and budget > 0 and self._input_budget > ds:
             req = self.running[i]
-            n = self._chunk(req, budget, thr)
+            n = min(self._chunk(req, budget, thr), self._input_budget - ds)
             preempted_self = False
             while not self.kv.allocate_slots(req, n):
                 victim = self.running[-1]
@@ -36,6 +40,7 @@ class TokenBudgetScheduler(Scheduler):
                 break
             scheduled.append((req, n))
             budget -= n
+            self._input_budget -= n + ds
             i += 1
         if not self._preempted:
             new, budget = self._take_waiting(budget, thr)
@@ -44,13 +49,17 @@ class TokenBudgetScheduler(Scheduler):
 
     def _take_waiting(self, budget: int, thr: int):
         out = []
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        ds = self.config.draft_slots
+        while (self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs
+               and self._input_budget > ds):
             req = self.waiting[0]
-            n = self._chunk(req, budget, thr)
-            if not self.kv.allocate_slots(req, n):
+            hit = self._prefix_hit(req)
+            n = min(self._chunk(req, budget, thr, skip=hit.hit_tokens if hit else 0), self._input_budget - ds)
+            if not self._allocate_admission(req, n, hit):
                 break
             self.admit(req)
             out.append((req, n))
             budget -= n
+            self._input_budget -= n + ds
         assert all(r.status == Status.RUNNING for r, _ in out)
         return out, budget
