@@ -48,7 +48,7 @@ class InstrumentationConfig:
     linger_s: float = 0.0                  # --linger S: keep serving after the run
     log_formats: tuple[str, ...] = ()      # --log-format vllm|sglang|both
     decode_log_interval: int = 40          # SGLang's --decode-log-interval
-    profile: tuple[int, int] | None = None  # --profile START:STOP
+    profile: tuple[int, int | None] | None = None  # --profile START:STOP | START: | all
     scrape_interval_s: float | None = None  # --scrape-interval S
     final_scrape: bool = True              # write metrics.prom at close (needs an out_dir)
 
@@ -199,7 +199,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--decode-log-interval", type=int, metavar="N", default=40,
                    help="SGLang Decode-batch line every N decode steps (SGLang's default 40)")
     g.add_argument("--profile", metavar="START:STOP", default=None,
-                   help="record a PyTorch-profiler (Kineto) trace of steps START..STOP-1 to DIR/trace.json")
+                   help="record a PyTorch-profiler (Kineto) trace of steps START..STOP-1 to DIR/trace.json "
+                        "('START:' or 'all': to the end of the run)")
     g.add_argument("--scrape-interval", type=float, metavar="S", default=None,
                    help="write the engine's /metrics every S seconds to DIR/scrapes/<unix_time>.prom "
                         "(the final scrape always goes to DIR/metrics.prom)")

@@ -2,7 +2,7 @@
 
 :class:`ProfileWindow` is an engine observer. It starts ``torch.profiler`` once the step before
 ``START`` has ended (at once when ``START`` is the first step) and stops after step ``STOP - 1``
-(half-open window ``[START, STOP)``), then writes the Chrome-trace JSON to ``DIR/trace.json``.
+(half-open window ``[START, STOP)``; ``START:`` or ``all`` run to the end of the run), then writes the Chrome-trace JSON to ``DIR/trace.json``.
 While it records, :class:`~mixdiag.engine.nvtx_tracer.NvtxTracer` opens ``record_function``
 ranges with the NVTX strings (``step <n> kind=...``, ``schedule``, ``attn L<i>`` ...), so the
 trace carries the same ranges an Nsight capture would. A run that ends inside the window still
@@ -19,16 +19,19 @@ from torch.profiler import ProfilerActivity, profile
 
 from mixdiag.errors import UserError
 
-_SPEC = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
+_SPEC = re.compile(r"^\s*(\d+)\s*:\s*(\d*)\s*$")
 
 
-def parse_window(spec: str) -> tuple[int, int]:
-    """``"20:60"`` -> ``(20, 60)``: profile steps 20..59. Raises UserError on anything else."""
+def parse_window(spec: str) -> tuple[int, int | None]:
+    """``"20:60"`` -> ``(20, 60)``: steps 20..59; ``"20:"`` -> ``(20, None)`` and ``"all"`` ->
+    ``(0, None)``: to the end of the run. Raises UserError on anything else."""
+    if (spec or "").strip().lower() == "all":
+        return 0, None
     m = _SPEC.match(spec or "")
     if not m:
-        raise UserError(f"--profile expects START:STOP step numbers (e.g. 20:60), got {spec!r}")
-    start, stop = int(m.group(1)), int(m.group(2))
-    if stop <= start:
+        raise UserError(f"--profile expects START:STOP step numbers (e.g. 20:60, 20: or all), got {spec!r}")
+    start, stop = int(m.group(1)), (int(m.group(2)) if m.group(2) else None)
+    if stop is not None and stop <= start:
         raise UserError(f"--profile window {spec!r} is empty: STOP must be greater than START")
     return start, stop
 
@@ -36,8 +39,8 @@ def parse_window(spec: str) -> tuple[int, int]:
 class ProfileWindow:
     """Record a Kineto trace of steps ``[start, stop)`` into ``path`` (refuses an existing file)."""
 
-    def __init__(self, start: int, stop: int, path: str | Path, cuda: bool | None = None):
-        if stop <= start or start < 0:
+    def __init__(self, start: int, stop: int | None, path: str | Path, cuda: bool | None = None):
+        if start < 0 or (stop is not None and stop <= start):
             raise UserError(f"profile window [{start}, {stop}) is empty or negative")
         self.start, self.stop = start, stop
         self.path = Path(path)
@@ -56,7 +59,7 @@ class ProfileWindow:
 
     def begin(self, first_step: int = 0) -> None:
         """Call before the engine's first step: starts at once when the window opens there."""
-        if first_step >= self.start and first_step < self.stop and not self.recording and self.written is None:
+        if self._inside(first_step) and not self.recording and self.written is None:
             self._start()
 
     def __call__(self, record: Any) -> None:
@@ -65,12 +68,15 @@ class ProfileWindow:
     def observe_step(self, record: Any) -> None:
         """After each step: note it if inside the window; start or stop at the window's edges."""
         step = int(record.step)
-        if self.recording and self.start <= step < self.stop:
+        if self.recording and self._inside(step):
             self.steps_recorded.append(step)
-        if self.recording and step >= self.stop - 1:
+        if self.recording and self.stop is not None and step >= self.stop - 1:
             self._finish(partial=False)
-        elif not self.recording and self.written is None and self.start <= step + 1 < self.stop:
+        elif not self.recording and self.written is None and self._inside(step + 1):
             self._start()
+
+    def _inside(self, step: int) -> bool:
+        return self.start <= step and (self.stop is None or step < self.stop)
 
     def _start(self) -> None:
         self._prof = profile(activities=self._activities, record_shapes=False, with_stack=False)
@@ -84,7 +90,7 @@ class ProfileWindow:
         self.written, self.partial = self.path, partial
 
     def close(self) -> Path | None:
-        """End of run: stop a window still open and write it (flagged partial)."""
+        """End of run: stop a window still open and write it (partial unless open-ended)."""
         if self.recording:
-            self._finish(partial=True)
+            self._finish(partial=self.stop is not None)
         return self.written

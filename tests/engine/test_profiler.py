@@ -10,7 +10,8 @@ from mixdiag.engine.records import StepRecord
 from mixdiag.errors import UserError
 
 
-@pytest.mark.parametrize("spec,expected", [("20:60", (20, 60)), (" 0 : 3 ", (0, 3))])
+@pytest.mark.parametrize("spec,expected", [("20:60", (20, 60)), (" 0 : 3 ", (0, 3)), ("5:", (5, None)),
+                                           ("all", (0, None))])
 def test_parse_window(spec, expected):
     assert parse_window(spec) == expected
 
@@ -44,6 +45,7 @@ def step_names(path):
     (0, 2, 0, 5, [0, 1], False),
     (3, 10, 0, 6, [3, 4, 5], True),     # run ends inside the window: what was recorded, flagged
     (1, 3, 1, 4, [1, 2], False),        # engine numbering starting at 1
+    (2, None, 0, 5, [2, 3, 4], False),  # open-ended: to the end of the run, complete
 ])
 def test_window_records_exactly_its_steps(tmp_path, start, stop, first, n, expected, partial):
     w = ProfileWindow(start, stop, tmp_path / "trace.json", cuda=False)
