@@ -1,0 +1,139 @@
+"""Kineto (PyTorch profiler) collector: a trace recorded here with torch.profiler, CUDA launch
+events in Kineto's own shape for graph modes, and cut/empty/foreign files."""
+import gzip
+import json
+import time
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from mixdiag.collectors import kineto
+from mixdiag.errors import UserError
+
+PLAN = [("prefill", 64, 0, "NONE"), ("decode", 0, 4, "FULL"), ("mixed", 16, 4, "PIECEWISE"), ("decode", 0, 4, "FULL")]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A real Kineto trace of a small loop annotated with the contract's range names."""
+    path = tmp_path_factory.mktemp("kineto") / "trace.json"
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i, (kind, pre, dec, graph) in enumerate(PLAN):
+            msg = (f"step {i} kind={kind} prefill_tokens={pre} decode_reqs={dec} decode_rows={dec} graph={graph}"
+                   + (" spec_tokens=0" if i == 2 else ""))  # a later-added field must not break parsing
+            with record_function(msg):
+                with record_function("schedule"):
+                    time.sleep(0.001)
+                with record_function("forward"):
+                    for _ in range(pre // 16 + 1):
+                        x = torch.tanh(x @ x)
+                with record_function("sample"):
+                    x.argmax()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+def test_recorded_trace_steps_kinds_and_phases(recorded):
+    t_read = time.time()
+    tl = kineto.read(recorded)
+    s = tl.steps
+    assert list(s["step"]) == [0, 1, 2, 3]
+    assert list(s["kind"]) == [k for k, *_ in PLAN]
+    assert list(s["prefill_tokens"]) == [p for _, p, _, _ in PLAN]
+    assert list(s["decode_rows"]) == [d for _, _, d, _ in PLAN]
+    # No CUDA activity on CPU: graph mode is the engine's planned decision, never a replay.
+    assert list(s["graph_mode"]) == [g for *_, g in PLAN] and s["graph_replayed"].isna().all()
+    assert (s["schedule_s"] >= 0.001).all() and (s["forward_s"] > 0).all()
+    assert (s["cpu_ops"] >= 2).all() and (s["gpu_kernels"] == 0).all()
+    assert tl.meta["clock"] == "unix" and abs(s["t_start_s"].iloc[0] - t_read) < 60
+    src = tl.meta["sources"][0]
+    assert src["step_source"] == "kineto-mixdiag" and src["lines_skipped"] == 0 and not src["partial"]
+    assert src["lines_total"] == len(json.loads(recorded.read_text())["traceEvents"])
+
+
+def test_gzip_trace_reads_the_same(recorded, tmp_path):
+    gz = tmp_path / "trace.json.gz"
+    gz.write_bytes(gzip.compress(recorded.read_bytes()))
+    assert kineto.sniff(gz.read_bytes()[:4096], str(gz))
+    assert kineto.read(gz).steps["kind"].tolist() == kineto.read(recorded).steps["kind"].tolist()
+
+
+def test_cut_trace_is_read_up_to_the_cut_and_flagged(recorded, tmp_path):
+    data = recorded.read_bytes()
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(data[: int(len(data) * 0.7)])
+    full = kineto.read(recorded)
+    tl = kineto.read(cut)
+    src = tl.meta["sources"][0]
+    assert tl.meta["partial"] is True and src["partial"] is True
+    assert any("JSON cut" in n for n in src["notes"])
+    assert 0 < src["lines_total"] < full.meta["sources"][0]["lines_total"]
+    assert len(tl.steps) <= len(full.steps)
+
+
+def _ev(name, cat, ts, dur, tid=1, pid=7, corr=None):
+    e = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
+
+
+def _cuda_trace(path, with_steps=True):
+    """Kineto's event shapes for CUDA work: runtime calls and kernels linked by ``correlation``."""
+    ev = []
+    msgs = ["step 0 kind=prefill prefill_tokens=8 decode_reqs=0 decode_rows=0 graph=NONE",
+            "step 1 kind=decode prefill_tokens=0 decode_reqs=2 decode_rows=2 graph=FULL",
+            "step 2 kind=mixed prefill_tokens=8 decode_reqs=2 decode_rows=2 graph=PIECEWISE"]
+    if with_steps:
+        ev += [_ev(m, "user_annotation", 1000 * i, 900) for i, m in enumerate(msgs)]
+    corr = iter(range(100, 200))
+
+    def launch(ts, graph=False, kernels=1):
+        c = next(corr)
+        ev.append(_ev("cudaGraphLaunch" if graph else "cudaLaunchKernel", "cuda_runtime", ts, 5, corr=c))
+        for j in range(kernels):
+            ev.append(_ev(f"k{c}_{j}", "kernel", ts + 20 + 10 * j, 8, pid=0, tid=7, corr=c))
+
+    launch(100), launch(200)                                  # step 0: eager
+    launch(1100, graph=True, kernels=3), launch(1500)         # step 1: graph, eager sampling after
+    launch(2100, graph=True), launch(2200), launch(2300, graph=True, kernels=2)  # step 2: pieces
+    path.write_text(json.dumps({"schemaVersion": 1, "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+                                "traceEvents": ev + [{"ph": "X", "name": "broken"}]}))
+    return path
+
+
+def test_graph_mode_from_launches(tmp_path):
+    tl = kineto.read(_cuda_trace(tmp_path / "cuda.json"))
+    s = tl.steps
+    assert list(s["graph_mode"]) == ["NONE", "FULL", "PIECEWISE"]
+    assert list(s["graph_replayed"]) == [0.0, 1.0, 1.0]
+    assert list(s["gpu_kernels"]) == [2, 4, 4]
+    assert s["t_start_s"].iloc[1] == pytest.approx(1_700_000_000 + 0.001)
+    src = tl.meta["sources"][0]
+    assert src["lines_skipped"] == 1 and "broken" in src["skipped_examples"][0]
+    assert tl.meta["signals"][tl.instances[0]]["graph_mode"] == "measured"
+
+
+def test_without_step_ranges_kernel_gaps_are_marked_heuristic(tmp_path):
+    tl = kineto.read(_cuda_trace(tmp_path / "nosteps.json", with_steps=False))
+    assert len(tl.steps) == 3 and tl.steps["gpu_kernels"].sum() == 10
+    assert tl.meta["sources"][0]["heuristic"] is True and set(tl.steps["kind"]) == {"unknown"}
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"", "empty file"),
+    (b'{"hello": [1, 2, 3]}', "not a Kineto/Chrome trace"),
+    (b'{"schemaVersion": 1, "traceEv', "not a readable Kineto trace"),
+])
+def test_bad_input_is_one_line_user_error(tmp_path, content, message):
+    p = tmp_path / "t.json"
+    p.write_bytes(content)
+    with pytest.raises(UserError, match=message):
+        kineto.read(p)
+
+
+def test_sniff():
+    assert kineto.sniff(b'{\n  "schemaVersion": 1,\n  "traceEvents": [', "x.json")
+    assert not kineto.sniff(b'{"a": 1}', "x.json") and not kineto.sniff(b"SQLite format 3\x00", "x.json")
