@@ -13,24 +13,12 @@ from mixdiag.schema import Timeline
 
 BASE_S = 0.020   # a healthy decode step
 GAP_S = 0.001    # a healthy host gap
-CHROMEDRIVER = "/usr/bin/chromedriver"
-
-
-def chrome_options():
-    """Headless Chromium that neither phones home nor needs a GPU or a sandbox (CI containers)."""
-    from selenium.webdriver.chrome.options import Options
-
-    opts = Options()
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--disable-extensions", "--window-size=1400,1800"):
-        opts.add_argument(arg)
-    if __import__("os").path.exists("/usr/bin/chromium"):
-        opts.binary_location = "/usr/bin/chromium"
-    return opts
 
 
 def pytest_setup_options():
+    """dash[testing]'s hook: headless Chromium without sandbox/GPU and with no background networking."""
+    from mixdiag.dashboard.screenshot import chrome_options
+
     return chrome_options()
 
 

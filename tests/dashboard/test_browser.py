@@ -1,0 +1,84 @@
+"""The dashboard in headless Chromium: load a run, four panels and spike markers, click a spike.
+
+One app and one browser for the whole module (starting Chromium costs seconds on 2 cores).
+"""
+import pytest
+
+pytestmark = pytest.mark.browser
+
+selenium = pytest.importorskip("selenium", reason="the test extra (dash[testing]) provides selenium")
+from selenium.webdriver import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from mixdiag.dashboard.app import create_app  # noqa: E402
+from mixdiag.dashboard.config import DashboardConfig  # noqa: E402
+from mixdiag.dashboard.figures import PANEL_TITLES  # noqa: E402
+from mixdiag.dashboard.screenshot import ThreadedServer, chrome, chrome_options  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def session(faulty_run):
+    app = create_app(DashboardConfig.from_data_path(faulty_run.parent))
+    srv = ThreadedServer(app)
+    driver = chrome(chrome_options(1400, 1800))
+    try:
+        yield app, srv, driver, WebDriverWait(driver, 40)
+    finally:
+        driver.quit()
+        srv.stop()
+
+
+def tab(driver, name):
+    driver.find_element(By.XPATH, f"//*[contains(@class,'tab') and normalize-space()='{name}']").click()
+
+
+def test_load_a_run_see_four_panels_and_spike_markers_click_a_spike(session):
+    app, srv, driver, wait = session
+    driver.get(srv.url)
+    # Sources page: pick the run and load it (the data directory holds it as run1/)
+    tab(driver, "Sources")
+    wait.until(EC.element_to_be_clickable((By.ID, "data-choice"))).click()
+    option = wait.until(EC.element_to_be_clickable((By.XPATH, "//*[contains(text(),'run: run1/')]")))
+    option.click()
+    driver.find_element(By.ID, "load-btn").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "source-status"), "loaded run1"))
+    ds = app.mixdiag_store.get(None)
+    d = ds.diagnosis
+
+    tab(driver, "Overview")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "verdict"), d.verdict[:40]))
+    assert driver.find_element(By.ID, "stat-spikes").text == str(len(d.spikes))
+
+    tab(driver, "Timeline")
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace")))
+    titles = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#timeline-graph .annotation-text")]
+    for p in ("itl", "alloc", "sm", "graph"):
+        assert PANEL_TITLES[p] in titles
+    markers = driver.find_elements(By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace.scatter path.point")
+    # spike markers are the diamond points (graph-mode ticks are points too, but not diamonds)
+    legend = [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#timeline-graph .legendtext")]
+    causes = sorted(c for c, n in d.by_cause.items() if n)
+    assert sorted(t.split(": ")[1] for t in legend if t.startswith("spike: ")) == causes
+    assert len(markers) >= len(d.spikes)
+
+    # click the EP-hotspot spike's marker
+    target = d.spikes[d.spikes["cause"] == "ep_hotspot"].iloc[0]
+    trace_idx = [i for i, e in enumerate(driver.execute_script(
+        "return document.getElementById('timeline-graph').querySelector('.js-plotly-plot').data.map(t => t.name)"))
+        if e == "spike: ep_hotspot"][0]
+    point = driver.find_elements(By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace")[trace_idx] \
+        .find_elements(By.CSS_SELECTOR, "path.point")[0]
+    ActionChains(driver).move_to_element(point).pause(0.3).click().perform()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "spike-cause"), "ep_hotspot"))
+    assert f"step {int(target['step'])}" in driver.find_element(By.ID, "spike-cause").text
+    evidence = driver.find_element(By.ID, "evidence-table").text
+    assert "expert_imbalance" in evidence and "4" in evidence
+    assert driver.find_elements(By.CSS_SELECTOR, "#neighbours-table tbody tr")
+    assert "predicted height" in driver.find_element(By.ID, "spike-heights").text
+
+
+def test_browser_console_log_is_empty(session):
+    _, _, driver, _ = session
+    assert driver.get_log("browser") == []
