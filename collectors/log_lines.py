@@ -123,7 +123,8 @@ class LogRows:
         if clamped:
             self.stats.note(f"{clamped} row(s) logged earlier than the row before them: moved forward to keep time order")
         steps = pd.DataFrame(rows) if rows else None
-        series = pd.DataFrame(self.series) if self.series else None
+        # series are samples: time order within each series (lines may be logged out of order)
+        series = pd.DataFrame(sorted(self.series, key=lambda r: r["t_s"])) if self.series else None
         meta = {"source": fmt, "clock": clock, "sources": [self.stats.to_meta()], "signals": self.signals,
                 "partial": bool(self.stats.partial or self.stats.lines_skipped)}
         meta.update(self.meta)

@@ -154,3 +154,15 @@ def test_not_sglang_and_empty(tmp_path):
 def test_sniff():
     assert sglang_log.sniff((FIX / "sglang_log_14050.txt").read_bytes(), "x")
     assert not sglang_log.sniff((FIX / "vllm_log_37307.txt").read_bytes(), "x")
+
+
+def test_lines_logged_out_of_time_order():
+    # found by the fuzzer: a later line with an earlier time (clock step, concatenated logs)
+    text = ("[2025-11-11 04:28:02] Decode batch, #running-req: 2, cuda graph: True, gen throughput (token/s): 1.0, #queue-req: 0\n"
+            "[2025-11-11 04:06:35] Decode batch, #running-req: 3, cuda graph: True, gen throughput (token/s): 2.0, #queue-req: 0\n")
+    tl = sglang_log.read(io.StringIO(text), instance="s")
+    assert list(tl.steps["decode_reqs"]) == [2, 3]  # line order kept
+    assert tl.steps["t_start_s"].is_monotonic_increasing
+    assert any("moved forward" in n for n in tl.meta["sources"][0]["notes"])
+    thr = tl.series[tl.series["name"] == "sglang_log:gen_throughput_token_per_s"]
+    assert list(thr["value"]) == [2.0, 1.0]  # series samples in time order
