@@ -165,9 +165,13 @@ def _normalise_counter_names(scrape: Scrape) -> None:
 
 def sniff(head: bytes, name: str) -> bool:
     """True for a text exposition (``# TYPE`` lines or known metric names) or a ``*.prom`` file."""
-    if name.endswith(".prom") or os.path.isdir(name) and any(
-            _SCRAPE_FILE.match(p.name) for p in Path(name).iterdir()):
+    if name.endswith(".prom"):
         return True
+    if os.path.isdir(name):
+        try:
+            return any(_SCRAPE_FILE.match(p.name) for p in Path(name).iterdir())
+        except OSError:
+            return False
     return _SNIFF.search(head[:65536]) is not None
 
 
