@@ -271,3 +271,23 @@ class CudaGraphRunner:
             x = pw.hidden[:t].index_select(0, batch.logits_indices)
             return m.lm_head(m.norm(x)), GraphRun("PIECEWISE", bucket, True)
         return self.model(batch, self.kv_cache), GraphRun("NONE", None, False)
+
+
+def graphs_enabled(config, device) -> bool:
+    """Whether an engine with ``config`` (an EngineConfig) captures CUDA graphs on ``device``."""
+    s = config.scheduler
+    return (torch.device(device).type == "cuda" and not s.enforce_eager and s.cudagraph_mode != "NONE"
+            and bool(s.cudagraph_capture_sizes))
+
+
+def build_runner(model, kv_cache: torch.Tensor, config, attn_backend: Callable) -> CudaGraphRunner:
+    """A runner for an engine's model and KV pool (allocated with one scratch block past the
+    pool's ``num_blocks``), graphs captured as ``cudagraph_mode`` asks."""
+    s, c = config.scheduler, config.cache
+    mode = s.cudagraph_mode
+    runner = CudaGraphRunner(model, kv_cache, capture_sizes=s.cudagraph_capture_sizes, pad_block=c.num_blocks,
+                             max_blocks_per_req=-(-config.model.max_model_len // c.block_size) + 1,
+                             attn_backend=attn_backend, full=mode in ("FULL_AND_PIECEWISE", "FULL"),
+                             piecewise=mode in ("FULL_AND_PIECEWISE", "PIECEWISE"))
+    runner.capture()
+    return runner

@@ -170,3 +170,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         IEEE_DOT=q.dtype == torch.float32,
     )
     return out
+
+
+def select_backend(device) -> "callable":
+    """The engine's attention backend: this kernel on CUDA (and on CPU when TRITON_INTERPRET=1 is
+    set, for checking), the PyTorch reference ``attention.paged_attention_ref`` otherwise."""
+    import os
+
+    from .attention import paged_attention_ref
+
+    if torch.device(device).type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return paged_attention
+    return paged_attention_ref
