@@ -139,7 +139,7 @@ def evaluate(names: list[str], cache: Path, tiers: list[str], run_args: list[str
         for name, run in runs.items():
             truth = pd.read_csv(run / "truth.csv")
             ref = Timeline.load(run)
-            tv = visible_truth(ref.steps, truth)
+            tv = visible_truth(ref.steps, truth, tokens=ref.tokens)
             tl, why = tier_timeline(tier, run)
             if tl is None:
                 not_eval[name] = why

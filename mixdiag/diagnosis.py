@@ -20,7 +20,7 @@ import pandas as pd
 from mixdiag.attribution import CAUSES, AttributionConfig, InstanceContext, attribute
 from mixdiag.schema import Timeline
 from mixdiag.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
-from mixdiag.spikes import SpikeConfig, charge_itl, is_spike, rolling_baseline, step_timing
+from mixdiag.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 
 SPIKE_COLUMNS = ["instance", "step", "t_s", "itl_s", "baseline_s", "cause", "confidence", "evidence",
                  "missing_signals", "t_start_s", "t_end_s", "granularity"]
@@ -76,16 +76,6 @@ class Diagnosis:
                 "instances": self.instances}
 
 
-def _itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
-    """ITL events of one instance with the previous event's time and step."""
-    tok = tokens.sort_values(["request_id", "t_s"], kind="stable")
-    g = tok.groupby("request_id", sort=False)
-    out = tok.assign(prev_t_s=g["t_s"].shift(1), prev_step=g["step"].shift(1))
-    out = out[out["prev_t_s"].notna()].copy()
-    out["itl_s"] = out["t_s"] - out["prev_t_s"]
-    return out
-
-
 def _coarse_clock(st: pd.DataFrame) -> bool:
     """Step times too coarse for gaps: many steps start before the previous one ended or at the
     same instant (log lines stamped in whole seconds)."""
@@ -105,9 +95,9 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
         quality = quality | {"host_time": "absent"}
     has_tokens = len(tokens) > 0
     if has_tokens:
-        st[["itl_max_s", "itl_events"]] = charge_itl(st, _itl_events(tokens)).to_numpy()
+        st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl_events(tokens)).to_numpy()
     else:
-        st["itl_max_s"], st["itl_events"] = np.nan, 0
+        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
     sig = step_signals(st, cfg.signals)
     if coarse:
         sig["gap_excess_s"] = np.nan
@@ -118,11 +108,21 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     else:
         visible = pd.Series(True, index=sig.index)
     ref = visible & sig["decode_only"]
+    # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
+    # stands out against it instead of becoming the norm.
+    norm = decode_graph_norm(sig)
+    if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
+        ref &= sig["graph_mode"] == norm
     if ref.sum() < cfg.spikes.min_periods:
         ref = visible
     base, sigma = rolling_baseline(sig["latency_s"], ref, cfg.spikes.window_steps, cfg.spikes.min_periods)
     sig["baseline_s"] = base
     spike = is_spike(sig["latency_s"], base, sigma, cfg.spikes) & visible
+    # A request that sat out steps (preempted, left out) felt a spike where its wait began,
+    # even when no single step was slow.
+    stall = is_spike(sig["stall_max_s"], base, sigma, cfg.spikes) & ~spike
+    sig["request_stall"] = stall
+    spike = spike | stall
     sig["is_spike"] = spike
     period = periodicity(sig, spike)
     full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
@@ -218,7 +218,11 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
             row = sig.iloc[i]
             a = attribute(row, ctx, cfg.attribution)
             causes[i] = a.cause
-            itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
+            if row.get("request_stall", False):
+                itl_s = row["stall_max_s"]
+                a.evidence["request_stall_s"] = float(itl_s)
+            else:
+                itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
             spikes.append({"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]),
                            "itl_s": float(itl_s), "baseline_s": float(row["baseline_s"]), "cause": a.cause,
                            "confidence": a.confidence, "evidence": a.evidence, "missing_signals": missing,

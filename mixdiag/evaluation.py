@@ -4,7 +4,8 @@
 Ground truth labels every step *shaped* by a cause (every mixed step, every step of an EP-hotspot
 window, ...), spike or not. A TPOT spike is what users feel, so recall counts only **visible**
 truth steps: steps whose latency (from the per-step reference records) is at least
-``visible_ratio`` x the rolling median latency of unlabelled steps around them.
+``visible_ratio`` x the rolling median latency of unlabelled steps around them, or where a
+request that sat out steps (a preemption victim) began a wait at least that long.
 
 * a predicted spike covers a window: its own step (matched by instance and step number) or, for
   interval rows and foreign step numbering, the truth steps whose end falls inside
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.attribution import CAUSES
-from mixdiag.spikes import step_timing
+from mixdiag.spikes import charge_itl, itl_events, step_timing
 
 SCORED = tuple(c for c in CAUSES if c != "unknown")
 
@@ -36,9 +37,20 @@ class EvalConfig:
     window_steps: int = 41
 
 
-def visible_truth(steps: pd.DataFrame, truth: pd.DataFrame, cfg: EvalConfig = EvalConfig()) -> pd.DataFrame:
-    """Truth rows joined with their step's time and latency, plus ``visible`` (bool)."""
+def visible_truth(steps: pd.DataFrame, truth: pd.DataFrame, cfg: EvalConfig = EvalConfig(),
+                  tokens: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Truth rows joined with their step's time and latency, plus ``visible`` (bool).
+
+    With ``tokens``, a step is also visible when a request that sat out steps began its long wait
+    there (a preemption is felt by its victims, not by the step's duration).
+    """
     st = step_timing(steps[steps["granularity"] == "step"])
+    st["stall_max_s"] = np.nan
+    if tokens is not None and len(tokens):
+        for inst, g in st.groupby("instance", sort=False):
+            g = g.sort_values("step")
+            ch = charge_itl(g, itl_events(tokens[tokens["instance"] == inst]))
+            st.loc[g.index, "stall_max_s"] = ch["stall_max_s"].to_numpy()
     labelled = set(zip(truth["instance"], truth["step"].astype(int)))
     st["labelled"] = [(i, int(s)) in labelled for i, s in zip(st["instance"], st["step"])]
     parts = []
@@ -50,9 +62,10 @@ def visible_truth(steps: pd.DataFrame, truth: pd.DataFrame, cfg: EvalConfig = Ev
             med = pd.Series(float(g["latency_s"].median()), index=g.index)
         parts.append(g.assign(clean_median_s=med))
     st = pd.concat(parts) if parts else st.assign(clean_median_s=pd.Series(dtype=float))
-    t = truth.merge(st[["instance", "step", "t_start_s", "t_end_s", "latency_s", "clean_median_s"]],
+    t = truth.merge(st[["instance", "step", "t_start_s", "t_end_s", "latency_s", "stall_max_s", "clean_median_s"]],
                     on=["instance", "step"], how="left")
-    t["visible"] = t["latency_s"] >= cfg.visible_ratio * t["clean_median_s"]
+    thr = cfg.visible_ratio * t["clean_median_s"]
+    t["visible"] = (t["latency_s"] >= thr) | (t["stall_max_s"].fillna(0) >= thr)
     return t
 
 

@@ -58,49 +58,60 @@ def step_timing(steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
+    """ITL events of one instance's tokens with the previous event's time and step per request."""
+    tok = tokens.sort_values(["request_id", "t_s"], kind="stable")
+    g = tok.groupby("request_id", sort=False)
+    out = tok.assign(prev_t_s=g["t_s"].shift(1), prev_step=g["step"].shift(1))
+    out = out[out["prev_t_s"].notna()].copy()
+    out["itl_s"] = out["t_s"] - out["prev_t_s"]
+    return out
+
+
 def charge_itl(steps: pd.DataFrame, itl: pd.DataFrame) -> pd.DataFrame:
-    """Charge each inter-token latency to its culprit step.
+    """Charge each inter-token latency to the steps it spans.
 
     ``steps``: one instance's step rows with ``latency_s`` (sorted by step). ``itl``: that
-    instance's rows of :meth:`Timeline.itl` plus ``prev_step``/``prev_t_s`` of the request's
-    previous event. The gap (previous event, this event] spans one or more steps; the one with the
-    largest ``latency_s`` is the culprit. Returns per step: ``itl_max_s`` (largest ITL charged,
-    NaN when none) and ``itl_events`` (count).
+    instance's ITL events (``itl_s``, ``t_s``, ``step``) plus ``prev_step``/``prev_t_s`` of the
+    request's previous event. The gap (previous event, this event] spans one or more steps; each
+    of them is charged the ITL (the user waited through all of them). Returns per step:
+    ``itl_max_s`` (largest ITL charged, NaN when none), ``itl_events`` (count) and
+    ``stall_max_s``: the largest ITL of a request that sat out steps (its gap spans several
+    steps) and whose wait *began* at this step - a preemption, a stall that skipped it.
     """
     n = len(steps)
     itl_max = np.full(n, np.nan)
+    stall_max = np.full(n, np.nan)
     events = np.zeros(n, dtype=np.int64)
     if n == 0 or len(itl) == 0:
-        return pd.DataFrame({"itl_max_s": itl_max, "itl_events": events}, index=steps.index)
+        return pd.DataFrame({"itl_max_s": itl_max, "itl_events": events, "stall_max_s": stall_max},
+                            index=steps.index)
     step_ids = steps["step"].to_numpy()
-    lat = steps["latency_s"].to_numpy()
     ends = steps["t_end_s"].to_numpy()
-    have_step = itl["step"].notna() & itl["prev_step"].notna()
+    have_step = (itl["step"].notna() & itl["prev_step"].notna()).to_numpy()
     # Positions of the covered step range [lo, hi) in the steps frame.
     lo = np.empty(len(itl), dtype=np.int64)
     hi = np.empty(len(itl), dtype=np.int64)
-    hs = have_step.to_numpy()
-    lo[hs] = np.searchsorted(step_ids, itl.loc[have_step, "prev_step"].to_numpy(), side="right")
-    hi[hs] = np.searchsorted(step_ids, itl.loc[have_step, "step"].to_numpy(), side="right")
+    lo[have_step] = np.searchsorted(step_ids, itl["prev_step"].to_numpy()[have_step], side="right")
+    hi[have_step] = np.searchsorted(step_ids, itl["step"].to_numpy()[have_step], side="right")
     # Without step ids: the steps that ended within (previous event, this event], with 1 ms of
     # slack for tokens stamped just before the step's end was recorded.
-    if (~hs).any():
+    if (~have_step).any():
         tol = 1e-3
-        lo[~hs] = np.searchsorted(ends, itl.loc[~have_step, "prev_t_s"].to_numpy() + tol, side="right")
-        hi[~hs] = np.searchsorted(ends, itl.loc[~have_step, "t_s"].to_numpy() + tol, side="right")
+        lo[~have_step] = np.searchsorted(ends, itl["prev_t_s"].to_numpy()[~have_step] + tol, side="right")
+        hi[~have_step] = np.searchsorted(ends, itl["t_s"].to_numpy()[~have_step] + tol, side="right")
     vals = itl["itl_s"].to_numpy()
     width = hi - lo
-    culprit = np.full(len(itl), -1, dtype=np.int64)
     one = width == 1
-    culprit[one] = lo[one]
-    for i in np.flatnonzero(width > 1):  # rare: a request skipped steps (stall, preemption)
-        culprit[i] = lo[i] + int(np.argmax(lat[lo[i]:hi[i]]))
-    ok = culprit >= 0
-    np.add.at(events, culprit[ok], 1)
-    order = np.argsort(vals[ok], kind="stable")  # later writes win: the max lands last
-    c, v = culprit[ok][order], vals[ok][order]
-    itl_max[c] = v
-    return pd.DataFrame({"itl_max_s": itl_max, "itl_events": events}, index=steps.index)
+    np.add.at(events, lo[one], 1)
+    order = np.argsort(vals[one], kind="stable")  # later writes win: the max lands last
+    itl_max[lo[one][order]] = vals[one][order]
+    for i in np.flatnonzero(width > 1):  # rare: the request sat out steps (stall, preemption)
+        a, b, v = lo[i], hi[i], vals[i]
+        events[a:b] += 1
+        itl_max[a:b] = np.fmax(itl_max[a:b], v)
+        stall_max[a] = np.fmax(stall_max[a], v)
+    return pd.DataFrame({"itl_max_s": itl_max, "itl_events": events, "stall_max_s": stall_max}, index=steps.index)
 
 
 def rolling_baseline(values: pd.Series, reference: pd.Series, window: int, min_periods: int
