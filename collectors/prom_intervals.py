@@ -293,7 +293,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
         used: dict[str, str] = {}
         for t, view in seq:
             for name, series in view.items():
-                if _is_gauge(name, all_types) or (single and not name.endswith("_bucket")):
+                if single or _is_gauge(name, all_types):  # one scrape: every sample is the data
                     for labels, v in series.items():
                         if math.isfinite(v):
                             series_rows.append({"instance": inst, "name": name, "labels": _label_str(labels),

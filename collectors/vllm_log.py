@@ -72,6 +72,14 @@ class _Clock:
         return naive_to_unix(self.year, mo, d, hms, frac)
 
 
+def _recent_year(month: int, day: int) -> int:
+    """The current year, or the one before when month-day would lie in the future (a log is past)."""
+    now = time.gmtime()
+    if (month, day) > (now.tm_mon, now.tm_mday + 1):
+        return now.tm_year - 1
+    return now.tm_year
+
+
 def _stats_fields(body: str) -> dict[str, float] | None:
     """``Avg prompt throughput: 1.0 tokens/s, Running: 2 reqs, ...`` -> {slug: value}; None if unreadable."""
     out: dict[str, float] = {}
@@ -121,9 +129,10 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             proc = pm.group("proc")
             if t is None:
                 if clock is None:
-                    clock = _Clock(year if year is not None else time.gmtime().tm_year)
+                    clock = _Clock(year if year is not None else _recent_year(int(pm.group("mo")), int(pm.group("d"))))
                     if year is None:
-                        st.note(f"vLLM log times have no year: assumed {clock.year} (pass year=)")
+                        st.note(f"vLLM log times have no year: assumed {clock.year}, the latest year that puts "
+                                "the first line in the past (pass year=)")
                 t = clock.at(int(pm.group("mo")), int(pm.group("d")), pm.group("hms"), pm.group("frac"))
             body = line[pm.end():]
         else:

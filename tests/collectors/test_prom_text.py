@@ -28,6 +28,7 @@ def test_fixture_counts(name, total, parsed, ignored, values):
     assert (src["lines_total"], src["lines_parsed"], src["lines_skipped"], src["lines_ignored"]) == \
         (total, parsed, 0, ignored)
     assert tl.meta["clock"] == "relative" and len(tl.steps) == 0
+    assert len(tl.series) == parsed  # one scrape: every sample is kept as a series value
     for metric, v in values.items():
         got = tl.series[tl.series["name"] == metric]["value"]
         assert list(got) == [v]

@@ -1,6 +1,7 @@
 """vllm_log: every real fixture with hand-counted lines, and the line kinds of formats.md §1.2."""
 import io
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,8 @@ def test_scheduler_iteration_details_and_stats_become_series_when_iterating():
 def test_missing_year_is_noted_and_not_vllm_is_user_error(tmp_path):
     tl = vllm_log.read(FIX / "vllm_log_19680.txt")
     assert any("no year" in n for n in tl.meta["sources"][0]["notes"])
+    tl = vllm_log.read(FIX / "vllm_log_31193.txt")  # 12-22: never placed in the future
+    assert tl.steps["t_start_s"].max() <= time.time()
     p = tmp_path / "x.log"
     p.write_text("nothing here\n")
     with pytest.raises(UserError):
