@@ -37,14 +37,18 @@ def register(sub, common):
     p.add_argument("--out", default="runs/demo", metavar="DIR",
                    help="where the run goes (default runs/demo; an existing run is kept: DIR/run-N is used)")
     p.add_argument("--scenario", default=DEFAULT_SCENARIO, help=f"engine scenario (default {DEFAULT_SCENARIO})")
+    p.add_argument("--max-steps", type=int, default=None, metavar="N",
+                   help="stop the engine after N steps (default: the scenario's; for a quick look)")
     p.add_argument("--no-serve", action="store_true", help="stop after writing the report (headless)")
     add_serve_flags(p)
     p.set_defaults(func=run)
 
 
-def run_engine(scenario: str, run_dir: Path, quiet: bool) -> float:
+def run_engine(scenario: str, run_dir: Path, quiet: bool, max_steps: int | None = None) -> float:
     """``mixdiag run --scenario S --out RUN_DIR`` in a child process (its progress bar on our stderr)."""
     cmd = [sys.executable, "-m", "mixdiag", "run", "--scenario", scenario, "--out", str(run_dir)]
+    if max_steps is not None:
+        cmd += ["--max-steps", str(max_steps)]
     if quiet:
         cmd.append("-q")
     t = time.perf_counter()
@@ -75,7 +79,10 @@ def run(args, console):
     # Validate serving flags before minutes of engine work.
     config = DashboardConfig(data_dir=None, host=args.host, port=args.port)
     console.note(f"running the engine on scenario '{args.scenario}' into {run_dir}")
-    took = run_engine(args.scenario, run_dir, quiet=console.verbosity < 0 or console.json_mode)
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
+    took = run_engine(args.scenario, run_dir, quiet=console.verbosity < 0 or console.json_mode,
+                      max_steps=args.max_steps)
     report = write_report(run_dir)
 
     from mixdiag.dashboard.app import create_app, serve

@@ -1,0 +1,66 @@
+"""Live mode against a real engine /metrics endpoint (the engine's metrics registry and server)."""
+import pytest
+
+from mixdiag.dashboard.live import LiveFollower, url_kind
+from mixdiag.diagnosis import diagnose
+from mixdiag.engine.metrics import EngineMetrics
+from mixdiag.engine.metrics_server import MetricsServer
+from mixdiag.errors import UserError
+from mixdiag.exporter import DiagnosisExporter
+
+
+def feed(metrics, tl, lo, hi):
+    """Replay steps [lo, hi) of ``tl`` into the engine's metrics, as the engine's observers would."""
+    st, tok = tl.steps, tl.tokens
+    for r in st[(st["step"] >= lo) & (st["step"] < hi)].itertuples(index=False):
+        metrics.observe_step(r)
+    for r in tok[(tok["step"] >= lo) & (tok["step"] < hi)].itertuples(index=False):
+        metrics.observe_token(r.request_id, r.t_s, r.n_tokens)
+
+
+@pytest.mark.parametrize("url,kind", [("http://h:8000/metrics", "engine"), ("http://h:8000/metrics/", "engine"),
+                                      ("http://prom:9090", "prometheus"), ("https://prom/api", "prometheus")])
+def test_url_kind(url, kind):
+    assert url_kind(url) == kind
+
+
+def test_engine_scrapes_become_intervals_and_the_slow_one_is_a_spike(make_timeline):
+    tl = make_timeline(n_steps=400, period=0, faults={n: dict(dur=0.2) for n in range(250, 262)})
+    metrics = EngineMetrics()
+    exporter = DiagnosisExporter()
+    with MetricsServer(metrics.registry, 0) as srv:
+        live = LiveFollower(srv.url, window_s=100.0)
+        assert live.kind == "engine"
+        got = []
+        for i in range(8):
+            feed(metrics, tl, 50 * i, 50 * (i + 1))
+            got.append(live.poll(now=1000.0 + 10 * i))
+            if got[-1] is not None:
+                exporter.publish(got[-1], diagnose(got[-1]), now=1000.0 + 10 * i)
+    assert got[0] is None  # one scrape is no interval yet
+    final = got[-1]
+    assert len(final.steps) == 7 and set(final.steps["granularity"]) == {"interval"}
+    assert final.steps["itl_count"].tolist() == [400.0] * 7  # 50 steps x 8 requests per interval
+    d = diagnose(final)
+    assert len(d.spikes) == 1 and d.spikes.iloc[0]["step"] == 4  # the interval holding steps 250..299
+    assert sum(exporter.snapshot.spikes_total.values()) == 1  # counted once across 3 overlapping publications
+
+
+def test_window_forgets_old_scrapes(make_timeline):
+    metrics = EngineMetrics()
+    with MetricsServer(metrics.registry, 0) as srv:
+        live = LiveFollower(srv.url, window_s=25.0)
+        for i in range(6):
+            feed(metrics, make_timeline(n_steps=20, period=0), 0, 20)
+            tl = live.poll(now=100.0 + 10 * i)
+    assert len(tl.steps) == 2  # scrapes at t=130, 140, 150 remain
+
+
+def test_unreachable_and_unset_sources_are_user_errors():
+    live = LiveFollower()
+    with pytest.raises(UserError, match="live mode is off"):
+        live.poll()
+    live.start("http://127.0.0.1:9/metrics")
+    with pytest.raises(UserError, match="cannot connect"):
+        live.poll()
+    assert "cannot connect" in live.last_error
