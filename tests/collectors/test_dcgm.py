@@ -117,3 +117,26 @@ def test_not_dcgm():
 def test_sniff():
     assert dcgm.sniff((FIX / "dcgm_exporter_readme.txt").read_bytes(), "m")
     assert not dcgm.sniff((FIX / "vllm_metrics_11117.txt").read_bytes(), "m")
+
+
+@pytest.mark.prometheus
+def test_through_a_real_prometheus(prometheus_server, metrics_endpoint):
+    import time
+
+    reg = CollectorRegistry()
+    g = Gauge("DCGM_FI_PROF_SM_ACTIVE", "SM active", ["gpu", "UUID", "Hostname"], registry=reg)
+    g.labels("0", "GPU-0", "node-1").set(0.25)
+    target = metrics_endpoint(reg)
+    prom = prometheus_server([target], scrape_interval_s=0.5)
+    prom.wait_for_samples("DCGM_FI_PROF_SM_ACTIVE", min_samples=2)
+    t_low = time.time()
+    g.labels("0", "GPU-0", "node-1").set(0.75)
+    prom.wait_until("DCGM_FI_PROF_SM_ACTIVE", lambda r: r and float(r[0]["value"][1]) == 0.75)
+    prom.wait_for_samples("DCGM_FI_PROF_SM_ACTIVE", min_samples=2)
+    t_high = time.time()
+    steps = pd.DataFrame({"instance": ["e"] * 2, "step": [0, 1], "t_start_s": [t_low - 0.6, t_high],
+                          "t_end_s": [t_low - 0.6, t_high], "granularity": ["step"] * 2, "kind": ["decode"] * 2})
+    tl = dcgm.read(prom.url, steps=steps, selector='{job="mixdiag"}', start=t_low - 3, end=t_high + 1.0, step_s=0.5)
+    assert tl.meta["sm_active_metric"] == "DCGM_FI_PROF_SM_ACTIVE"
+    assert list(tl.steps["sm_active"]) == pytest.approx([0.25, 0.75])
+    assert set(tl.series["instance"]) == {target}
