@@ -198,6 +198,31 @@ def scrape_files(directory: str | os.PathLike) -> tuple[list[tuple[float, Path]]
     return found, other
 
 
+def _read_dir(d: Path, base: str) -> Timeline:
+    """Timed scrapes in ``d`` (instance ``base``); each sub-directory holding timed scrapes is one
+    more instance named after it (a run directory's ``scrapes/engine1/`` of a multi-instance run)."""
+    files, other = scrape_files(d)
+    subdirs = [d / name for name in other if (d / name).is_dir() and scrape_files(d / name)[0]]
+    if not files and not subdirs:
+        raise UserError(f"{d}: no scrape files named <unix_time_s>.prom in this directory")
+    parts = [_read_dir(sd, sd.name) for sd in subdirs]
+    if files:
+        timed = []
+        for t, p in files:
+            lines, ends, stats = read_lines(p, FORMAT)
+            timed.append(TimedScrape(t, _parse_lines(lines, ends, stats), stats))
+        rest = [n for n in other if (d / n) not in subdirs]
+        if rest:
+            timed[0].stats.note(f"{len(rest)} other file(s) in the directory not read, e.g. {rest[0]}")
+        parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT))
+    if len(parts) == 1:
+        return parts[0]
+    tl = Timeline.concat(parts)
+    tl.meta["metric_sources"] = {k: v for p in parts for k, v in p.meta.get("metric_sources", {}).items()}
+    tl.meta["notes"] = [n for p in parts for n in p.meta.get("notes", [])]
+    return tl
+
+
 def read(source, *, instance: str | None = None, t_s: float | None = None, **options) -> Timeline:
     """Read one scrape (path or file object) or a directory of ``<unix_time_s>.prom`` scrapes.
 
@@ -205,17 +230,7 @@ def read(source, *, instance: str | None = None, t_s: float | None = None, **opt
     several ``engine`` (vLLM DP) or ``dp_rank`` (SGLang) values become one instance each.
     """
     if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-        files, other = scrape_files(source)
-        if not files:
-            raise UserError(f"{source}: no scrape files named <unix_time_s>.prom in this directory")
-        timed = []
-        for t, p in files:
-            lines, ends, stats = read_lines(p, FORMAT)
-            timed.append(TimedScrape(t, _parse_lines(lines, ends, stats), stats))
-        if other:
-            timed[0].stats.note(f"{len(other)} other file(s) in the directory not read, e.g. {other[0]}")
-        base = instance or Path(source).resolve().name
-        return build_timeline(timed, base, clock="unix", fmt=FORMAT)
+        return _read_dir(Path(source), instance or Path(source).resolve().name)
     lines, ends, stats = read_lines(source, FORMAT)
     scrape = _parse_lines(lines, ends, stats)
     if lines and stats.lines_parsed == 0 and not scrape.types:

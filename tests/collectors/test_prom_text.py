@@ -169,11 +169,19 @@ def test_scrape_directory(tmp_path):
     m["steps"].labels("prefill").inc(2)
     (tmp_path / "1700000005.5.prom").write_bytes(generate_latest(reg))
     (tmp_path / "README").write_text("not a scrape\n")
+    sub = tmp_path / "engine1"  # a multi-instance run writes scrapes/engine<rank>/
+    sub.mkdir()
+    reg1, m1 = _engine_registry()
+    (sub / "1700000000.prom").write_bytes(generate_latest(reg1))
+    m1["steps"].labels("decode").inc(4)
+    (sub / "1700000001.prom").write_bytes(generate_latest(reg1))
     tl = prom_text.read(tmp_path, instance="e")
-    assert list(tl.steps["kind"]) == ["prefill"]
+    assert tl.instances == ["e", "engine1"]
+    assert list(tl.steps["kind"]) == ["prefill", "decode"]
     assert tl.steps["t_end_s"][0] == 1700000005.5
-    assert len(tl.meta["sources"]) == 2
-    assert any("other file" in n for n in tl.meta["sources"][0]["notes"])
+    assert len(tl.meta["sources"]) == 4
+    assert any("1 other file" in n for s in tl.meta["sources"] for n in s["notes"])
+    assert set(tl.meta["metric_sources"]) == {"e", "engine1"}
 
 
 @pytest.mark.parametrize("head,name,want", [
