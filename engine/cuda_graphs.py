@@ -171,10 +171,12 @@ class CudaGraphRunner:
         self.pieces: dict[int, tuple[_Piecewise, _Static]] = {}
         self.replays: Counter = Counter()  # mode -> real graph replays
         self.pool = None
-        for moe in getattr(model, "moe_layers", []):
+        self._moes = list(getattr(model, "moe_layers", []))
+        for moe in self._moes:
             if moe.experts_impl != moe.local_experts:  # expert parallel: all-to-all is not capturable here
                 raise RuntimeError("CUDA graphs need the in-process experts; run expert-parallel engines eagerly")
             moe.experts_impl = dense_experts(moe)
+        self._dense = [m.experts_impl for m in self._moes]
         model.attn_backend = attn_backend
 
     # ---- capture -----------------------------------------------------------------------------
@@ -251,7 +253,13 @@ class CudaGraphRunner:
     # ---- execution ---------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, batch, mode: str, bucket: int | None) -> tuple[torch.Tensor, GraphRun]:
-        """Logits [S, V] for ``batch`` (a ForwardBatch) run in ``mode`` padded to ``bucket``."""
+        """Logits [S, V] for ``batch`` (a ForwardBatch) run in ``mode`` padded to ``bucket``.
+
+        Runs eagerly (NONE) when the graph is missing or the MoE layers no longer use the captured
+        experts (e.g. expert parallelism attached after capture): a stale graph is never replayed.
+        """
+        if any(m.experts_impl is not d for m, d in zip(self._moes, self._dense)):
+            mode = "NONE"
         if mode == "FULL" and bucket in self.full:
             g, s, logits = self.full[bucket]
             self.inputs.fill(s, batch)
