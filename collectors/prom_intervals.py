@@ -131,12 +131,19 @@ def bucket_quantile(q: float, upper: np.ndarray, cum: np.ndarray) -> float:
     return hi if n <= 0 else lo + (hi - lo) * (rank - below) / n
 
 
+def _without_le(labels: LabelKey) -> LabelKey:
+    return tuple(kv for kv in labels if kv[0] != "le")
+
+
 def histogram_increase(prev: View, cur: View, base: str) -> dict[str, float] | None:
     """ITL columns from the increase of histogram ``base`` between two scrapes; None if absent."""
     cur_b = cur.get(base + "_bucket")
     if not cur_b:
         return None
     prev_b = prev.get(base + "_bucket", {})
+    # A histogram resets as a whole (process restart): if any bucket of a label set went down,
+    # every bucket of that set counts from zero, even one that by chance ended higher than before.
+    reset = {_without_le(k) for k, v1 in cur_b.items() if k in prev_b and v1 < prev_b[k]}
     by_le: dict[float, float] = {}
     for labels, v1 in cur_b.items():
         le = dict(labels).get("le")
@@ -146,7 +153,8 @@ def histogram_increase(prev: View, cur: View, base: str) -> dict[str, float] | N
             continue
         if math.isnan(bound):
             continue
-        inc = counter_increase({labels: prev_b[labels]} if labels in prev_b else {}, {labels: v1})
+        before = {} if _without_le(labels) in reset or labels not in prev_b else {labels: prev_b[labels]}
+        inc = counter_increase(before, {labels: v1})
         if math.isfinite(inc):
             by_le[bound] = by_le.get(bound, 0.0) + inc
     if not by_le:

@@ -192,3 +192,14 @@ def test_scrape_directory(tmp_path):
 ])
 def test_sniff(head, name, want):
     assert prom_text.sniff(head, name) is want
+
+
+def test_histogram_reset_counts_every_bucket_from_zero():
+    def scrape(b1, b2, inf, count):
+        return (f'x_seconds_bucket{{le="0.1"}} {b1}\nx_seconds_bucket{{le="1.0"}} {b2}\n'
+                f'x_seconds_bucket{{le="+Inf"}} {inf}\nx_seconds_count {count}\nx_seconds_sum 1\n')
+    # before: 5 fast, 5 slow; after a restart: 7 fast only (the 0.1 bucket ends *higher*: 5 -> 7)
+    text0, text1 = scrape(5, 10, 10, 10), scrape(7, 7, 7, 7)
+    from mixdiag.collectors.prom_intervals import histogram_increase
+    h = histogram_increase(prom_text.parse(text0).samples, prom_text.parse(text1).samples, "x_seconds")
+    assert h["itl_count"] == 7 and h["itl_p99_s"] <= 0.1
