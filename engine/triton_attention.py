@@ -97,6 +97,7 @@ def _paged_attention_kernel(
             pos = start_n + offs_n                               # [TILE_N] KV positions
             n_ok = pos < kv_end
             blk = tl.load(block_tables_ptr + req * stride_bt + pos // block_size, mask=n_ok, other=0)
+            blk = blk.to(tl.int64)  # block * stride can pass 2**31 in a large pool
             slot_in_blk = pos % block_size
             k = tl.load(k_cache_ptr + blk[None, :] * stride_kb + slot_in_blk[None, :] * stride_ks
                         + kv_head * stride_kh + offs_d[:, None] * stride_kd,
