@@ -104,6 +104,7 @@ class Instrumentation:
                                      rank=rank, show_rank=multi_instance)
                 sink = log_sink if log_sink is not None else self.out_dir / "engine.log"
                 self.loglines = LogLineWriter(sink, lcfg, kv_capacity_tokens=ecfg.cache.num_slots)
+                self.loglines.write_server_args(ecfg.scheduler)
                 self._observers.append(self.loglines)
             if cfg.profile:
                 self.profile = ProfileWindow(*cfg.profile, self.out_dir / f"trace{suffix}.json",

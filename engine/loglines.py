@@ -138,6 +138,31 @@ class LogLineWriter:
         if running is not None:
             self._prev_running = running
 
+    def write_server_args(self, scheduler: Any, t: float | None = None) -> None:
+        """SGLang's startup ``server_args=ServerArgs(...)`` line (only when writing SGLang lines).
+
+        It is the only place an SGLang log states ``enable_mixed_chunk``, ``chunked_prefill_size``,
+        ``cuda_graph_max_bs`` and ``decode_log_interval``; readers need them to tell folded-in
+        decodes from stalled ones. Mapped from our scheduler: ``mix_running`` uses its own knobs;
+        ``token_budget`` mixes every step (chunk = ``max_num_batched_tokens``); ``prefill_first``
+        never mixes.
+        """
+        if "sglang" not in self.config.formats:
+            return
+        policy = getattr(scheduler, "policy", None)
+        if policy == "mix_running":
+            mixed, chunk = bool(scheduler.enable_mixed_chunk), int(scheduler.chunked_prefill_size)
+        else:
+            mixed, chunk = policy == "token_budget", int(scheduler.max_num_batched_tokens)
+        sizes = tuple(getattr(scheduler, "cudagraph_capture_sizes", ()) or ())
+        eager = getattr(scheduler, "enforce_eager", False) or getattr(scheduler, "cudagraph_mode", "") == "NONE"
+        max_bs = "None" if eager or not sizes else str(max(sizes))
+        stamp = time.time() if t is None else t
+        self._write(f"{self._sglang_prefix(stamp)}server_args=ServerArgs(model_path='mixdiag-engine', "
+                    f"chunked_prefill_size={chunk}, enable_mixed_chunk={mixed}, cuda_graph_max_bs={max_bs}, "
+                    f"disable_cuda_graph={eager}, decode_log_interval={self.config.decode_log_interval}, "
+                    f"schedule_policy='{policy}')")
+
     # ---- formats ------------------------------------------------------------------------------
     def vllm_line(self, record: Any, t0: float, t1: float) -> str:
         stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(t1))

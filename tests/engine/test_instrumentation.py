@@ -46,7 +46,8 @@ def test_everything_on(tmp_path):
     assert seen == records and records[0].sm_active_source == "estimated"
     busy = [r for r in records if r.kind != "idle"]
     log = (tmp_path / "engine.log").read_text().splitlines()
-    assert sum("Iteration(" in l for l in log) == len(busy) == summary["log_lines"] - sum("batch," in l for l in log)
+    assert sum("Iteration(" in l for l in log) == len(busy) == summary["log_lines"] - sum("batch," in l for l in log) - 1
+    assert "server_args=ServerArgs(" in log[0] and "enable_mixed_chunk=True" in log[0]  # token_budget mixes
     trace = json.loads((tmp_path / "trace.json").read_text())
     steps = sorted(e["name"] for e in trace["traceEvents"] if e.get("name", "").startswith("step "))
     assert [s.split()[1] for s in steps] == ["1", "2"] and summary["profile"]["partial"] is False

@@ -148,3 +148,24 @@ def test_writer_file_and_errors(tmp_path):
             parse_formats(bad)
     with pytest.raises(UserError):
         LogLineConfig(decode_log_interval=0)
+
+
+@pytest.mark.parametrize("policy,extra,mixed,chunk,max_bs", [
+    ("mix_running", dict(enable_mixed_chunk=True, chunked_prefill_size=256), True, 256, "512"),
+    ("mix_running", dict(enable_mixed_chunk=False), False, 512, "512"),
+    ("token_budget", dict(max_num_batched_tokens=1024), True, 1024, "512"),
+    ("prefill_first", dict(enforce_eager=True), False, 512, "None"),
+])
+def test_sglang_server_args_line_tells_readers_about_mixing(policy, extra, mixed, chunk, max_bs):
+    from mixdiag.engine.config import SchedulerConfig
+
+    out = io.StringIO()
+    w = LogLineWriter(out, LogLineConfig(formats=("sglang",), decode_log_interval=7))
+    w.write_server_args(SchedulerConfig(policy=policy, **extra), t=1.7e9)
+    line = out.getvalue().strip()
+    assert SGL_PREFIX.match(line) and "server_args=ServerArgs(" in line
+    assert f"enable_mixed_chunk={mixed}," in line and f"chunked_prefill_size={chunk}," in line
+    assert f"cuda_graph_max_bs={max_bs}," in line and "decode_log_interval=7," in line
+    vllm_only = io.StringIO()
+    LogLineWriter(vllm_only, LogLineConfig(formats=("vllm",))).write_server_args(SchedulerConfig(), t=1.7e9)
+    assert vllm_only.getvalue() == ""
