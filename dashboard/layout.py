@@ -60,8 +60,9 @@ def overview_tab() -> dcc.Tab:
         html.Div(id="headline-stats"),
         html.Div([dcc.Graph(id="by-cause-graph", config=GRAPH_CONFIG)],
                  style={"width": "48%", "display": "inline-block", "verticalAlign": "top"}),
-        html.Div([html.H4("Sources"), html.Div(id="sources-table"),
-                  html.H4("Signals each instance provides"), html.Div(id="signals-table")],
+        html.Div([html.H4("Sources"), html.Div(id="sources-table", style={"overflowX": "auto"}),
+                  html.H4("Signals each instance provides"),
+                  html.Div(id="signals-table", style={"overflowX": "auto"})],
                  style={"width": "50%", "display": "inline-block", "verticalAlign": "top", "paddingLeft": "2%"}),
     ], style={"padding": "12px"}))
 

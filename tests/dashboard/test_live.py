@@ -64,3 +64,39 @@ def test_unreachable_and_unset_sources_are_user_errors():
     with pytest.raises(UserError, match="cannot connect"):
         live.poll()
     assert "cannot connect" in live.last_error
+
+
+@pytest.mark.prometheus
+def test_following_a_real_prometheus_server(make_timeline, prometheus_server, metrics_endpoint):
+    import threading
+    import time
+
+    tl = make_timeline(n_steps=300, period=0)
+    metrics = EngineMetrics()
+    target = metrics_endpoint(metrics.registry)
+    stop = threading.Event()
+
+    def engine():  # 10 steps (80 token events) every 0.1 s, on a loop
+        i = 0
+        while not stop.is_set():
+            feed(metrics, tl, i, i + 10)
+            i = (i + 10) % 300
+            time.sleep(0.1)
+
+    feeder = threading.Thread(target=engine, daemon=True)
+    feeder.start()
+    try:
+        prom = prometheus_server([target], scrape_interval_s=0.5)
+        prom.wait_for_samples("mixdiag_engine_steps_total", min_samples=6)
+        live = LiveFollower(prom.url, window_s=30.0, refresh_s=1.0)
+        assert live.kind == "prometheus"
+        got = live.poll()
+    finally:
+        stop.set()
+    assert got is not None and len(got.steps) >= 2
+    assert set(got.steps["granularity"]) == {"interval"}
+    assert got.steps["itl_count"].sum() > 0
+    assert got.meta["sources"][0]["format"] == "prom-http"
+    exporter = DiagnosisExporter()
+    exporter.publish(got, diagnose(got))
+    assert exporter.snapshot.steps_analyzed == len(got.steps)
