@@ -101,3 +101,22 @@ def test_watch_follows_an_engine_and_serves_the_diagnosis(make_timeline):
     doc = json.loads(result["out"])
     assert doc["polls"] == 6 and doc["diagnoses"] >= 4 and doc["source"] == srv.url
     assert set(doc["spikes_total"]) >= {"mixing", "unknown"}
+
+
+@pytest.mark.slow
+def test_demo_no_serve_writes_the_run_and_a_report_naming_three_causes(tmp_path):
+    out = tmp_path / "demo"
+    rc, text = run_cli(["demo", "--out", str(out), "--no-serve", "--json"])
+    assert rc == 0
+    doc = json.loads(text)
+    run_dir = out
+    assert doc["run_dir"] == str(run_dir) and doc["url"] is None
+    assert (run_dir / "steps.parquet").exists() and (run_dir / "truth.csv").exists()
+    html = (run_dir / "report.html").read_text()
+    named = [c for c, n in doc["by_cause"].items() if n]
+    assert len(named) >= 3, doc["by_cause"]
+    assert all(c in html for c in named)
+    # a second demo keeps the first run
+    rc, text = run_cli(["demo", "--out", str(out), "--no-serve", "--json", "--max-steps", "5"])
+    assert rc == 0 and json.loads(text)["run_dir"] == str(out / "run-1")
+    assert (run_dir / "report.html").read_text() == html

@@ -100,3 +100,25 @@ def test_following_a_real_prometheus_server(make_timeline, prometheus_server, me
     exporter = DiagnosisExporter()
     exporter.publish(got, diagnose(got))
     assert exporter.snapshot.steps_analyzed == len(got.steps)
+
+
+def test_dashboard_live_tick_shows_the_latest_window(make_timeline, tmp_path):
+    from mixdiag.dashboard import callbacks
+    from mixdiag.dashboard.config import DashboardConfig
+    from mixdiag.dashboard.store import DataStore
+
+    tl = make_timeline(n_steps=100, period=0)
+    metrics = EngineMetrics()
+    store = DataStore(DashboardConfig(), DiagnosisExporter())
+    with MetricsServer(metrics.registry, 0) as srv:
+        live = LiveFollower(srv.url)
+        feed(metrics, tl, 0, 50)
+        key, msg = callbacks.on_live_tick(store, live)
+        assert msg.endswith("waiting for a second scrape")
+        feed(metrics, tl, 50, 100)
+        key, msg = callbacks.on_live_tick(store, live)
+        key2, _ = callbacks.on_live_tick(store, live)
+    assert key["id"] == key2["id"] and key2["rev"] >= key["rev"]  # one dataset, refreshed in place
+    ds = store.get(key2["id"])
+    assert ds.label == f"live: {srv.url}" and len(ds.timeline.steps) == 2
+    assert store.exporter.snapshot.analyses_total == 2
