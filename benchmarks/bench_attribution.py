@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import time
@@ -96,22 +97,20 @@ def tier_timeline(tier: str, run: Path) -> tuple[Timeline | None, str | None]:
 
 
 def _align_instances(tl: Timeline, truth: pd.DataFrame) -> Timeline:
-    """Map a tier's instance names onto truth's when a collector named them differently
-    (``engine0@trace``; a single unnamed instance)."""
-    want = set(truth["instance"])
-    have = tl.instances
+    """Name a tier's instances as views of truth's engines (``engine0@<source>``) when a collector
+    named them after the input (``engine``, ``scrapes``, ``EngineCore_DP1``)."""
+    want = sorted(set(truth["instance"]))
     mapping = {}
-    for i in have:
-        base = i.split("@", 1)[0]
-        if i not in want and base in want:
-            mapping[i] = base
-    if not mapping and len(have) == 1 and len(want) == 1 and have[0] not in want:
-        mapping = {have[0]: next(iter(want))}
+    for i in tl.instances:
+        if i.split("@", 1)[0] in want:
+            continue
+        m = re.search(r"(?:dp|engine|rank)[_ ]?(\d+)", i, re.IGNORECASE) or re.search(r"(\d+)$", i)
+        target = f"engine{m.group(1)}" if m and f"engine{m.group(1)}" in want else (want[0] if len(want) == 1 else None)
+        if target is not None:
+            mapping[i] = f"{target}@{i}"
     if not mapping:
         return tl
     from mixdiag.collectors import rename_instances
-    if len(set(mapping.values())) < len(mapping):  # several inputs of one instance: keep them apart
-        return tl
     return rename_instances(tl, mapping)
 
 

@@ -138,8 +138,8 @@ def attribute(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = Att
                     period_ratio=r, periodic=periodic)
 
     # 5. prefill stall: a prefill-only step while decodes were running.
-    if alloc and has_p and not has_d and bool(row.get("decodes_around")):
-        return done("prefill_stall", 0.85, decodes_around=True)
+    if alloc and has_p and not has_d and bool(row.get("decodes_before")):
+        return done("prefill_stall", 0.85, decodes_before=True)
 
     decode_only = alloc and has_d and not has_p
     # 6. EP hotspot / 7. graph fallback, on decode-only steps; the better-supported one wins.

@@ -89,9 +89,11 @@ def _coarse_clock(st: pd.DataFrame) -> bool:
 def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     st = step_timing(rows).reset_index(drop=True)
     coarse = _coarse_clock(st)
-    if coarse:  # gaps unknown: the step's own duration is the latency signal
+    if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
         st["gap_before_s"] = np.nan
         st["latency_s"] = st["duration_s"]
+        if "elapsed_s" in st.columns and st["elapsed_s"].notna().any():
+            st["latency_s"] = pd.to_numeric(st["elapsed_s"], errors="coerce").fillna(st["duration_s"])
         quality = quality | {"host_time": "absent"}
     has_tokens = len(tokens) > 0
     if has_tokens:
@@ -104,7 +106,7 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     if has_tokens:
         visible = sig["itl_events"] > 0
     elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
-        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_around"])
+        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_before"])
     else:
         visible = pd.Series(True, index=sig.index)
     ref = visible & sig["decode_only"]
@@ -131,10 +133,36 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))
 
 
+def _interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
+    """Interval rows: token sums over many steps do not say that one step held both segments.
+
+    With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``, from
+    ``steps_total{kind}``): a mixed step ran -> both segments; prefill-only steps next to decode
+    steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
+    """
+    def col(name):
+        return sig[name].fillna(0) if name in sig.columns else None
+
+    mixed, pre, dec = col("mixed_steps"), col("prefill_steps"), col("decode_steps")
+    if mixed is not None and pre is not None and dec is not None:
+        both = mixed > 0
+        stall = ~both & (pre > 0) & (dec > 0)
+        sig["has_prefill"] = both | (pre > 0)
+        sig["has_decode"] = both | (~stall & (dec > 0))
+        sig["decodes_before"] = stall
+    else:
+        k = sig["kind"]
+        sig["has_prefill"] = k.isin(["prefill", "mixed"])
+        sig["has_decode"] = k.isin(["decode", "mixed"])
+        sig["decodes_before"] = sig["has_prefill"] & ~sig["has_decode"] & sig["decodes_before"]
+    sig["decode_only"] = sig["has_decode"] & ~sig["has_prefill"]
+    return sig
+
+
 def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
     sig["gap_before_s"] = np.nan
-    sig = step_signals(sig, cfg.signals)
+    sig = _interval_segments(step_signals(sig, cfg.signals))
     sig["gap_excess_s"] = np.nan
     lat = sig["itl_p99_s"].fillna(sig["itl_p90_s"]).fillna(sig["itl_mean_s"])
     p50 = sig["itl_p50_s"].fillna(sig["itl_mean_s"]).fillna(lat)
@@ -196,6 +224,147 @@ def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict) -> str:
     return f"{n_top} of {n_spikes} TPOT spikes in {n_rows} steps are caused by {lead}{tail}."
 
 
+def engine_of(instance: str) -> str:
+    """The engine an instance name belongs to: ``engine0@scrapes`` and ``engine0@log`` are two
+    views (sources) of ``engine0`` (the collectors' naming of clashing inputs)."""
+    return instance.split("@", 1)[0]
+
+
+def _interval_step_ranges(iv: pd.DataFrame, n_steps: int) -> list[tuple[int, int]] | None:
+    """Positions [a, b) of the step rows each interval row covers, from the per-kind step counts
+    of the scrapes (exact when the counters saw every step the step view saw), else None."""
+    kinds = [c for c in ("prefill_steps", "decode_steps", "mixed_steps", "idle_steps") if c in iv.columns]
+    if len(kinds) < 3:
+        return None
+    for use in (kinds, [k for k in kinds if k != "idle_steps"]):
+        n = iv[use].fillna(0).sum(axis=1).round().astype(int).to_numpy()
+        if int(n.sum()) == n_steps:
+            ends = np.cumsum(n)
+            return list(zip((ends - n).tolist(), ends.tolist()))
+    return None
+
+
+def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: DiagnosisConfig) -> list[dict]:
+    """Host stalls the interval view can still see when a slow step hides them.
+
+    ITL time observed in an interval (``itl_mean_s x itl_count``) minus the time its steps took
+    per decode request (sum of ``decode_reqs x latency`` from the step view) is time requests
+    waited *between* steps. Per decode request, its excess over the rolling median is a host
+    stall when it exceeds ``(interval_ratio - 1) x`` the ITL baseline (some ITL in the interval
+    was then at least ``interval_ratio`` x the baseline).
+    """
+    have = {(sp["instance"], int(sp["step"])) for sp in kept if sp["granularity"] == "interval"}
+    out = []
+    for f in frames:
+        iv = f[f["granularity"] == "interval"].sort_values("step")
+        if not len(iv):
+            continue
+        inst = str(iv["instance"].iloc[0])
+        st = step_views.get(engine_of(inst))
+        if st is None or iv["itl_count"].isna().all():
+            continue
+        # requests waiting through each step: its decode requests, or, in a prefill-only step that
+        # stalled them, those of the last decode step
+        d = st["decode_reqs"].fillna(st["decode_rows"])
+        d = d.where(st["has_decode"]).ffill().where(st["has_decode"] | st["decodes_before"], d)
+        dreq = d.fillna(0).to_numpy()
+        lat = st["latency_s"].to_numpy()
+        gap = np.full(len(iv), np.nan)
+        for j, (k, n, mean) in enumerate(zip(iv["step"], iv["itl_count"], iv["itl_mean_s"])):
+            ab = ranges.get((inst, int(k)))
+            if ab is None or not n or not np.isfinite(mean) or ab[1] <= ab[0]:
+                continue
+            d = dreq[ab[0]:ab[1]]
+            if d.sum() <= 0:
+                continue
+            gap[j] = (n * mean - float((d * lat[ab[0]:ab[1]]).sum())) / float(d.mean())
+        g = pd.Series(gap, index=iv.index)
+        excess = g - g.rolling(cfg.spikes.window_intervals, center=True, min_periods=1).median()
+        thr = (cfg.interval_ratio - 1.0) * iv["baseline_s"]
+        for idx in iv.index[(excess > thr).to_numpy()]:
+            r = iv.loc[idx]
+            key = (inst, int(r["step"]))
+            if key in have or r.get("preempted_reqs", 0) or r.get("kv_transfer_bytes", 0):
+                continue
+            ev = {"granularity": "interval", "host_gap_per_request_s": float(g[idx]),
+                  "host_gap_excess_s": float(excess[idx]), "baseline_s": float(r["baseline_s"]),
+                  "reason": "ITL time in the interval exceeds the time its steps took: requests waited between steps"}
+            out.append({"instance": inst, "step": key[1], "t_s": float(r["t_end_s"]),
+                        "itl_s": float(r["latency_s"]) if pd.notna(r["latency_s"]) else float(r["baseline_s"] + excess[idx]),
+                        "baseline_s": float(r["baseline_s"]), "cause": "host_stall",
+                        "confidence": round(0.6 * cfg.attribution.interval_factor, 3), "evidence": ev,
+                        "missing_signals": [], "t_start_s": float(r["t_start_s"]), "t_end_s": float(r["t_end_s"]),
+                        "granularity": "interval"})
+    return out
+
+
+def _fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisConfig) -> list[dict]:
+    """One engine seen through step rows (log lines, a trace) and interval rows (scrapes).
+
+    The step view says which step was slow and why, so an interval spike that holds a step
+    spike of the same engine adds nothing and is dropped. An interval spike with no slow step
+    inside (while the step view covers the interval) means the ITL excess happened *between*
+    steps: a KV transfer or preemption if the interval counted one, else a host stall.
+    Intervals are matched to steps by the scrapes' step counters when they add up to the step
+    view's steps, else by time (log lines stamped in whole seconds: 1 s of slack).
+    """
+    step_views: dict[str, pd.DataFrame] = {}
+    for f in frames:
+        st = f[f["granularity"] == "step"]
+        if len(st):
+            step_views[engine_of(str(f["instance"].iloc[0]))] = st.sort_values("step")
+    if not step_views:
+        return spikes
+    ranges: dict[tuple[str, int], tuple[int, int]] = {}
+    for f in frames:
+        iv = f[f["granularity"] == "interval"].sort_values("step")
+        eng = engine_of(str(f["instance"].iloc[0])) if len(f) else None
+        if len(iv) and eng in step_views:
+            r = _interval_step_ranges(iv, len(step_views[eng]))
+            if r is not None:
+                ranges.update({(str(f["instance"].iloc[0]), int(k)): ab for k, ab in zip(iv["step"], r)})
+    out = []
+    for sp in spikes:
+        eng = engine_of(sp["instance"])
+        if sp["granularity"] != "interval" or eng not in step_views:
+            out.append(sp)
+            continue
+        st = step_views[eng]
+        ab = ranges.get((sp["instance"], int(sp["step"])))
+        if ab is not None:  # plus the step before: the first ITL of the interval spans it
+            inside = st.iloc[max(ab[0] - 1, 0):ab[1]]
+        else:
+            t = st["t_end_s"]
+            inside = st[(t >= sp["t_start_s"] - 1.0) & (t <= sp["t_end_s"])]
+        if not len(inside):
+            out.append(sp)  # the step view does not cover this interval
+            continue
+        if inside["is_spike"].any():
+            continue  # a slow step explains it; the step spike carries the attribution
+        ev = dict(sp["evidence"])
+        ev["steps_in_interval"] = int(len(inside))
+        ev["slow_steps_in_interval"] = 0
+        if ev.get("kv_transfer_bytes", 0) or ev.get("kv_transfer_s", 0):
+            cause, conf = "pd_transfer", 0.75
+        elif ev.get("preempted_reqs", 0):
+            cause, conf = "kv_pressure", 0.75
+        else:
+            cause, conf = "host_stall", 0.6
+            ev["reason"] = "ITL spiked but no step in the interval was slow: the time went between steps"
+        out.append(sp | {"cause": cause, "confidence": round(conf * cfg.attribution.interval_factor, 3),
+                         "evidence": ev})
+    out += _host_gap_spikes(frames, step_views, ranges, out, cfg)
+    # keep the steps frame in line with the spikes that remain
+    kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in out if sp["granularity"] == "interval"}
+    for f in frames:
+        iv = f["granularity"] == "interval"
+        if iv.any():
+            keys = list(zip(f.loc[iv, "instance"], f.loc[iv, "step"].astype(int)))
+            f.loc[iv, "cause"] = [kept.get(k) for k in keys]
+            f.loc[iv, "is_spike"] = [k in kept for k in keys]
+    return out
+
+
 def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagnosis:
     """Detect and attribute TPOT spikes in ``timeline``; never reads ground truth."""
     cfg = config or DiagnosisConfig()
@@ -229,10 +398,12 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
                            "t_start_s": float(row["t_start_s"]), "t_end_s": float(row["t_end_s"]),
                            "granularity": row["granularity"]})
         sig["cause"] = pd.Series(causes, index=sig.index, dtype=object)
+        sig["instance"] = inst
         frames.append(sig)
         instances[inst] = {"signals": quality, "latency_source": source,
                            "periodicity": {k: (None if not np.isfinite(v) else round(float(v), 6))
                                            for k, v in period.items()}}
+    spikes = _fuse_sources(frames, spikes, cfg)
     steps = pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
         gap_before_s=pd.Series(dtype=float), is_spike=pd.Series(dtype=bool), cause=pd.Series(dtype=object),
         itl_max_s=pd.Series(dtype=float), latency_s=pd.Series(dtype=float), baseline_s=pd.Series(dtype=float),

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.attribution import CAUSES
+from mixdiag.diagnosis import engine_of
 from mixdiag.spikes import charge_itl, itl_events, step_timing
 
 SCORED = tuple(c for c in CAUSES if c != "unknown")
@@ -83,12 +84,13 @@ def score(spikes: pd.DataFrame, truth_v: pd.DataFrame, by_step: bool = True) -> 
     pred_n = {c: 0 for c in CAUSES}
     non_mix = mix_alarm = unlabelled = 0
     for p in spikes.itertuples(index=False):
+        inst = engine_of(p.instance)  # engine0@scrapes is a view of engine0
         if by_step and getattr(p, "granularity", "step") == "step":
-            keys = [(p.instance, int(p.step))]
+            keys = [(inst, int(p.step))]
         else:
             m = (tv["t_end_s"] >= p.t_start_s) & (tv["t_end_s"] <= p.t_end_s + 1e-9)
-            if "instance" in tv and (tv["instance"] == p.instance).any():
-                m &= tv["instance"] == p.instance
+            if (tv["instance"] == inst).any():
+                m &= tv["instance"] == inst
             keys = list(map(tuple, tv.loc[m, ["instance", "step"]].itertuples(index=False)))
         gold = set().union(*[causes_at.get(k, set()) for k in keys]) if keys else set()
         pred_n[p.cause] += 1

@@ -91,7 +91,7 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     """Per-step signal columns for one instance's rows (sorted by step, with ``gap_before_s``).
 
     Adds: ``has_prefill``, ``has_decode``, ``decodes_around`` (a neighbour step held decode
-    rows), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
+    rows), ``decodes_before`` (decodes were running when the step began), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
     that of neighbouring decode-only steps), ``imbalance_rel`` (expert imbalance over its
     decode-only neighbourhood), ``kv_xfer``, ``preempt``, ``gap_excess_s`` (gap minus the
     typical gap).
@@ -105,6 +105,11 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     s["has_decode"] = s["has_decode"].astype(bool)
     hd = s["has_decode"]
     s["decodes_around"] = (hd.shift(1, fill_value=False) | hd.shift(-1, fill_value=False)).astype(bool)
+    # Decodes were running before this step: the last step that was not prefill-only held decode
+    # rows (a multi-chunk prefill keeps them waiting across several steps).
+    prefill_only = s["has_prefill"] & ~hd
+    last = hd.astype(float).where(~prefill_only).ffill().shift(1)
+    s["decodes_before"] = last.fillna(0.0).astype(bool)
     s["decode_only"] = hd & ~s["has_prefill"]
     s["graph_off"] = s["graph_mode"].isin(["PIECEWISE", "NONE"])
     w = cfg.neighbour_window
@@ -129,7 +134,7 @@ def periodicity(sig: pd.DataFrame, spike_mask: pd.Series) -> dict:
     """Spike period vs prefill-chunk arrival period (median spacing of start times), and phase
     alignment (share of spikes that fell on a step holding prefill tokens)."""
     t = sig["t_start_s"]
-    visible_prefill = sig["has_prefill"] & (sig["has_decode"] | sig["decodes_around"])
+    visible_prefill = sig["has_prefill"] & (sig["has_decode"] | sig["decodes_before"])
     tp = t[visible_prefill].to_numpy()
     ts = t[spike_mask & sig["has_prefill"]].to_numpy()  # spikes that fell on prefill chunks
     spike_p = float(np.median(np.diff(ts))) if len(ts) >= 3 else float("nan")

@@ -31,7 +31,7 @@ def test_each_injected_fault_is_found_and_named(tokens):
     (130, "pd_transfer", "kv_transfer_bytes", 4e6),
     (160, "kv_pressure", "preempted_reqs", 2.0),
     (190, "graph_fallback", "batch_outside_full_sizes", True),
-    (220, "prefill_stall", "decodes_around", True),
+    (220, "prefill_stall", "decodes_before", True),
 ])
 def test_evidence_carries_the_signal_values(step, cause, key, value):
     sp = diagnose(build()).spikes.set_index("step")
