@@ -8,6 +8,7 @@ is UTC with a year and sub-seconds, so it is preferred over the server's own tim
 from __future__ import annotations
 
 import calendar
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ def rfc3339_to_unix(stamp: str, zone: str | None) -> float | None:
     return secs
 
 
+@functools.lru_cache(maxsize=4096)  # log lines share their second
 def naive_to_unix(year: int, month: int, day: int, hms: str, frac: str | None = None) -> float | None:
     """A log's naive wall time read as UTC (servers rarely print a zone); None if impossible."""
     try:
@@ -75,6 +77,7 @@ def parse_number(text: str) -> float | None:
     return v if math.isfinite(v) else None
 
 
+@functools.lru_cache(maxsize=1024)
 def slug(key: str) -> str:
     """``#new-token`` -> ``new_token``; ``gen throughput (token/s)`` -> ``gen_throughput_token_per_s``."""
     s = key.strip().lstrip("#").replace("/s", "_per_s").replace("(ms)", "ms").replace("%", "pct")

@@ -153,12 +153,15 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
     return out.timeline(FORMAT, "unix" if have_time else "relative")
 
 
-def _num(fields: dict, *keys: str) -> float:
+#: Fields that fill Timeline columns; every other field goes to series.
+_USED = frozenset({"token usage", "full token usage", "#queue-req", "#running-req", "#new-token", "#new-seq",
+                   "#cached-token", "#retracted-req"})
+
+
+def _num(nums: dict, *keys: str) -> float:
     for k in keys:
-        if k in fields:
-            v = parse_number(fields[k])
-            if v is not None:
-                return v
+        if nums.get(k) is not None:
+            return nums[k]
     return float("nan")
 
 
@@ -170,7 +173,8 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
     if fields is None:
         stats.skipped(raw, "text after the fields (line cut mid-way?)")
         return None
-    bad = [k for k, v in fields.items() if parse_number(v) is None and " -> " not in v]
+    nums = {k: parse_number(v.split(" -> ")[-1]) for k, v in fields.items()}  # "old -> new": the new
+    bad = [k for k, n in nums.items() if n is None]
     if bad:
         stats.skipped(raw, f"bad value for {bad[0]!r}")
         return None
@@ -182,16 +186,16 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
     row = {"instance": inst, "t_start_s": t, "t_end_s": t, "granularity": "step"}
     if fwd is not None:
         row["forward_iter"] = float(fwd)
-    row["kv_usage"] = _num(fields, "token usage", "full token usage")
-    row["waiting_reqs"] = _num(fields, "#queue-req")
-    running = _num(fields, "#running-req")
+    row["kv_usage"] = _num(nums, "token usage", "full token usage")
+    row["waiting_reqs"] = _num(nums, "#queue-req")
+    running = _num(nums, "#running-req")
     row["running_reqs"] = running
-    graph_key = next((k for k in _GRAPH_KEYS if k in fields), None)
-    graph = parse_number(fields[graph_key]) if graph_key else None
+    graph_key = next((k for k in _GRAPH_KEYS if k in nums), None)
+    graph = nums[graph_key] if graph_key else None
     if kind_word == "Prefill":
-        row["prefill_tokens"] = _num(fields, "#new-token")
-        row["prefill_reqs"] = _num(fields, "#new-seq")
-        row["prefix_hit_tokens"] = _num(fields, "#cached-token")
+        row["prefill_tokens"] = _num(nums, "#new-token")
+        row["prefill_reqs"] = _num(nums, "#new-seq")
+        row["prefix_hit_tokens"] = _num(nums, "#cached-token")
         decodes = running if running == running else 0.0
         if mixed_on and decodes > 0:
             row["kind"], row["decode_reqs"], row["decode_rows"] = "mixed", decodes, decodes
@@ -208,16 +212,13 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
         spec = "accept len" in fields or "accept rate" in fields
         row["decode_rows"] = float("nan") if spec else running  # k+1 rows per request, k unknown
         row["graph_mode"] = "unknown" if graph is None else ("FULL" if graph else "NONE")
-        row["preempted_reqs"] = _num(fields, "#retracted-req")
+        row["preempted_reqs"] = _num(nums, "#retracted-req")
         out.signal(inst, "kind", "measured")
     row["graph_replayed"] = float("nan") if graph is None else float(graph)
-    used = {"token usage", "full token usage", "#queue-req", "#running-req", "#new-token", "#new-seq",
-            "#cached-token", "#retracted-req"}
-    for k, v in fields.items():
-        if k not in used:
-            n = parse_number(v.split(" -> ")[-1])
-            if n is not None:
-                out.add_series(inst, f"sglang_log:{slug(k)}", t, n, f"batch={kind_word.lower()}")
+    labels = f"batch={kind_word.lower()}"
+    for k, n in nums.items():
+        if k not in _USED:
+            out.add_series(inst, f"sglang_log:{slug(k)}", t, n, labels)
     return row
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,11 +113,14 @@ def split_lines(text: str) -> tuple[list[str], bool]:
     return [ln[:-1] if ln.endswith("\r") else ln for ln in lines], ends
 
 
+# C0 controls other than tab, CR and ESC (ANSI colours are common in logs), and U+FFFD (bytes
+# that did not decode as UTF-8).
+_GARBAGE = re.compile("[\x00-\x08\x0a-\x0c\x0e-\x1a\x1c-\x1f\ufffd]")
+
+
 def is_garbage(line: str) -> bool:
     """True for lines that are not text: NUL bytes, undecodable bytes, other C0 controls."""
-    if "\ufffd" in line or "\x00" in line:
-        return True
-    return any(ord(ch) < 32 and ch not in "\t\r\x1b" for ch in line)
+    return _GARBAGE.search(line) is not None
 
 
 def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
