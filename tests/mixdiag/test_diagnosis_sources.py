@@ -1,0 +1,117 @@
+"""Diagnosis with partial sources: log step rows, scrape intervals, both fused, request stalls."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.diagnosis import diagnose, engine_of
+from mixdiag.schema import Timeline
+
+sys.path.insert(0, str(Path(__file__).parent))
+from diag_cases import build  # noqa: E402
+
+
+def _log_view(tl: Timeline, instance="engine0@log") -> pd.DataFrame:
+    """What a vLLM log gives: kinds and token counts per step, start/end stamped in whole
+    seconds, the step's elapsed time in an extra column."""
+    st = tl.steps[["step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "prefill_reqs", "decode_reqs",
+                   "decode_rows"]].copy()
+    st["elapsed_s"] = st["t_end_s"] - st["t_start_s"]
+    st["t_start_s"] = st["t_end_s"] = np.floor(st["t_end_s"])
+    st["instance"], st["granularity"] = instance, "step"
+    return st
+
+
+def _scrape_view(tl: Timeline, instance="engine0@scrapes", period=1.0) -> pd.DataFrame:
+    """1 s scrape intervals: step counts by kind, ITL quantiles/mean/count, preemptions."""
+    st = tl.steps
+    itl = tl.itl()
+    t0 = float(st["t_start_s"].min())
+    edges = np.arange(t0, float(st["t_end_s"].max()) + period, period)
+    rows = []
+    for i, (a, b) in enumerate(zip(edges[:-1], edges[1:])):
+        s = st[(st["t_end_s"] > a) & (st["t_end_s"] <= b)]
+        x = itl.loc[(itl["t_s"] > a) & (itl["t_s"] <= b), "itl_s"]
+        rows.append(dict(instance=instance, step=i, t_start_s=a, t_end_s=b, granularity="interval",
+                         kind="unknown", prefill_tokens=float(s["prefill_tokens"].sum()),
+                         decode_rows=float(s["decode_rows"].sum()), preempted_reqs=float(s["preempted_reqs"].sum()),
+                         itl_count=float(len(x)), itl_mean_s=float(x.mean()) if len(x) else np.nan,
+                         itl_p50_s=float(x.quantile(0.5)) if len(x) else np.nan,
+                         itl_p99_s=float(x.quantile(0.99)) if len(x) else np.nan,
+                         **{f"{k}_steps": float((s["kind"] == k).sum()) for k in ("prefill", "decode", "mixed", "idle")}))
+    return pd.DataFrame(rows)
+
+
+def test_engine_of():
+    assert engine_of("engine0@scrapes") == "engine0" and engine_of("srv:8000") == "srv:8000"
+
+
+def test_log_lines_alone_use_the_stated_elapsed_time():
+    tl = build(tokens=False)
+    d = diagnose(Timeline(_log_view(tl), None, meta={}))
+    got = dict(zip(d.spikes["step"], d.spikes["cause"]))
+    assert d.instances["engine0@log"]["latency_source"] == "step_duration"
+    # what a log has (allocation, elapsed time) finds these; host stalls (gaps) are invisible
+    for step, cause in {40: "mixing", 220: "prefill_stall"}.items():
+        assert got[step] == cause
+    assert 100 not in got
+
+
+@pytest.mark.parametrize("counts,kind,expect", [
+    (dict(mixed_steps=1.0, prefill_steps=0.0, decode_steps=20.0), "mixed", "mixing"),
+    (dict(mixed_steps=0.0, prefill_steps=1.0, decode_steps=20.0), "unknown", "prefill_stall"),
+    (dict(mixed_steps=0.0, prefill_steps=0.0, decode_steps=20.0), "decode", "unknown"),
+    ({}, "unknown", "unknown"),  # both segments in the interval, no counts: no claim of mixing
+])
+def test_interval_rows_use_step_counts_by_kind(counts, kind, expect):
+    rows = []
+    for i in range(30):
+        spike = i == 12
+        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval",
+                         kind=kind if spike else "decode", prefill_tokens=900.0 if spike else 0.0, decode_rows=300.0,
+                         itl_count=300.0, itl_p50_s=0.02, itl_p99_s=0.2 if spike else 0.03,
+                         **({k: (v if spike else (20.0 if k == "decode_steps" else 0.0)) for k, v in counts.items()})))
+    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    assert list(d.spikes["step"]) == [12]
+    assert d.spikes["cause"].iloc[0] == expect
+
+
+def test_fused_log_and_scrapes():
+    tl = build(faults={40: dict(kind="mixed", prefill_tokens=512, prefill_reqs=1, dur=0.110, graph_mode="PIECEWISE"),
+                       100: dict(gap=0.150), 160: dict(preempted_reqs=2, dur=0.070)})
+    steps = pd.concat([_log_view(tl), _scrape_view(tl)], ignore_index=True)
+    d = diagnose(Timeline(steps, None, meta={}))
+    sp = d.spikes
+    step_sp = sp[sp["granularity"] == "step"]
+    assert dict(zip(step_sp["step"], step_sp["cause"]))[40] == "mixing"
+    iv = sp[sp["granularity"] == "interval"]
+    # the interval holding step 40 is explained by that step: no duplicate
+    t40 = tl.steps.set_index("step").loc[40, "t_end_s"]
+    assert not ((iv["t_start_s"] < t40) & (iv["t_end_s"] >= t40)).any()
+    # the gap before step 100 is invisible in the log; the scrapes show it between steps
+    t100 = tl.steps.set_index("step").loc[100, "t_end_s"]
+    hit = iv[(iv["t_start_s"] < t100) & (iv["t_end_s"] >= t100)]
+    assert list(hit["cause"]) == ["host_stall"]
+    assert hit["evidence"].iloc[0]["slow_steps_in_interval"] == 0 or "host_gap_excess_s" in hit["evidence"].iloc[0]
+
+
+def test_request_stall_of_a_preempted_request_is_kv_pressure():
+    # request r7 is preempted at step 50 and resumes at step 80: no step is slow, r7's ITL is
+    tl = build(faults={50: dict(preempted_reqs=1, kv_usage=0.99)})
+    tok = tl.tokens
+    drop = (tok["request_id"] == "r7") & tok["step"].between(50, 79)
+    d = diagnose(Timeline(tl.steps, tok[~drop], meta={}))
+    sp = d.spikes.set_index("step")
+    assert sp.loc[50, "cause"] == "kv_pressure"
+    assert sp.loc[50, "evidence"]["request_stall_s"] > 0.5
+    assert sp.loc[50, "itl_s"] > 10 * sp.loc[50, "baseline_s"]
+
+
+def test_a_stretch_of_graph_fallback_stands_out_against_full_decode_steps():
+    faults = {n: dict(graph_mode="NONE", decode_reqs=9, dur=0.035) for n in range(100, 115)}
+    d = diagnose(build(faults=faults))
+    got = d.spikes.set_index("step")["cause"]
+    assert set(range(100, 115)) <= set(got.index)
+    assert (got.loc[100:114] == "graph_fallback").all()
