@@ -148,7 +148,7 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
     for s in out.series:
         if s["t_s"] is None:
             s["t_s"] = first_t if first_t is not None else 0.0
-    if lines and stats.lines_parsed == 0 and stats.lines_skipped == 0 and not options.get("lenient"):
+    if lines and stats.lines_parsed == 0 and stats.lines_skipped == 0:
         raise UserError(f"{source_name(source)}: no SGLang scheduler line (Prefill batch / Decode batch) found")
     return out.timeline(FORMAT, "unix" if have_time else "relative")
 

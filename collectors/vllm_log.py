@@ -214,7 +214,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             r["t_start_s"] = r["t_end_s"] = 0.0
     if not have_time and (out.steps or out.series):
         st.note("no timestamps in the log: rows at t=0 on a relative clock; order is line order")
-    if lines and st.lines_parsed == 0 and st.lines_skipped == 0 and not options.get("lenient"):
+    if lines and st.lines_parsed == 0 and st.lines_skipped == 0:
         raise UserError(f"{source_name(source)}: no vLLM stats/iteration/metrics line found")
     out.steps.sort(key=lambda r: (r["instance"], r["t_start_s"]))  # stable: line order within a time
     return out.timeline(FORMAT, "unix" if have_time else "relative")
