@@ -2,10 +2,11 @@
 
 >>> from mixdiag.dashboard import DashboardConfig, create_app
 >>> app = create_app(DashboardConfig.from_data_path("runs/demo"))   # doctest: +SKIP
->>> serve(app)                                                        # doctest: +SKIP
+>>> serve(bind(app, "127.0.0.1", 8050))                              # doctest: +SKIP
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import dash
@@ -14,6 +15,7 @@ from flask import Response
 from mixdiag.dashboard import callbacks, layout
 from mixdiag.dashboard.config import DashboardConfig
 from mixdiag.dashboard.store import DataStore
+from mixdiag.errors import UserError
 from mixdiag.exporter import CONTENT_TYPE_LATEST, DiagnosisExporter
 
 
@@ -55,6 +57,26 @@ def create_app(config: DashboardConfig, store: DataStore | None = None,
     return app
 
 
-def serve(app: dash.Dash, host: str = "127.0.0.1", port: int = 8050) -> None:
-    """Serve ``app`` until interrupted (threaded Werkzeug server; bind address as given)."""
-    app.run(host=host, port=port, debug=False, dev_tools_ui=False, dev_tools_props_check=False)
+def bind(app: dash.Dash, host: str = "127.0.0.1", port: int = 8050):
+    """A threaded WSGI server for ``app`` bound to ``host:port`` (not yet serving); UserError if the port is taken.
+
+    Binding before anything is printed means a URL the CLI prints is one that answers. No banner
+    is written to stdout (``--json`` keeps stdout for its one document); request logs only at -v.
+    """
+    from werkzeug.serving import make_server
+
+    try:
+        return make_server(host, int(port), app.server, threaded=True)
+    except OSError as e:
+        raise UserError(f"cannot serve on {host}:{port}: {e.strerror or e}") from None
+
+
+def serve(server, verbose: bool = False) -> None:
+    """Serve until Ctrl+C (the server from :func:`bind`), then release the port."""
+    logging.getLogger("werkzeug").setLevel(logging.INFO if verbose else logging.WARNING)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()

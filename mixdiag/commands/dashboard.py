@@ -30,7 +30,7 @@ def register(sub, common):
 
 
 def run(args, console):
-    from mixdiag.dashboard.app import create_app, serve
+    from mixdiag.dashboard.app import bind, create_app, serve
     from mixdiag.dashboard.config import DashboardConfig
 
     if args.upload_max_mib <= 0:
@@ -39,6 +39,7 @@ def run(args, console):
                                             port=args.port, refresh_s=args.refresh,
                                             upload_max_bytes=int(args.upload_max_mib * 2**20))
     app = create_app(config)
+    server = bind(app, config.host, config.port)
     ds = app.mixdiag_store.get(None)
     url = f"http://{config.host}:{config.port}/"
     lines = [f"dashboard: {url}", f"metrics:   {url}metrics"]
@@ -51,5 +52,5 @@ def run(args, console):
                                       "by_cause": ds.headline.by_cause if ds else None,
                                       "live": config.prometheus_url})
     console.note("press Ctrl+C to stop")
-    serve(app, config.host, config.port)
+    serve(server, verbose=console.verbosity > 0)
     return 0

@@ -5,6 +5,7 @@ already holds something, the run goes to the first free ``OUT/run-N``.
 """
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
@@ -70,6 +71,17 @@ def write_report(run_dir: Path) -> Path:
     return path
 
 
+def check_port_free(host: str, port: int) -> None:
+    """UserError now, not after minutes of engine work, when ``host:port`` cannot be bound."""
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, int(port)))
+        except OSError as e:
+            raise UserError(f"cannot serve on {host}:{port}: {e.strerror or e} (use --port or --no-serve)") from None
+
+
 def run(args, console):
     from mixdiag.dashboard.config import DashboardConfig
     from mixdiag.schema import Timeline
@@ -78,6 +90,8 @@ def run(args, console):
     run_dir = pick_run_dir(out)
     # Validate serving flags before minutes of engine work.
     config = DashboardConfig(data_dir=None, host=args.host, port=args.port)
+    if not args.no_serve:
+        check_port_free(config.host, config.port)
     console.note(f"running the engine on scenario '{args.scenario}' into {run_dir}")
     if args.max_steps is not None and args.max_steps < 1:
         raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
@@ -85,7 +99,7 @@ def run(args, console):
                       max_steps=args.max_steps)
     report = write_report(run_dir)
 
-    from mixdiag.dashboard.app import create_app, serve
+    from mixdiag.dashboard.app import bind, create_app, serve
     from mixdiag.dashboard.store import DataStore
     from mixdiag.exporter import DiagnosisExporter
 
@@ -95,6 +109,8 @@ def run(args, console):
     ds = store.add(Timeline.load(run_dir), run_dir.name if run_dir != out else out.name)
     h = ds.headline
     url = f"http://{config.host}:{config.port}/"
+    server = None if args.no_serve else bind(create_app(config, store=store, exporter=exporter), config.host,
+                                             config.port)
     causes = {c: n for c, n in h.by_cause.items() if n}
     lines = [f"run:     {run_dir} ({h.n_steps:,} steps, engine {took:.0f} s)",
              f"report:  {report}",
@@ -107,5 +123,5 @@ def run(args, console):
                                       "url": None if args.no_serve else url})
     if args.no_serve:
         return 0
-    serve(create_app(config, store=store, exporter=exporter), config.host, config.port)
+    serve(server, verbose=console.verbosity > 0)
     return 0

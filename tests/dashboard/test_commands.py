@@ -120,3 +120,13 @@ def test_demo_no_serve_writes_the_run_and_a_report_naming_three_causes(tmp_path)
     rc, text = run_cli(["demo", "--out", str(out), "--no-serve", "--json", "--max-steps", "5"])
     assert rc == 0 and json.loads(text)["run_dir"] == str(out / "run-1")
     assert (run_dir / "report.html").read_text() == html
+
+
+def test_demo_refuses_a_taken_port_before_running_the_engine(tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert cli_main(["demo", "--out", str(tmp_path / "d"), "--port", str(port)]) == 2
+    assert "cannot serve on 127.0.0.1" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()  # nothing was run or written
