@@ -69,69 +69,87 @@ def project(db: NsysDb, ranges: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     Returns a frame indexed like ``ranges`` with :data:`AGG_COLUMNS` and notes.
     """
     notes: list[str] = []
-    out = pd.DataFrame(np.nan, index=range(len(ranges)), columns=AGG_COLUMNS)
+    n = len(ranges)
+    out = pd.DataFrame(np.nan, index=range(n), columns=AGG_COLUMNS)
     if not db.has(RUNTIME) or not {"globalTid", "correlationId", "nameId"} <= db.columns(RUNTIME):
         notes.append("no CUPTI_ACTIVITY_KIND_RUNTIME table: kernels cannot be projected onto NVTX steps")
         return out, notes
     kern, graph = launch_names(db)
-    c = db.conn
-    c.execute("DROP TABLE IF EXISTS temp.mx_steps")
-    c.execute("DROP TABLE IF EXISTS temp.mx_names")
-    c.execute("DROP TABLE IF EXISTS temp.mx_launch")
-    c.execute('CREATE TEMP TABLE mx_steps (idx INTEGER PRIMARY KEY, tid INTEGER, start INTEGER, "end" INTEGER)')
-    c.executemany("INSERT INTO mx_steps VALUES (?, ?, ?, ?)",
-                  zip(range(len(ranges)), ranges["tid"].astype("int64").tolist(),
-                      ranges["start_ns"].astype("int64").tolist(), ranges["end_ns"].astype("int64").tolist()))
-    c.execute("CREATE INDEX temp.mx_steps_tid ON mx_steps (tid, start)")
-    c.execute("CREATE TEMP TABLE mx_names (id INTEGER PRIMARY KEY, is_graph INTEGER)")
-    c.executemany("INSERT INTO mx_names VALUES (?, ?)", [(i, 0) for i in kern] + [(i, 1) for i in graph])
-    # Launch calls issued inside a step range on the step's thread (NVIDIA's rule 1).
-    c.execute(f"""CREATE TEMP TABLE mx_launch AS
-        SELECT r.correlationId AS corr, r.globalTid & {PID_MASK} AS gpid, r.start AS start,
-               nm.is_graph AS is_graph, s.idx AS idx
-        FROM {RUNTIME} r JOIN mx_names nm ON nm.id = r.nameId
-        JOIN mx_steps s ON s.idx = (SELECT idx FROM mx_steps WHERE tid = r.globalTid AND start <= r.start
-                                    ORDER BY start DESC LIMIT 1)
-        WHERE r.globalTid IN (SELECT tid FROM mx_steps) AND r."end" <= s."end" """)
-    c.execute("CREATE INDEX temp.mx_launch_corr ON mx_launch (corr, gpid)")
+    for col in ("gpu_kernels", "graph_launches", "eager_between", "gpu_kernel_ns"):
+        out[col] = 0.0  # a step without a launch call launched nothing: zero, not unknown
+    if not (kern or graph) or n == 0:
+        return out, notes
+    # Launch calls on the step ranges' threads (ids are integers read from the export itself).
+    ids = ",".join(str(int(i)) for i in list(kern) + list(graph))
+    tids = ",".join(str(int(t)) for t in ranges["tid"].unique())
+    tid, start, end, corr, name = fetch_columns(
+        db, f'SELECT globalTid, start, "end", IFNULL(correlationId, -1), nameId FROM {RUNTIME} '
+            f"WHERE nameId IN ({ids}) AND globalTid IN ({tids})", n_cols=5)
+    step = _enclosing_range(ranges, tid, start, end)
+    keep = step >= 0
+    tid, start, corr, name, step = tid[keep], start[keep], corr[keep], name[keep], step[keep]
+    is_graph = np.isin(name, np.fromiter(graph, dtype=np.int64, count=len(graph)))
+    launches, between = graph_counts(step, start.astype("float64"), np.where(is_graph, corr, -1), n)
+    out["graph_launches"], out["eager_between"] = launches.astype("float64"), between.astype("float64")
 
-    c.execute("CREATE INDEX temp.mx_launch_idx ON mx_launch (idx, is_graph, start)")
-    # Graph mode evidence: graph launches, and eager launches between the first and last of them.
-    host = pd.DataFrame(c.execute("""
-        WITH g AS (SELECT idx, count(*) AS n, min(start) AS first, max(start) AS last
-                   FROM mx_launch WHERE is_graph = 1 GROUP BY idx)
-        SELECT g.idx, g.n, (SELECT count(*) FROM mx_launch e WHERE e.idx = g.idx AND e.is_graph = 0
-                              AND e.start > g.first AND e.start < g.last)
-        FROM g""").fetchall(), columns=["idx", "graph_launches", "eager_between"])
-    has_pid = "globalPid" in db.columns(KERNEL)
+    # GPU work of those launches: same correlation id in the same process (NVIDIA's rule 2).
+    kcols = db.columns(KERNEL)
+    has_pid = "globalPid" in kcols
     if not has_pid:
         notes.append("kernel table has no globalPid: kernels joined to launches by correlationId alone")
-    on = "l.corr = k.correlationId" + (" AND l.gpid = k.globalPid" if has_pid else "")
-    gpu = pd.DataFrame(c.execute(f"""
-        SELECT l.idx, count(*), min(k.start), max(k."end"), sum(k."end" - k.start), min(k.deviceId)
-        FROM {KERNEL} k JOIN mx_launch l ON {on} GROUP BY l.idx""").fetchall(),
-        columns=["idx", "gpu_kernels", "gpu_start_ns", "gpu_end_ns", "gpu_kernel_ns", "device"])
+    launch_key = _keys(tid & PID_MASK if has_pid else np.zeros_like(tid), corr)
+    order = np.argsort(launch_key, kind="stable")
+    launch_key, launch_step = launch_key[order], step[order]
+    first = np.full(n, np.inf)
+    last = np.full(n, -np.inf)
+    busy = np.zeros(n)
+    count = np.zeros(n)
+    device = np.full(n, np.nan)
+    sources = [(KERNEL, kcols, True)]
     if db.has(GRAPH_TRACE):
-        has_gpid = "globalPid" in db.columns(GRAPH_TRACE)
-        gon = "l.corr = g.correlationId" + (" AND l.gpid = g.globalPid" if has_gpid else "")
-        g = pd.DataFrame(c.execute(f"""
-            SELECT l.idx, min(g.start), max(g."end"), sum(g."end" - g.start), min(g.deviceId)
-            FROM {GRAPH_TRACE} g JOIN mx_launch l ON {gon} GROUP BY l.idx""").fetchall(),
-            columns=["idx", "g_start", "g_end", "g_ns", "g_dev"])
-        gpu = gpu.merge(g, on="idx", how="outer")
-        gpu["gpu_start_ns"] = gpu[["gpu_start_ns", "g_start"]].min(axis=1)
-        gpu["gpu_end_ns"] = gpu[["gpu_end_ns", "g_end"]].max(axis=1)
-        gpu["gpu_kernel_ns"] = gpu["gpu_kernel_ns"].fillna(0) + gpu["g_ns"].fillna(0)
-        gpu["device"] = gpu["device"].fillna(gpu["g_dev"])
-        gpu["gpu_kernels"] = gpu["gpu_kernels"].fillna(0)
-        gpu = gpu.drop(columns=["g_start", "g_end", "g_ns", "g_dev"])
-    for frame in (host.set_index("idx"), gpu.set_index("idx")):
-        for col in frame.columns:
-            out.loc[frame.index, col] = frame[col].to_numpy(dtype="float64")
-    # Steps without a single launch call launched nothing: zero, not unknown.
-    for col in ("gpu_kernels", "graph_launches", "eager_between", "gpu_kernel_ns"):
-        out[col] = out[col].fillna(0.0)
+        sources.append((GRAPH_TRACE, db.columns(GRAPH_TRACE), False))
+    for table, cols, is_kernel in sources:
+        pid_col = "IFNULL(globalPid, -1)" if has_pid and "globalPid" in cols else "0"
+        gp, kc, ks, ke, kd = fetch_columns(
+            db, f'SELECT {pid_col}, IFNULL(correlationId, -1), start, "end", deviceId FROM {table}', n_cols=5)
+        if len(launch_key) == 0:
+            continue
+        work_key = _keys(gp, kc)
+        pos = np.minimum(np.searchsorted(launch_key, work_key), len(launch_key) - 1)
+        hit = launch_key[pos] == work_key
+        st = launch_step[pos[hit]]
+        np.minimum.at(first, st, ks[hit])
+        np.maximum.at(last, st, ke[hit])
+        busy += np.bincount(st, weights=(ke - ks)[hit], minlength=n)
+        if is_kernel:
+            count += np.bincount(st, minlength=n)
+        device[st] = kd[hit]
+    seen = np.isfinite(first)
+    out["gpu_kernels"] = count
+    out["gpu_kernel_ns"] = busy
+    out["gpu_start_ns"] = np.where(seen, first, np.nan)
+    out["gpu_end_ns"] = np.where(seen, last, np.nan)
+    out["device"] = device
     return out, notes
+
+
+def _keys(gpid: np.ndarray, corr: np.ndarray) -> np.ndarray:
+    """One int64 per (process, correlation id): the 24 PID bits above a 32-bit correlation id
+    (CUPTI correlation ids are 32-bit)."""
+    return ((gpid >> 24) & 0xFFFFFF) << 32 | (corr & 0xFFFFFFFF)
+
+
+def _enclosing_range(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Row of ``ranges`` whose range holds each call fully on the same thread (NVIDIA's rule 1), or -1."""
+    out = np.full(len(tid), -1, dtype=np.int64)
+    for t, rows in ranges.groupby("tid").groups.items():
+        r = ranges.loc[rows].sort_values("start_ns")
+        rs, re_, ri = r["start_ns"].to_numpy(), r["end_ns"].to_numpy(), r.index.to_numpy()
+        sel = np.flatnonzero(tid == t)
+        pos = np.searchsorted(rs, start[sel], side="right") - 1
+        ok = (pos >= 0) & (end[sel] <= re_[np.clip(pos, 0, None)])
+        out[sel[ok]] = ri[pos[ok]]
+    return out
 
 
 # ---- gap heuristic --------------------------------------------------------------------------
