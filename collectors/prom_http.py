@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
@@ -101,16 +102,59 @@ def query_range(url: str, promql: str, start: float, end: float, step_s: float,
     return list(out.values())
 
 
+_URL_PARAMS = ("selector", "start", "end", "step", "window")
+
+
+def _seconds(name: str, text: str) -> float:
+    """Unix seconds or RFC 3339 (``2026-11-30T05:00:00Z``) -> float seconds; durations in seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if name in ("start", "end"):
+        try:
+            return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    raise UserError(f"URL parameter {name}={text!r}: expected seconds" + (" or RFC 3339" if name != "step" else ""))
+
+
+def split_url(url: str) -> tuple[str, dict]:
+    """``http://h:9090/?selector={job="x"}&window=600&step=5`` -> (server URL, parameters).
+
+    Lets ``mixdiag ingest URL`` carry the window and selector in the one argument it takes.
+    Parameters: ``selector``, ``start``/``end`` (unix seconds or RFC 3339), ``step``, ``window``
+    (seconds). Unknown parameters are refused, so a typo is not silently ignored.
+    """
+    parts = urllib.parse.urlsplit(url)
+    params = urllib.parse.parse_qs(parts.query, keep_blank_values=True)
+    unknown = sorted(set(params) - set(_URL_PARAMS))
+    if unknown:
+        raise UserError(f"unknown URL parameter(s) {', '.join(unknown)}; use {', '.join(_URL_PARAMS)}")
+    out: dict = {}
+    for k, vals in params.items():
+        out[k] = vals[-1] if k == "selector" else _seconds(k, vals[-1])
+    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    return base, out
+
+
 def read(source: str, *, instance: str | None = None, selector: str = "", start: float | None = None,
          end: float | None = None, step_s: float = 15.0, window_s: float = 3600.0,
          timeout_s: float = 30.0, **options) -> Timeline:
     """Read ``[start, end]`` (default: the last ``window_s`` seconds) of every matching target.
 
-    ``source`` is the server URL (``http://host:9090``); ``selector`` narrows the targets
-    (``{job="vllm"}``). ``instance`` renames the Timeline instance when exactly one target matched.
+    ``source`` is the server URL (``http://host:9090``, optionally with the window in its query,
+    see :func:`split_url`); ``selector`` narrows the targets (``{job="vllm"}``). ``instance``
+    renames the Timeline instance when exactly one target matched.
     """
     if not isinstance(source, str) or not source.startswith(("http://", "https://")):
         raise UserError(f"prom-http needs a Prometheus URL like http://host:9090, got {source!r}")
+    source, from_url = split_url(source)
+    selector = selector or from_url.get("selector", "")
+    start = start if start is not None else from_url.get("start")
+    end = end if end is not None else from_url.get("end")
+    step_s = from_url.get("step", step_s)
+    window_s = from_url.get("window", window_s)
     if not (step_s > 0 and math.isfinite(step_s)):
         raise UserError(f"step_s must be a positive number of seconds, got {step_s!r}")
     end = float(end) if end is not None else time.time()

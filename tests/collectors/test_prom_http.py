@@ -1,9 +1,12 @@
 """prom_http against a real Prometheus server scraping real prometheus_client registries."""
+import json
 import time
+import urllib.parse
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from mixdiag.cli import main
 from mixdiag.collectors import prom_http
 from mixdiag.errors import UserError
 
@@ -26,7 +29,7 @@ def _registry():
 
 
 @pytest.mark.prometheus
-def test_query_range_reads_back_counts_of_two_targets(prometheus_server, metrics_endpoint):
+def test_query_range_reads_back_counts_of_two_targets(prometheus_server, metrics_endpoint, capsys):
     (reg_a, a), (reg_b, b) = _registry(), _registry()
     ta, tb = metrics_endpoint(reg_a), metrics_endpoint(reg_b)
     prom = prometheus_server([ta, tb], scrape_interval_s=0.5)
@@ -62,6 +65,12 @@ def test_query_range_reads_back_counts_of_two_targets(prometheus_server, metrics
     assert sa["running_reqs"].iloc[-1] == 10.0
     src = tl.meta["sources"][0]
     assert src["format"] == "prom-http" and src["lines_parsed"] == src["lines_total"] > 0
+    # the same read through the CLI: the window and selector ride in the URL's query
+    q = urllib.parse.urlencode({"selector": f'{{instance="{ta}"}}', "start": f"{t0:.3f}", "end": f"{time.time():.3f}",
+                                "step": "0.5"})
+    assert main(["ingest", f"{prom.url}/?{q}", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["instances"] == [ta] and doc["steps_by_kind"].get("mixed") == 1
 
 
 @pytest.mark.prometheus
@@ -83,6 +92,23 @@ def test_bad_query_and_unreachable_server_are_user_errors(prometheus_server):
 def test_argument_errors(kwargs, msg):
     with pytest.raises(UserError, match=msg):
         prom_http.read(**kwargs)
+
+
+@pytest.mark.parametrize("url,base,params", [
+    ("http://h:9090", "http://h:9090", {}),
+    ('http://h:9090/prom/?selector={job="v"}&window=600&step=5', "http://h:9090/prom",
+     {"selector": '{job="v"}', "window": 600.0, "step": 5.0}),
+    ("https://h/?start=2025-11-30T05:00:00Z&end=1764480000", "https://h",
+     {"start": 1764478800.0, "end": 1764480000.0}),
+])
+def test_split_url(url, base, params):
+    assert prom_http.split_url(url) == (base, params)
+
+
+@pytest.mark.parametrize("url,msg", [("http://h/?window=10m", "expected seconds"), ("http://h/?stepp=5", "unknown URL")])
+def test_split_url_errors(url, msg):
+    with pytest.raises(UserError, match=msg):
+        prom_http.split_url(url)
 
 
 def test_queries_cover_prefixes_and_itl_buckets():
