@@ -73,8 +73,23 @@ class PrometheusServer:
                                    "scrape_timeout": interval, "static_configs": [static]}]}
         return json.dumps(cfg, indent=2)
 
-    def start(self, timeout_s: float = 60.0) -> "PrometheusServer":
-        """Write the config, start the process, wait until ``/-/ready`` answers 200."""
+    def start(self, timeout_s: float = 60.0, attempts: int = 3) -> "PrometheusServer":
+        """Write the config, start the process, wait until ``/-/ready`` answers 200.
+
+        The free port is only free when it was picked; if another process took it meanwhile,
+        Prometheus exits with "address already in use" and a new port is tried.
+        """
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError as e:
+                if "address already in use" not in str(e) or attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> "PrometheusServer":
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "prometheus.yml"
         cfg.write_text(self._config())
