@@ -274,3 +274,17 @@ def test_export_ids_in_helpers_match_real_layout():
     # The helper's ids follow the real exports' layout (HW bits set, PID in bits 24..47).
     (g,) = _sql(FIX / "h100_2gpu_1s.sqlite", "SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1")[0]
     assert g >> 48 == gpid(1) >> 48 and nsys.pid_of(gpid(123)) == 123
+
+
+def test_stdlib_sqlite3_path_gives_the_same_timeline(tmp_path, monkeypatch):
+    """Without adbc-driver-sqlite the collector reads with sqlite3 cursors: same result."""
+    from mixdiag.collectors.nsys_db import NsysDb
+
+    paths = [FIX / "h100_2gpu_1s.sqlite", FIX / "healthy_1pct.sqlite", _nvtx_export(tmp_path / "nv.sqlite")]
+    fast = [nsys.read(p) for p in paths]
+    with NsysDb(paths[0]) as db:
+        assert db.arrow_connection() is not None  # the fast path is what ran above
+    monkeypatch.setattr(NsysDb, "arrow_connection", lambda self: None)
+    for p, a in zip(paths, fast):
+        b = nsys.read(p)
+        assert a.steps.equals(b.steps) and a.series.equals(b.series) and a.meta == b.meta, p.name
