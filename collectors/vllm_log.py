@@ -239,6 +239,9 @@ def _stats_row(key, t, f, iterating, prev_t, interval_s, out: LogRows) -> None:
         out.add_series(key, f"vllm_log:{k}", t, v)
     if key in iterating:
         return  # Iteration lines are the steps of this engine; the stats stay series
+    if key not in prev_t:
+        out.stats.note(f"the first stats line of each engine is taken to cover {interval_s:g} s "
+                       "(VLLM_LOG_STATS_INTERVAL's default; pass stats_interval_s=)")
     t0 = prev_t.get(key, t - interval_s)
     prev_t[key] = t
     dt = max(t - t0, 0.0)

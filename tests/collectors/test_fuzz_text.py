@@ -79,3 +79,28 @@ def test_scrape_sequence_never_crashes(texts):
     for src, t in zip(tl.meta["sources"], texts):
         assert src["lines_total"] == n_lines(t) == src["lines_parsed"] + src["lines_skipped"] + src["lines_ignored"]
     assert len(tl.steps) <= max(0, len(texts) - 1)
+
+
+GARBAGE = bytes(range(256)) + b"\n\x00\x01\x02\xff\xfe\n"
+
+
+@pytest.mark.parametrize("fmt,good,rows", [
+    ("sglang-log", (FIX / "sglang_log_22166.txt").read_bytes(), 4),
+    ("vllm-log", (FIX / "vllm_log_37307.txt").read_bytes(), 5),
+    ("prom-text", (FIX / "sglang_metrics_docs.txt").read_bytes(), 29),
+])
+def test_bad_input_is_flagged_not_fatal(fmt, good, rows):
+    read = PARSERS[fmt]
+    empty = read(io.BytesIO(b""), instance="x")
+    assert empty.meta["partial"] is True and "empty input" in empty.meta["sources"][0]["notes"]
+    # binary garbage around real lines: the real rows survive, the garbage is counted and flagged
+    tl = read(io.BytesIO(GARBAGE + good + GARBAGE), instance="x")
+    src = tl.meta["sources"][0]
+    assert src["lines_skipped"] >= 4 and src["partial"] is True and tl.meta["partial"] is True
+    assert (len(tl.series) if fmt == "prom-text" else len(tl.steps)) == rows
+    # cut mid-line (no final newline): the last line is not trusted in an exposition
+    cut = good[: good.rindex(b"\n", 0, len(good) - 1) + 12]
+    tl = read(io.BytesIO(cut), instance="x")
+    check(tl, cut)
+    if fmt == "prom-text":
+        assert tl.meta["partial"] is True and len(tl.series) == rows - 1
