@@ -5,13 +5,13 @@ Each fault does the work that makes latency rise - nothing edits a timestamp:
 * ``ep_hotspot``: MoE experts sharded over ``world_size`` processes (:mod:`.expert_parallel`); in
   the windows the router bias favours one rank's experts, so that rank receives most rows and the
   all-to-all rounds multiply.
-* ``pd_transfer``: every ``every``-th request is prefilled by a worker process and its KV bytes
-  shipped over a socket (:mod:`.pd_transfer`), ``sync`` (the decode loop reads them) or
-  ``overlap`` (a receiver thread does).
+* ``pd_transfer``: every ``every``-th request (of the workload ``groups`` listed, or of all) is
+  prefilled by a worker process and its KV bytes shipped over a socket (:mod:`.pd_transfer`),
+  ``sync`` (the decode loop reads them) or ``overlap`` (a receiver thread does).
 * ``graph_miss``: the captured CUDA-graph sizes stop below the decode batch sizes the workload
   reaches. On CPU there are no kernel launches for a graph to save, so the fault also turns on
   a launch-cost model: every eager module call (all of them for ``NONE``, attention for
-  ``PIECEWISE``) pauses the host for ``launch_overhead_s``, a replayed ``FULL`` step pays once -
+  ``PIECEWISE``) keeps the host busy for ``launch_overhead_s``, a replayed ``FULL`` step pays once -
   the host-side cost eager kernels pay on a GPU. Set it to 0 where real graphs run.
 * ``kv_pressure``: a KV pool of ``num_blocks`` blocks, small enough that running requests are
   preempted and recomputed.
@@ -80,8 +80,10 @@ class PDFault:
     every: int = 1                   # every k-th added request is prefilled remotely
     link_bytes_per_s: float = 0.0
     min_prompt_tokens: int = 2       # shorter prompts stay local
+    groups: tuple[str, ...] = ()     # only requests of these workload groups (ids "<group>-<i>"); () = all
 
     def __post_init__(self):
+        object.__setattr__(self, "groups", tuple(self.groups))
         _need(isinstance(self.every, int) and self.every >= 1, f"faults.pd_transfer.every must be >= 1, got {self.every!r}")
         _need(self.min_prompt_tokens >= 2, "faults.pd_transfer.min_prompt_tokens must be >= 2")
         try:
@@ -274,9 +276,12 @@ class _LaunchCost:
         return hook
 
     def _pause(self) -> None:
+        # A launch is host CPU work, so spin rather than sleep (a sleep's wake-up on a busy
+        # machine costs more than the pause itself).
         self.launches += 1
-        if self.cost > 0:
-            time.sleep(self.cost)
+        end = time.perf_counter() + self.cost
+        while time.perf_counter() < end:
+            pass
 
     def close(self) -> None:
         for h in self._handles:
@@ -332,8 +337,11 @@ class FaultInjector:
     def add_request(self, prompt_token_ids, params=None, **kw) -> str:
         """``engine.add_request``, sending every ``pd_transfer.every``-th request to the prefill worker."""
         f = self.faults.pd_transfer
-        remote = (f is not None and self._added % f.every == 0 and len(prompt_token_ids) >= f.min_prompt_tokens)
-        self._added += 1
+        remote = False
+        rid = str(kw.get("request_id", ""))
+        if f is not None and (not f.groups or rid.rsplit("-", 1)[0] in f.groups):
+            remote = self._added % f.every == 0 and len(prompt_token_ids) >= f.min_prompt_tokens
+            self._added += 1
         if remote:
             kw["remote_prefill"] = True
         return self.engine.add_request(prompt_token_ids, params, **kw)
