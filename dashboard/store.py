@@ -54,6 +54,14 @@ def is_run_dir(path: Path) -> bool:
     return path.is_dir() and any((path / f).exists() for f in Timeline.FILES.values())
 
 
+def is_scrape_dir(path: Path) -> bool:
+    """True if ``path`` holds timed ``/metrics`` scrapes (``<unix_time_s>.prom`` files)."""
+    try:
+        return any(p.suffix == ".prom" and p.stem.replace(".", "", 1).isdigit() for p in path.iterdir())
+    except OSError:
+        return False
+
+
 def diagnose_timed(timeline: Timeline):
     """``mixdiag.diagnosis.diagnose(timeline)`` and the seconds it took."""
     from mixdiag.diagnosis import diagnose
@@ -120,6 +128,8 @@ class DataStore:
                 if c.is_dir():
                     if is_run_dir(c):
                         out.append({"label": f"run: {rel}/", "value": rel})
+                    elif is_scrape_dir(c):
+                        out.append({"label": f"scrapes: {rel}/", "value": rel})
                     elif depth < MAX_DEPTH:
                         walk(c, depth + 1)
                 elif c.suffix.lower() in LOADABLE_SUFFIXES and c.name not in NOT_CAPTURES:
@@ -130,12 +140,12 @@ class DataStore:
 
     # ---- loading --------------------------------------------------------------------------
     def load_path(self, rel: str) -> Dataset:
-        """Load a run directory (in-process, Parquet) or a file (parsed in isolation) from the data directory."""
+        """Load a run directory (in-process, Parquet), or a capture file or scrape directory (parsed in isolation)."""
         p = self.resolve(rel)
-        if p.is_dir():
-            if not is_run_dir(p):
-                raise UserError(f"{rel!r} is a directory without Timeline files")
+        if p.is_dir() and is_run_dir(p):
             tl = Timeline.load(p)
+        elif p.is_dir() and not is_scrape_dir(p):
+            raise UserError(f"{rel!r} is a directory without Timeline files or scrapes")
         else:
             tl = parse_isolated(p, timeout_s=self.config.parse_timeout_s)
         label = p.name if rel not in (".", "") else (p.name or str(p))

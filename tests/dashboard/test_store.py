@@ -22,6 +22,17 @@ def data_dir(tmp_path, make_timeline):
     make_timeline(period=0).save(d / "nested" / "runB")
     (d / "server.log").write_bytes(SGLANG_LOG.read_bytes())
     (d / "notes.csv").write_text("ignored\n")
+    # timed scrapes of the engine's real metrics registry while it runs 3 x 40 steps
+    from prometheus_client import generate_latest
+
+    from mixdiag.engine.metrics import EngineMetrics
+
+    metrics, tl = EngineMetrics(), make_timeline(n_steps=120)
+    (d / "scrapes").mkdir()
+    for i in range(3):
+        for r in tl.steps[(tl.steps["step"] >= 40 * i) & (tl.steps["step"] < 40 * (i + 1))].itertuples(index=False):
+            metrics.observe_step(r)
+        (d / "scrapes" / f"{1_700_000_000 + 10 * i}.prom").write_bytes(generate_latest(metrics.registry))
     secret = tmp_path / "secret"
     secret.mkdir()
     (secret / "key.log").write_text("top secret\n")
@@ -42,6 +53,7 @@ def upload(data: bytes) -> str:
 def test_entries_list_runs_and_captures_inside_only(store):
     assert store.entries() == [{"label": "run: nested/runB/", "value": "nested/runB"},
                                {"label": "run: runA/", "value": "runA"},
+                               {"label": "scrapes: scrapes/", "value": "scrapes"},
                                {"label": "file: server.log", "value": "server.log"}]
 
 
@@ -58,6 +70,9 @@ def test_load_run_and_capture(store):
     log = store.load_path("server.log")
     assert log.timeline.meta["sources"][0]["format"] == "sglang-log"
     assert log.timeline.meta["sources"][0]["lines_parsed"] > 0
+    scrapes = store.load_path("scrapes")
+    assert scrapes.timeline.steps["granularity"].tolist() == ["interval", "interval"]
+    assert scrapes.timeline.steps["mixed_steps"].tolist() == [2.0, 1.0]  # steps 45, 75 | 105 (one per 30)
 
 
 def test_upload_is_parsed_in_a_child_and_leaves_nothing_behind(store, data_dir):
