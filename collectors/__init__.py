@@ -15,9 +15,11 @@ from mixdiag.schema import SchemaError, Timeline
 __all__ = ["load", "expand"]
 
 
-def expand(paths: Iterable[str | os.PathLike], fmt: str = "auto") -> list[tuple[str, str]]:
+def expand(paths: Iterable[str | os.PathLike], fmt: str = "auto", ignored: list | None = None
+           ) -> list[tuple[str, str]]:
     """``(source, format)`` for every input; a directory no collector claims as a whole is
-    replaced by the files in it that one does. UserError when nothing is readable."""
+    replaced by the files in it that one does (the others are appended to ``ignored``).
+    UserError when nothing is readable."""
     from mixdiag.collectors import registry
 
     out = []
@@ -40,7 +42,8 @@ def expand(paths: Iterable[str | os.PathLike], fmt: str = "auto") -> list[tuple[
                 try:
                     inside.append((str(f), registry.detect(f)))
                 except UserError:
-                    continue
+                    if ignored is not None:
+                        ignored.append(str(f))
             if not inside:
                 raise UserError(f"{name}: nothing readable in this directory ({len(files)} non-empty files, "
                                 "none in a known format)") from None
@@ -60,10 +63,14 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     from mixdiag.collectors import registry
 
     paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
-    inputs = expand(paths, format)
+    ignored: list[str] = []
+    inputs = expand(paths, format, ignored)
     if len(inputs) > 1 and options.get("instance"):
         raise UserError("--instance names one input's instance; give it with a single input")
     timelines = [registry.module(fmt).read(src, **options) for src, fmt in inputs]
+    if ignored:  # files of a directory in no known format: say so, never drop them silently
+        tl = timelines[0]
+        timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored})
     if len(timelines) == 1:
         return timelines[0]
     timelines = _disambiguate(timelines, [src for src, _ in inputs])

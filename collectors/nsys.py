@@ -121,7 +121,8 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
 
 _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",
                  "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "sm_active", "schedule_s",
-                 "prepare_s", "forward_s", "kv_transfer_s", "gpu_kernels", "gpu_kernel_s", "graph_launches"]
+                 "prepare_s", "forward_s", "kv_transfer_s", "gpu_kernels", "gpu_kernel_s", "graph_launches",
+                 "scheduled_tokens"]
 
 
 def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> pd.DataFrame:

@@ -22,7 +22,9 @@ RANGE_TYPE_IDS = (59, 60, 70, 71)
 DOMAIN_CREATE = 75
 MIXDIAG_DOMAIN = "mixdiag"
 PHASES = tuple(PHASE_COLUMNS) + ("forward", "sample")
-_PAYLOAD_INT = ("int64Value", "uint64Value", "int32Value", "uint32Value")
+# Payload union members, integers first (the ``nvtx`` package stores an int in int64Value, a
+# float in doubleValue; C++ payloads use the matching member).
+_PAYLOAD = ("int64Value", "uint64Value", "int32Value", "uint32Value", "doubleValue", "floatValue")
 
 
 @dataclass
@@ -68,7 +70,7 @@ def read_ranges(db: NsysDb) -> pd.DataFrame:
     """The candidate range rows (steps, phases, engine step names) as a small frame."""
     cols = db.columns(NVTX)
     msg, join = _message_sql(db)
-    payload = [c for c in _PAYLOAD_INT if c in cols]
+    payload = [c for c in _PAYLOAD if c in cols]
     ipay = f"COALESCE({', '.join('n.' + c for c in payload)})" if len(payload) > 1 else (
         f"n.{payload[0]}" if payload else "NULL")
     dom = "n.domainId" if "domainId" in cols else "0"
@@ -133,7 +135,8 @@ def _mixdiag_steps(db: NsysDb, rows: pd.DataFrame, out: NvtxSteps) -> pd.DataFra
             continue
         recs.append({"gpid": r.gpid, "tid": r.tid, "start_ns": r.start_ns, "end_ns": r.end_ns, "step": m.step,
                      "kind": m.kind, "prefill_tokens": m.prefill_tokens, "decode_reqs": m.decode_reqs,
-                     "decode_rows": m.decode_rows, "graph_planned": m.graph, "payload": r.payload,
+                     "decode_rows": m.decode_rows, "graph_planned": m.graph,
+                     "scheduled_tokens": float(r.payload) if r.payload is not None else float("nan"),
                      "msg": r.msg})
     steps = pd.DataFrame(recs)
     if steps.empty:

@@ -82,6 +82,7 @@ def summarize(tl: Timeline) -> dict:
         "filled_columns": filled_columns(tl),
         "signals": tl.meta.get("signals", {}),
         "partial": bool(tl.meta.get("partial")) or any(s.get("partial") for s in sources),
+        "inputs_ignored": tl.meta.get("inputs_ignored", []),
         "sources": [{k: s.get(k) for k in ("format", "path", "lines_total", "lines_parsed", "lines_skipped",
                                            "skipped_examples", "partial", "notes", "step_source")
                      if k in s} for s in sources],
@@ -98,6 +99,9 @@ def _human(summary: dict, out: str | None) -> str:
             lines.append(f"    note: {n}")
         for e in (s.get("skipped_examples") or [])[:3]:
             lines.append(f"    skipped: {e}")
+    if summary["inputs_ignored"]:
+        ign = summary["inputs_ignored"]
+        lines.append(f"ignored {len(ign)} file(s) in no known format, e.g. {ign[0]}")
     r = summary["rows"]
     lines.append(f"instances: {', '.join(summary['instances']) or '-'}")
     kinds = ", ".join(f"{k} {v}" for k, v in summary["steps_by_kind"].items())

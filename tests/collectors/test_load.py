@@ -44,7 +44,7 @@ def test_directory_not_claimed_whole_reads_its_readable_files(tmp_path):
     shutil.copy(NSYS / "mock.sqlite", tmp_path / "mock.sqlite")
     (tmp_path / "README").write_bytes(bytes(range(200)))
     tl = load(tmp_path)
-    assert tl.instances == ["mock"]
+    assert tl.instances == ["mock"] and tl.meta["inputs_ignored"] == [str(tmp_path / "README")]
 
 
 def test_directory_with_nothing_readable(tmp_path):

@@ -82,8 +82,8 @@ def _nvtx_export(path, tables=NsysExport.CORE + ("CUPTI_ACTIVITY_KIND_GRAPH_TRAC
     msgs = ["step 0 kind=prefill prefill_tokens=512 decode_reqs=0 decode_rows=0 graph=NONE",
             "step 1 kind=decode prefill_tokens=0 decode_reqs=8 decode_rows=8 graph=FULL",
             "step 2 kind=mixed prefill_tokens=100 decode_reqs=4 decode_rows=4 graph=PIECEWISE spec=0 extra=abc"]
-    for i, m in enumerate(msgs):
-        e.nvtx(T0 + 20 * i * MS, T0 + (20 * i + 10) * MS, m, TID, registered=True, domain=1, int64=512)
+    for i, (m, total) in enumerate(zip(msgs, (512, 8, 104))):
+        e.nvtx(T0 + 20 * i * MS, T0 + (20 * i + 10) * MS, m, TID, registered=True, domain=1, int64=total)
     e.nvtx(T0 + 70 * MS, T0 + 71 * MS, "step x kind=decode", TID, registered=True, domain=1)  # unparseable
     e.nvtx(T0 + int(0.1 * MS), T0 + int(0.3 * MS), "schedule", TID, registered=True, domain=1)
     e.nvtx(T0 + int(0.3 * MS), T0 + int(0.5 * MS), "prepare_inputs", TID, registered=True, domain=1)
@@ -131,6 +131,7 @@ def test_nvtx_steps_projection_and_graph_modes(tmp_path):
     assert list(s["graph_mode"]) == ["NONE", "FULL", "PIECEWISE"]
     assert list(s["graph_replayed"]) == [0.0, 1.0, 1.0]
     assert list(s["graph_launches"]) == [0, 1, 2]
+    assert list(s["scheduled_tokens"]) == [512, 8, 104]  # the ranges' integer payloads
     # Kernels by correlationId + process: pid 200's kernel with correlation id 2 is not step 0's.
     assert list(s["gpu_kernels"]) == [3, 1, 4]
     assert s.loc[0, "forward_s"] == pytest.approx(((T0 + 6.4 * MS) - (T0 + 4 * MS)) / 1e9)
@@ -151,11 +152,12 @@ def test_nvtx_steps_projection_and_graph_modes(tmp_path):
 
 def test_without_cuda_trace_graph_mode_is_the_engines_plan(tmp_path):
     e = NsysExport(tmp_path / "cpu.sqlite", ("StringIds", "NVTX_EVENTS", "TARGET_INFO_SESSION_START_TIME"))
-    e.nvtx(T0, T0 + MS, "step 7 kind=decode prefill_tokens=0 decode_reqs=2 decode_rows=2 graph=FULL", TID)
+    e.nvtx(T0, T0 + MS, "step 7 kind=decode prefill_tokens=0 decode_reqs=2 decode_rows=2 graph=FULL", TID, double=2.0)
     e.nvtx(T0 + 2 * MS, T0 + 3 * MS, "step 8 kind=mixed prefill_tokens=9 decode_reqs=2 decode_rows=2 graph=PIECEWISE", TID)
     tl = nsys.read(e.close())
     assert list(tl.steps["step"]) == [7, 8] and list(tl.steps["graph_mode"]) == ["FULL", "PIECEWISE"]
     assert tl.steps["graph_replayed"].isna().all()
+    assert tl.steps["scheduled_tokens"].iloc[0] == 2.0 and np.isnan(tl.steps["scheduled_tokens"].iloc[1])
     assert tl.meta["signals"][tl.instances[0]]["graph_mode"] == "estimated"
     assert any("outside an NVTX domain named 'mixdiag'" in n for n in tl.meta["sources"][0]["notes"])
 

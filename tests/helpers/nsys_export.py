@@ -75,12 +75,12 @@ class NsysExport:
         self.conn.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (0, 75, ?, ?, ?)",
                           (name, tid, domain_id))
 
-    def nvtx(self, start, end, text, tid, *, registered=False, domain=0, event_type=59, int64=None):
+    def nvtx(self, start, end, text, tid, *, registered=False, domain=0, event_type=59, int64=None, double=None):
         """A range; ``registered`` stores the message in StringIds (as the ``nvtx`` package does)."""
         text_col, text_id = (None, self.string(text)) if registered else (text, None)
         self.conn.execute("INSERT INTO NVTX_EVENTS (start, \"end\", eventType, text, globalTid, textId, domainId, "
-                          "int64Value) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                          (start, end, event_type, text_col, tid, text_id, domain, int64))
+                          "int64Value, doubleValue) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          (start, end, event_type, text_col, tid, text_id, domain, int64, double))
 
     def call(self, start, end, name, corr, tid):
         """A runtime/driver API call (e.g. ``cudaLaunchKernel_v7000``, ``cudaGraphLaunch_v10000``)."""
