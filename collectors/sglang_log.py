@@ -15,6 +15,9 @@ Every format era in reference/formats.md §2.1 is read by key, never by position
   it those decodes were stalled by the prefill. The setting comes from the ``enable_mixed_chunk=``
   option or a ``server_args=ServerArgs(...)`` line in the log; when neither says, SGLang's default
   (off) is assumed and a note says so.
+* ``elapsed_s`` (extra column) on Decode rows: ``#running-req`` x accept len / ``gen throughput``,
+  the mean decode step time since the previous Decode line (``estimated``): interleaved prefills
+  stretch it, as they stretch TPOT.
 * Retraction lines (``Decode out of memory happened``), EP balancedness lines and every field
   without a Timeline column go to ``series`` (``sglang_log:<field>``).
 """
@@ -214,6 +217,14 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
         row["graph_mode"] = "unknown" if graph is None else ("FULL" if graph else "NONE")
         row["preempted_reqs"] = _num(nums, "#retracted-req")
         out.signal(inst, "kind", "measured")
+        # gen throughput = tokens generated since the previous Decode line / the time since it, so
+        # batch x tokens-per-request-step / throughput is the mean time of one decode step over
+        # that window - interleaved prefills included, which is how they show in TPOT.
+        gen = nums.get("gen throughput (token/s)")
+        per_req = nums.get("accept len") or 1.0
+        if gen and gen > 0 and running == running and running > 0:
+            row["elapsed_s"] = running * per_req / gen
+            out.signal(inst, "elapsed_s", "estimated")
     row["graph_replayed"] = float("nan") if graph is None else float(graph)
     labels = f"batch={kind_word.lower()}"
     for k, n in nums.items():

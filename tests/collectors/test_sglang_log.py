@@ -45,6 +45,8 @@ def test_fixture_values_13023():
     # cuda graph False for the first two decode lines, True after the batch shrank
     assert list(dec["graph_mode"]) == ["NONE", "NONE"] + ["FULL"] * 6
     assert list(dec["decode_reqs"]) == [46, 36, 28, 22, 20, 15, 12, 11]
+    assert dec["elapsed_s"].iloc[0] == pytest.approx(46 / 1447.08)  # batch / gen throughput
+    assert tl.meta["signals"]["sglang_log_13023"]["elapsed_s"] == "estimated"
     pre = s[s["kind"] == "prefill"]
     assert pre["prefill_tokens"].sum() == 771 + 3341 + 895 + 4096 * 5 + 4096
     assert list(pre["running_reqs"])[:2] == [0, 3] and (pre["decode_reqs"] == 0).all()
@@ -80,7 +82,7 @@ VARIANTS = [
      "accept rate: 0.75, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 1, #retracted-req: 2, "
      "cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 3",
      {"kind": "decode", "decode_reqs": 8, "decode_rows": math.nan, "preempted_reqs": 2, "graph_mode": "FULL",
-      "graph_replayed": 1.0, "waiting_reqs": 3}),
+      "graph_replayed": 1.0, "waiting_reqs": 3, "elapsed_s": 8 * 2.5 / 100.0}),
     # early-2025 decode: trailing ", " and largest-len
     ("[2025-02-01 00:00:00] Decode batch. #running-req: 3, #token: 10, token usage: 0.00, "
      "gen throughput (token/s): 5.00, largest-len: 7, #queue-req: 0, ",
