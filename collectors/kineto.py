@@ -154,7 +154,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
 
     steps, step_source = _annotated_steps(ann)
     if step_source is None and len(kernels):
-        steps, step_source = _gap_steps(kernels, step_gap_s * 1e6), "kernel-gaps"
+        steps, step_source = _gap_steps(kernels, launches, step_gap_s * 1e6), "kernel-gaps"
         notes.append(f"no step ranges: steps split where the GPU idled > {step_gap_s * 1e3:g} ms (heuristic)")
     elif step_source == "kineto-engine-naming":
         notes.append("steps from engine range names (heuristic); kinds unknown")
@@ -275,18 +275,30 @@ def _attach(steps, phases, launches, kernels, cpu_ops) -> pd.DataFrame:
     return steps
 
 
-def _gap_steps(kernels: pd.DataFrame, gap_us: float) -> pd.DataFrame:
+def _gap_steps(kernels: pd.DataFrame, launches: pd.DataFrame, gap_us: float) -> pd.DataFrame:
+    """Steps from idle gaps per GPU; graph mode from the launch each kernel came from, when the
+    trace holds launch calls at all."""
+    graph_corr = set(launches.loc[launches["is_graph"], "corr"].tolist())
     parts = []
     for pid, k in kernels.groupby("pid"):
         k = k.sort_values("t0_us")
-        s = split_on_gaps(k["t0_us"].to_numpy(), k["t1_us"].to_numpy(), gap_us)
+        t0 = k["t0_us"].to_numpy()
+        s = split_on_gaps(t0, k["t1_us"].to_numpy(), gap_us)
+        key = np.array([c if c in graph_corr else -1 for c in k["corr"].to_numpy()], dtype=np.int64)
+        n = int(s[-1]) + 1
         g = k.assign(step=s).groupby("step")
         agg = pd.DataFrame({"t0_us": g["t0_us"].min(), "t1_us": g["t1_us"].max(),
                             "gpu_kernels": g.size().astype("float64")})
         agg["gpu_kernel_s"] = (k["t1_us"] - k["t0_us"]).groupby(s).sum().to_numpy() / 1e6
         agg["forward_s"] = (agg["t1_us"] - agg["t0_us"]) / 1e6
+        agg["graph_launches"], agg["eager_between"] = graph_counts(s, t0, key, n)
         agg["group"] = pid
         parts.append(agg.reset_index())
     steps = pd.concat(parts, ignore_index=True)
-    steps["kind"], steps["graph_mode"], steps["graph_replayed"] = "unknown", "unknown", np.nan
+    steps["kind"] = "unknown"
+    if len(launches):
+        steps["graph_mode"] = [graph_mode(int(a), int(b)) for a, b in zip(steps["graph_launches"], steps["eager_between"])]
+        steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float)
+    else:  # kernels without their launch calls: what launched them is unknown
+        steps["graph_mode"], steps["graph_replayed"] = "unknown", np.nan
     return steps

@@ -119,6 +119,7 @@ def test_graph_mode_from_launches(tmp_path):
 def test_without_step_ranges_kernel_gaps_are_marked_heuristic(tmp_path):
     tl = kineto.read(_cuda_trace(tmp_path / "nosteps.json", with_steps=False))
     assert len(tl.steps) == 3 and tl.steps["gpu_kernels"].sum() == 10
+    assert list(tl.steps["graph_mode"]) == ["NONE", "FULL", "PIECEWISE"]
     assert tl.meta["sources"][0]["heuristic"] is True and set(tl.steps["kind"]) == {"unknown"}
 
 
