@@ -10,8 +10,7 @@ from mixdiag.engine.loglines import LogLineConfig, LogLineWriter, parse_formats
 from mixdiag.engine.records import StepRecord
 from mixdiag.errors import UserError
 
-FIXTURES = Path("/work/shared/fixtures/logs")
-REPO_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # real public lines (see SOURCES.md)
 
 VLLM_ITER = re.compile(r"Iteration\((?P<idx>\d+)\): (?P<ctx_req>\d+) context requests, (?P<ctx_tok>\d+) context tokens, "
                        r"(?P<gen_req>\d+) generation requests, (?P<gen_tok>\d+) generation tokens, "
@@ -24,8 +23,8 @@ SGL_FIELD = re.compile(r"(#?[A-Za-z][A-Za-z -]*?(?: \(token/s\))?): ([^,]+)")
 
 
 def real_line(name, contains):
-    """First line of a real sample (tests/fixtures copy, else the shared fixture) containing ``contains``."""
-    path = REPO_FIXTURES / name if (REPO_FIXTURES / name).exists() else FIXTURES / name
+    """First line of a real sample in tests/fixtures/logs containing ``contains``."""
+    path = FIXTURES / name
     for line in path.read_text().splitlines():
         if not line.startswith("#") and contains in line:
             return line
