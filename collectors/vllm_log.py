@@ -10,7 +10,8 @@ Read by key, lenient about drift (reference/formats.md §1.2):
 * **Periodic stats** (``Engine NNN: Avg prompt throughput: ...``, V0 ``Swapped/Pending``, optional
   ``Preemptions``/``Corrupted``/... suffixes, a trailing ``.``): one ``interval`` row per line, from
   the previous line of that engine (the first covers ``stats_interval_s``, vLLM's default 10 s).
-  Token counts are throughput x interval (``estimated``). Where an engine also logs Iteration
+  Token counts are throughput x interval and ``itl_mean_s`` is Running / generation throughput
+  (all ``estimated``). Where an engine also logs Iteration
   lines, those are the steps and the periodic values go to ``series`` only.
 * ``SpecDecoding metrics``, ``KV Transfer metrics``, ``EPLB step`` lines and the
   ``--cudagraph-metrics`` table (``**CUDAGraph Stats:**`` + ``| ... |`` rows): ``series``.
@@ -254,6 +255,11 @@ def _stats_row(key, t, f, iterating, prev_t, interval_s, out: LogRows) -> None:
             row[col] = f[src]
     if "gpu_kv_cache_usage_pct" in f:
         row["kv_usage"] = f["gpu_kv_cache_usage_pct"] / 100.0
+    running = f.get("running")
+    if running and gen > 0:
+        # each running request gets gen/running tokens per second: its mean inter-token time
+        row["itl_mean_s"] = running / gen
+        out.signal(key, "itl_mean_s", "estimated")
     out.steps.append(row)
     out.signal(key, "prefill_tokens", "estimated")
     out.signal(key, "output_tokens", "estimated")

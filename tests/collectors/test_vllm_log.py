@@ -40,6 +40,8 @@ def test_fixture_values():
     # second line: 10 s after the first, 23999.9 prompt tok/s -> ~240k prompt tokens (estimated)
     assert s["t_end_s"][1] - s["t_start_s"][1] == 10.0 and s["prefill_tokens"][1] == pytest.approx(239999.0)
     assert tl.meta["signals"]["vllm_log_37307"]["prefill_tokens"] == "estimated"
+    assert s["itl_mean_s"][0] == pytest.approx(10 / 18.1)  # Running / generation throughput
+    assert tl.meta["signals"]["vllm_log_37307"]["itl_mean_s"] == "estimated"
     tl = vllm_log.read(FIX / "vllm_log_3094.txt", year=2024)
     row = tl.steps.iloc[0]
     assert (row["running_reqs"], row["waiting_reqs"], row["kv_usage"]) == (2, 3, pytest.approx(0.821))  # Pending
