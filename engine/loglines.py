@@ -180,8 +180,9 @@ class LogLineWriter:
         self._last_prefill_t = t1
         if getattr(record, "kind", None) == "mixed":
             running = self._get(record, "decode_reqs")
-        else:  # the running batch that sat this step out
-            running = self._prev_running
+        else:  # the running batch that sat this step out (engine's count, else who ran before it)
+            stalled = _int(record, "stalled_decode_reqs")
+            running = stalled if stalled is not None else self._prev_running
         return (f"{self._sglang_prefix(t1)}Prefill batch, #new-seq: {self._get(record, 'prefill_reqs')}, "
                 f"#new-token: {new_tokens}, #cached-token: {self._get(record, 'prefix_hit_tokens')}, "
                 f"token usage: {self._usage(record):.2f}, #running-req: {running}, "

@@ -3,6 +3,7 @@ import io
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -124,8 +125,12 @@ def test_sglang_prefill_only_step_reports_the_stalled_running_batch():
     recs = steps(n_decode=1)[:-1]  # up to the mixed step, after which 5 requests run
     stall = StepRecord(step=9, t_start_s=2e9, t_end_s=2e9 + 0.3, kind="prefill", prefill_tokens=512, prefill_reqs=1,
                        running_reqs=5)
-    lines, _ = run_steps(LogLineConfig(formats=("sglang",)), recs + [stall])
+    without = SimpleNamespace(**{k: v for k, v in vars(stall).items() if k != "stalled_decode_reqs"})
+    lines, _ = run_steps(LogLineConfig(formats=("sglang",)), recs + [without])  # a producer without the count
     assert "#running-req: 5," in lines[-1]  # the five running requests (after the mixed step) sat out
+    stall.stalled_decode_reqs = 3  # the engine counts the decodes that sat out: that count wins
+    lines, _ = run_steps(LogLineConfig(formats=("sglang",)), recs + [stall])
+    assert "#running-req: 3," in lines[-1]
 
 
 def test_both_formats_and_unknown_fields_counted():
