@@ -53,8 +53,17 @@ class NsysDb:
             except ImportError:
                 self._arrow = False
             else:
-                self._arrow = adbc.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro")
+                try:
+                    self._arrow = adbc.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro")
+                except Exception:  # noqa: BLE001  no fast path; sqlite3 still reads the file
+                    self._arrow = False
         return self._arrow or None
+
+    def disable_arrow(self) -> None:
+        """Stop using the Arrow connection (after it failed on this file)."""
+        if self._arrow:
+            self._arrow.close()
+        self._arrow = False
 
     def close(self) -> None:
         if self._arrow:

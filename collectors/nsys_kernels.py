@@ -44,13 +44,10 @@ def fetch_columns(db: NsysDb, sql: str, n_cols: int) -> list[np.ndarray]:
     """
     conn = db.arrow_connection()
     if conn is not None:
-        cols: list[list[np.ndarray]] = [[] for _ in range(n_cols)]
-        with conn.cursor() as cur:
-            cur.execute(sql)
-            for batch in cur.fetch_record_batch():
-                for i in range(n_cols):
-                    cols[i].append(batch.column(i).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
-        return [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
+        try:
+            return _fetch_arrow(conn, sql, n_cols)
+        except Exception:  # noqa: BLE001  the driver refused (odd types, damaged pages): sqlite3 decides
+            db.disable_arrow()
     cur = db.conn.execute(sql)
     parts = []
     while True:
@@ -60,6 +57,16 @@ def fetch_columns(db: NsysDb, sql: str, n_cols: int) -> list[np.ndarray]:
         parts.append(np.array(rows, dtype=np.int64).reshape(len(rows), n_cols))
     arr = np.concatenate(parts) if parts else np.zeros((0, n_cols), dtype=np.int64)
     return [np.ascontiguousarray(arr[:, i]) for i in range(n_cols)]
+
+
+def _fetch_arrow(conn, sql: str, n_cols: int) -> list[np.ndarray]:
+    cols: list[list[np.ndarray]] = [[] for _ in range(n_cols)]
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        for batch in cur.fetch_record_batch():
+            for i in range(n_cols):
+                cols[i].append(batch.column(i).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+    return [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
 
 
 # ---- NVTX projection ------------------------------------------------------------------------
@@ -171,7 +178,7 @@ def gap_steps(db: NsysDb, gap_ns: int) -> tuple[pd.DataFrame, list[str]]:
         db.scalar(f"SELECT 1 FROM {KERNEL} WHERE graphId IS NOT NULL LIMIT 1"))
     want_dev = db.has("GPU_METRICS") or group == "deviceId"
     cols = [f"IFNULL({group}, -1)", "start", '"end"',
-            "CASE WHEN graphId IS NULL THEN -1 ELSE correlationId END" if node_graphs else None,
+            "CASE WHEN graphId IS NULL THEN -1 ELSE IFNULL(correlationId, -1) END" if node_graphs else None,
             "deviceId" if want_dev else None]
     # Columns that would be constant are not fetched: moving values out of SQLite is the cost.
     got = fetch_columns(db, f"SELECT {', '.join(c for c in cols if c)} FROM {KERNEL}", n_cols=sum(map(bool, cols)))
@@ -182,7 +189,8 @@ def gap_steps(db: NsysDb, gap_ns: int) -> tuple[pd.DataFrame, list[str]]:
     if db.has(GRAPH_TRACE):
         gcols = db.columns(GRAPH_TRACE)
         ggroup = group if group in gcols else "deviceId"
-        g = fetch_columns(db, f'SELECT IFNULL({ggroup}, -1), start, "end", correlationId, deviceId FROM {GRAPH_TRACE}',
+        g = fetch_columns(db, f'SELECT IFNULL({ggroup}, -1), start, "end", IFNULL(correlationId, -1), deviceId '
+                             f"FROM {GRAPH_TRACE}",
                           n_cols=5)
         if len(g[0]):
             fill = lambda a: a if a is not None else np.full(n_kernels, -1, dtype=np.int64)  # noqa: E731

@@ -290,3 +290,15 @@ def test_stdlib_sqlite3_path_gives_the_same_timeline(tmp_path, monkeypatch):
     for p, a in zip(paths, fast):
         b = nsys.read(p)
         assert a.steps.equals(b.steps) and a.series.equals(b.series) and a.meta == b.meta, p.name
+
+
+def test_arrow_failure_falls_back_to_sqlite3(monkeypatch):
+    from mixdiag.collectors import nsys_kernels
+
+    want = nsys.read(FIX / "mock.sqlite")
+
+    def refuse(*a, **k):
+        raise RuntimeError("driver refused the column types")
+
+    monkeypatch.setattr(nsys_kernels, "_fetch_arrow", refuse)
+    assert nsys.read(FIX / "mock.sqlite").steps.equals(want.steps)
