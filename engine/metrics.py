@@ -137,6 +137,8 @@ class EngineMetrics:
                                ["source"], registry=r)
         # Bounded label sets exist from the start (a scrape before the first step shows zeros);
         # graph_replays is the exception: it shows a mode only once a replay really happened.
+        # Unknown until a step reports it (no expert parallelism: never): NaN, not a made-up 0.
+        self.expert_imbalance.set(math.nan)
         # Children resolved once: labels() per step costs more than the increments.
         self._steps_by_kind = {k: self.steps.labels(kind=k) for k in STEP_KINDS}
         self._duration_by_kind = {k: self.step_duration.labels(kind=k) for k in STEP_KINDS}
