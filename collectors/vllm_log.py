@@ -143,8 +143,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         t_row = t if t is not None else last_t
         em = _ENGINE.search(body)
         dp = _DP.search(proc or "")
-        engine = ("all" if em.group(2) else str(int(em.group(1)))) if em else (str(int(dp.group(1))) if dp else "0")
-        key = engine
+        key = ("all" if em.group(2) else str(int(em.group(1)))) if em else (str(int(dp.group(1))) if dp else "0")
         if table is not None:
             stripped = body.strip()
             if stripped.startswith("|"):
@@ -156,7 +155,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             table = None
         if _CG_STATS.search(body):
             st.parsed()
-            table = {"t": t_row, "key": key, "cols": None, "rows": 0, "settings": dict(cg_settings)}
+            table = {"t": t_row, "key": key, "cols": None, "rows": 0}
             continue
         sm = _CG_SETTING.match(body)
         if sm:
@@ -199,7 +198,9 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
                 break
         else:
             st.ignored()
-    first_t = next((r["t"] for r in stats_rows if r["t"] is not None), None)
+    # Lines before the first timestamp (or in a log without any) take the first known time.
+    known = [r["t"] for r in stats_rows] + [r["t_start_s"] for r in out.steps] + [x["t_s"] for x in out.series]
+    first_t = next((t for t in known if t is not None), None)
     iterating = {r["instance"] for r in out.steps}
     for r in stats_rows:
         t = r["t"] if r["t"] is not None else (first_t or 0.0)
@@ -207,14 +208,18 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     _name_instances(out, base)
     if cg_settings:
         out.meta["cudagraph_config"] = cg_settings
-    for s in out.series:
-        if s["t_s"] is None:
-            s["t_s"] = 0.0
+    untimed = 0
+    for x in out.series:
+        if x["t_s"] is None:
+            x["t_s"], untimed = first_t or 0.0, untimed + 1
     for r in out.steps:
         if r["t_start_s"] is None:
-            r["t_start_s"] = r["t_end_s"] = 0.0
+            r["t_start_s"] = r["t_end_s"] = first_t or 0.0
+            untimed += 1
     if not have_time and (out.steps or out.series):
         st.note("no timestamps in the log: rows at t=0 on a relative clock; order is line order")
+    elif untimed:
+        st.note(f"{untimed} value(s) logged before the first timestamp placed at the first timestamp")
     if lines and st.lines_parsed == 0 and st.lines_skipped == 0:
         raise UserError(f"{source_name(source)}: no vLLM stats/iteration/metrics line found")
     out.steps.sort(key=lambda r: (r["instance"], r["t_start_s"]))  # stable: line order within a time
