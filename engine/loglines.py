@@ -7,9 +7,10 @@ vLLM (iteration details, vLLM PR #31193, ``core.py``), one line per non-idle ste
     (EngineCore_DP0 pid=4242) INFO 12-22 21:44:40 [core.py:349] Iteration(515): 0 context requests, 0 context tokens, 20 generation requests, 20 generation tokens, iteration elapsed time: 10.99 ms
 
 Context = prefill chunks (vLLM counts every request without output yet as context), generation =
-decode rows; the elapsed time is the step's wall time. Timestamps are local time without a year,
-as vLLM's logger prints them. ``[core.py:349]`` is kept verbatim so the site matches the real
-line; the process tag carries the instance's rank (``EngineCore_DP<rank>``) and our pid.
+decode rows; the elapsed time is the step's wall time. Timestamps are UTC (what servers in
+containers print, and what mixdiag's log readers assume), without a year as vLLM prints them.
+``[core.py:349]`` is kept verbatim so the site matches the real line; the process tag carries the
+instance's rank (``EngineCore_DP<rank>``) and our pid.
 
 SGLang (2026 format, ``scheduler_metrics_mixin.py``): a ``Prefill batch`` line for every step
 with prefill work (mixed steps included: SGLang logs before ``mix_with_running``, and its
@@ -165,7 +166,7 @@ class LogLineWriter:
 
     # ---- formats ------------------------------------------------------------------------------
     def vllm_line(self, record: Any, t0: float, t1: float) -> str:
-        stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(t1))
+        stamp = time.strftime("%m-%d %H:%M:%S", time.gmtime(t1))
         step = _int(record, "step") or 0
         return (f"(EngineCore_DP{self.config.rank} pid={self.pid}) INFO {stamp} [core.py:349] "
                 f"Iteration({step}): {self._get(record, 'prefill_reqs')} context requests, "
@@ -201,7 +202,7 @@ class LogLineWriter:
 
     # ---- helpers ------------------------------------------------------------------------------
     def _sglang_prefix(self, t: float) -> str:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
         rank = f" DP{self.config.rank} TP{self.config.rank}" if self.config.show_rank else ""
         return f"[{stamp}{rank}] "
 

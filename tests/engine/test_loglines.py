@@ -1,4 +1,5 @@
 """Log lines: byte-identical to real vLLM / SGLang lines (fixtures) and parseable by formats.md's regexes."""
+import calendar
 import io
 import re
 import time
@@ -32,13 +33,13 @@ def real_line(name, contains):
     raise AssertionError(f"{contains!r} not in {path}")
 
 
-def local_ts(stamp, fmt):
-    return time.mktime(time.strptime(stamp, fmt))
+def utc_ts(stamp, fmt):
+    return calendar.timegm(time.strptime(stamp, fmt))
 
 
 def test_vllm_line_is_byte_identical_to_a_real_one():
     real = real_line("vllm_log_31193.txt", "Iteration(515)")
-    t1 = local_ts("2025-12-22 21:44:40", "%Y-%m-%d %H:%M:%S") + 0.5
+    t1 = utc_ts("2025-12-22 21:44:40", "%Y-%m-%d %H:%M:%S") + 0.5
     r = StepRecord(step=515, t_start_s=t1 - 0.01099, t_end_s=t1, kind="decode", decode_reqs=20, decode_rows=20)
     out = io.StringIO()
     LogLineWriter(out, LogLineConfig(formats=("vllm",)), pid=2010410)(r)
@@ -48,7 +49,7 @@ def test_vllm_line_is_byte_identical_to_a_real_one():
 def test_sglang_lines_are_byte_identical_to_real_ones():
     real_decode = real_line("sglang_log_22166.txt", "Decode batch")
     real_prefill = real_line("sglang_log_22166.txt", "Prefill batch")
-    t = local_ts("2026-04-05 20:02:51", "%Y-%m-%d %H:%M:%S")
+    t = utc_ts("2026-04-05 20:02:51", "%Y-%m-%d %H:%M:%S")
     out = io.StringIO()
     w = LogLineWriter(out, LogLineConfig(formats=("sglang",), decode_log_interval=1))
     gap = 32 / 1635.11
@@ -173,3 +174,18 @@ def test_sglang_server_args_line_tells_readers_about_mixing(policy, extra, mixed
     vllm_only = io.StringIO()
     LogLineWriter(vllm_only, LogLineConfig(formats=("vllm",))).write_server_args(SchedulerConfig(), t=1.7e9)
     assert vllm_only.getvalue() == ""
+
+
+def test_timestamps_are_utc_whatever_the_local_zone(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Shanghai")  # UTC+8: a local-time writer would be 8 h off
+    time.tzset()
+    try:
+        t = utc_ts("2026-04-05 20:02:51", "%Y-%m-%d %H:%M:%S")
+        lines, _ = run_steps(LogLineConfig(decode_log_interval=1),
+                             [StepRecord(step=4, t_start_s=t - 0.01, t_end_s=t, kind="decode", decode_reqs=1,
+                                         decode_rows=1)])
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert " INFO 04-05 20:02:51 [core.py:349] Iteration(4)" in lines[0]
+    assert lines[1].startswith("[2026-04-05 20:02:51] Decode batch, ")
