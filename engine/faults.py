@@ -390,8 +390,8 @@ class FaultInjector:
             self.ep.close()
             self.ep = None
         if self.pd is not None:
+            # The connector stays attached: requests still waiting for KV remain findable.
             self.pd.close()
-            self.engine.kv_connector = None
             self.pd = None
 
     def __enter__(self):

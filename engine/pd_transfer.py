@@ -9,14 +9,15 @@ request's first step on the decode side is the step that installs its KV.
 
 Transfer modes (``PDConfig.mode``):
 
-* ``sync``: the decode loop reads the bytes itself when a transfer is ready, blocking its next
-  step for the whole transfer (the latency a PD transfer can put on running decodes);
-* ``overlap``: a background thread receives into a staging buffer while decode steps run; the
-  step only copies the staged KV into the cache.
+* ``sync``: when the worker announces a request's KV, the decode loop pulls the bytes itself and
+  blocks its step until they are in (the latency a PD transfer can put on running decodes);
+* ``overlap``: a background thread pulls and receives into a staging buffer while decode steps
+  run; the step only copies the staged KV into the cache.
 
 ``link_bytes_per_s`` paces the sender like a network link of that bandwidth (0 = as fast as the
-loopback goes). Wire format, both directions: a 4-byte big-endian header length, a JSON header,
-then (worker -> decode) ``nbytes`` raw bytes of a [layers, 2, n, kv_heads, head_dim] tensor.
+loopback goes); pacing starts at the pull. Wire format, both directions: a 4-byte big-endian header
+length, a JSON header (job, ``kv_ready`` announcement, ``pull``, ``kv``, ``stop``), and after a
+``kv`` header ``nbytes`` raw bytes of a [layers, 2, n, kv_heads, head_dim] tensor.
 """
 from __future__ import annotations
 
@@ -168,35 +169,62 @@ def _recv_header(sock: socket.socket) -> dict:
 
 
 def _worker(port: int, model_cfg, cfg: PDConfig, block_size: int) -> None:
-    """Prefill worker: build the same model, then serve prompt -> KV jobs until the socket closes."""
+    """Prefill worker: compute prompt KV (a compute thread), announce it, stream it when pulled."""
+    import queue
+
     from .model import build_model
 
     torch.set_num_threads(cfg.worker_threads)
     model = build_model(model_cfg)
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    _send_msg(sock, {"ready": True})
-    try:
-        while True:
-            try:
-                job = _recv_header(sock)
-            except ConnectionError:
-                break
-            if job.get("stop"):
-                break
+    send_lock = threading.Lock()
+    store: dict[str, torch.Tensor] = {}
+    jobs: queue.Queue = queue.Queue()
+
+    def compute():
+        while (job := jobs.get()) is not None:
             t0 = time.perf_counter()
             kv = compute_prompt_kv(model, job["token_ids"], cfg.prefill_chunk_tokens, block_size)
-            prefill_s = time.perf_counter() - t0
             raw = kv.view(torch.uint8).reshape(-1) if kv.numel() else torch.empty(0, dtype=torch.uint8)
-            _send_msg(sock, {"request_id": job["request_id"], "shape": list(kv.shape), "dtype": model_cfg.dtype,
-                             "nbytes": int(raw.numel()), "prefill_s": prefill_s},
-                      memoryview(raw.numpy()), cfg.link_bytes_per_s)
+            store[job["request_id"]] = raw
+            try:
+                with send_lock:
+                    _send_msg(sock, {"kv_ready": job["request_id"], "shape": list(kv.shape), "dtype": model_cfg.dtype,
+                                     "nbytes": int(raw.numel()), "prefill_s": time.perf_counter() - t0})
+            except OSError:
+                return
+
+    worker = threading.Thread(target=compute, daemon=True)
+    worker.start()
+    with send_lock:
+        _send_msg(sock, {"hello": True})
+    try:
+        while True:
+            msg = _recv_header(sock)
+            if msg.get("stop"):
+                break
+            if "pull" in msg:
+                raw = store.pop(msg["pull"])
+                with send_lock:
+                    _send_msg(sock, {"kv": msg["pull"], "nbytes": int(raw.numel())}, memoryview(raw.numpy()),
+                              cfg.link_bytes_per_s)
+            else:
+                jobs.put(msg)
+    except OSError:  # the decode side closed (run over)
+        pass
     finally:
+        jobs.put(None)
         sock.close()
 
 
 class PDTransfer:
-    """The decode engine's end of a PD split: submit prompts, collect their KV (sync or overlapped)."""
+    """The decode engine's end of a PD split: submit prompts, pull their KV when ready.
+
+    The worker announces a request's KV when computed (``kv_ready``); the bytes move only when
+    this side pulls them. ``sync``: :meth:`poll` pulls on the caller's thread and blocks until the
+    bytes are in. ``overlap``: a receiver thread pulls as soon as KV is announced.
+    """
 
     def __init__(self, model_cfg, config: PDConfig, block_size: int = 16):
         self.config = config
@@ -218,11 +246,13 @@ class PDTransfer:
             lsock.close()
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if not _recv_header(self._sock).get("ready"):
-            raise RuntimeError("the prefill worker did not report ready")
+        if not _recv_header(self._sock).get("hello"):
+            raise RuntimeError("the prefill worker did not say hello")
         self.pending: dict[str, int] = {}        # request_id -> prompt tokens whose KV is expected
+        self._announced: list[dict] = []         # kv_ready headers not pulled yet
         self._staged: list[ReceivedKV] = []
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._error: BaseException | None = None
         self._closed = False
         self._thread = None
@@ -230,65 +260,107 @@ class PDTransfer:
             self._thread = threading.Thread(target=self._receive_loop, name="pd-receiver", daemon=True)
             self._thread.start()
 
+    def _send(self, header: dict) -> None:
+        with self._send_lock:
+            _send_msg(self._sock, header)
+
     # ---- sending -----------------------------------------------------------------------------
     def submit(self, request_id: str, prompt_token_ids: list[int]) -> int:
         """Ask the prefill worker for the KV of the prompt's first n-1 tokens; returns n-1."""
         if len(prompt_token_ids) < 2:
             raise ValueError("a disaggregated prompt needs at least 2 tokens (n-1 of them are transferred)")
         ids = list(prompt_token_ids[:-1])
-        _send_msg(self._sock, {"request_id": request_id, "token_ids": ids})
         self.pending[request_id] = len(ids)
+        self._send({"request_id": request_id, "token_ids": ids})
         return len(ids)
 
     # ---- receiving ---------------------------------------------------------------------------
-    def _read_one(self) -> ReceivedKV:
-        hdr = _recv_header(self._sock)
+    def _pull(self, ready: dict) -> ReceivedKV:
+        """Pull one announced transfer and read its bytes (announcements met meanwhile are queued)."""
+        rid = ready["kv_ready"]
         t0 = time.perf_counter()
+        self._send({"pull": rid})
+        while True:
+            hdr = _recv_header(self._sock)
+            if "kv_ready" in hdr:
+                self._announced.append(hdr)
+                continue
+            break
+        if hdr.get("kv") != rid:
+            raise RuntimeError(f"PD transfer: expected KV of {rid}, got {hdr}")
         buf = torch.empty(int(hdr["nbytes"]), dtype=torch.uint8)
         _recv_exact(self._sock, memoryview(buf.numpy()))
-        kv = buf.view(getattr(torch, hdr["dtype"])).view(hdr["shape"])
-        return ReceivedKV(hdr["request_id"], kv, int(hdr["nbytes"]), time.perf_counter() - t0, float(hdr["prefill_s"]))
+        kv = buf.view(getattr(torch, ready["dtype"])).view(ready["shape"])
+        return ReceivedKV(rid, kv, int(hdr["nbytes"]), time.perf_counter() - t0, float(ready["prefill_s"]))
+
+    def _drain_announcements(self, block: bool, timeout_s: float | None) -> None:
+        """Sync mode: read every kv_ready waiting on the socket (optionally wait for the first)."""
+        t = None if block else 0.0
+        if block and timeout_s is not None:
+            t = timeout_s
+        while select.select([self._sock], [], [], t)[0]:
+            hdr = _recv_header(self._sock)
+            if "kv_ready" not in hdr:
+                raise RuntimeError(f"PD transfer: unexpected message {hdr}")
+            self._announced.append(hdr)
+            t = 0.0
 
     def _receive_loop(self) -> None:
         try:
             while True:
-                item = self._read_one()
+                hdr = _recv_header(self._sock)
+                if "kv_ready" in hdr:
+                    self._announced.append(hdr)
+                    with self._send_lock:
+                        _send_msg(self._sock, {"pull": hdr["kv_ready"]})
+                    continue
+                ready = next(a for a in self._announced if a["kv_ready"] == hdr.get("kv"))
+                self._announced.remove(ready)
+                t0 = time.perf_counter()
+                buf = torch.empty(int(hdr["nbytes"]), dtype=torch.uint8)
+                _recv_exact(self._sock, memoryview(buf.numpy()))
+                kv = buf.view(getattr(torch, ready["dtype"])).view(ready["shape"])
+                item = ReceivedKV(ready["kv_ready"], kv, int(hdr["nbytes"]), time.perf_counter() - t0,
+                                  float(ready["prefill_s"]))
                 with self._lock:
                     self._staged.append(item)
-        except (ConnectionError, OSError, ValueError) as e:
+        except (ConnectionError, OSError, ValueError, StopIteration) as e:
             if not self._closed:
                 self._error = e
 
     def poll(self, wait: bool = False, timeout_s: float | None = None) -> list[ReceivedKV]:
-        """Transfers that are complete (overlap) or ready to read (sync: read now, blocking).
+        """Transfers complete now. sync: pull every announced one here (blocking on the bytes);
+        overlap: take what the receiver thread finished.
 
-        With ``wait``, block until at least one arrives (or ``timeout_s`` passes) when any is pending.
+        With ``wait``, first block until at least one is ready (or ``timeout_s`` passes) when any is pending.
         """
         if self._error is not None:
             raise RuntimeError(f"PD receiver failed: {self._error}")
         out: list[ReceivedKV] = []
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            if self.config.mode == "overlap":
+        if self.config.mode == "overlap":
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while True:
                 with self._lock:
                     out, self._staged = self._staged, []
-            else:
-                while self.pending and select.select([self._sock], [], [], 0)[0]:
-                    out.append(self._read_one())
-            if out or not wait or not self.pending:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            if self.config.mode == "overlap":
+                if out or not wait or not self.pending or (deadline is not None and time.monotonic() > deadline):
+                    break
                 time.sleep(0.001)
-            else:
-                select.select([self._sock], [], [], None if deadline is None else max(0.0, deadline - time.monotonic()))
+        else:
+            self._drain_announcements(block=wait and bool(self.pending) and not self._announced, timeout_s=timeout_s)
+            while self._announced:
+                out.append(self._pull(self._announced.pop(0)))
         for item in out:
             expected = self.pending.pop(item.request_id, None)
             if expected is not None and expected != item.n_tokens:
                 raise RuntimeError(f"PD transfer for {item.request_id} carried {item.n_tokens} tokens, "
                                    f"expected {expected}")
         return out
+
+    def ready_count(self) -> int:
+        """Announced (computed) transfers not yet received (sync mode; reads the socket, no bytes)."""
+        if self.config.mode == "sync":
+            self._drain_announcements(block=False, timeout_s=None)
+        return len(self._announced)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def close(self) -> None:
