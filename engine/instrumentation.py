@@ -142,6 +142,8 @@ class Instrumentation:
     def summary(self) -> dict:
         """What was written or served, for ``summary.json`` and the CLI."""
         d: dict[str, Any] = {"nvtx": self.config.nvtx, "sm_active": self.signals()["sm_active"]}
+        if getattr(self.sm, "note", None):
+            d["sm_active_note"] = self.sm.note
         if self.server is not None:
             d["metrics_url"] = self.server.url
         if self.loglines is not None:

@@ -68,6 +68,7 @@ class SmEstimator:
     """
 
     source = "estimated"
+    note: str | None = None  # why an estimate stands in for a measurement (CUDA without NVML)
 
     def __init__(self, model: Any, device: DeviceModel = DeviceModel(), kv_capacity_tokens: int | None = None):
         self.model = model
@@ -172,9 +173,20 @@ class NvmlSmSampler:
 
 
 def make_sm_source(device: str, model: Any, kv_capacity_tokens: int | None = None,
-                   device_model: DeviceModel = DeviceModel()):
-    """The SM-activity observer for an engine on ``device`` ('cpu' -> estimate, 'cuda[:i]' -> NVML)."""
+                   device_model: DeviceModel = DeviceModel(), *, require_nvml: bool = False):
+    """The SM-activity observer for an engine on ``device`` ('cpu' -> estimate, 'cuda[:i]' -> NVML).
+
+    On CUDA without a usable NVML (no nvidia-ml-py, no driver access) it falls back to the
+    estimate, labelled ``estimated`` with the reason in ``.note``, unless ``require_nvml``.
+    """
     if str(device).startswith("cuda"):
         index = int(str(device).split(":")[1]) if ":" in str(device) else 0
-        return NvmlSmSampler(index)
+        try:
+            return NvmlSmSampler(index)
+        except UserError as e:
+            if require_nvml:
+                raise
+            est = SmEstimator(model, device_model, kv_capacity_tokens)
+            est.note = f"SM activity estimated, not measured: {e}"
+            return est
     return SmEstimator(model, device_model, kv_capacity_tokens)

@@ -117,7 +117,9 @@ def test_nvml_quality_flags(gpm, source, value):
     assert nv.freed == (2 if gpm else 0) and nv.n == (2 if gpm else 0)  # two GPM buffers, reused
 
 
-def test_cuda_without_nvml_is_a_user_error(monkeypatch):
+def test_cuda_without_nvml_falls_back_to_a_labelled_estimate(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # as on a machine without nvidia-ml-py
+    src = make_sm_source("cuda:0", SMALL, CAPACITY)
+    assert isinstance(src, SmEstimator) and src.source == "estimated" and "nvidia-ml-py" in src.note
     with pytest.raises(UserError, match="nvidia-ml-py"):
-        make_sm_source("cuda:0", SMALL)
+        make_sm_source("cuda:0", SMALL, require_nvml=True)
