@@ -49,6 +49,7 @@ class InstrumentationConfig:
     log_formats: tuple[str, ...] = ()      # --log-format vllm|sglang|both
     decode_log_interval: int = 40          # SGLang's --decode-log-interval
     profile: tuple[int, int | None] | None = None  # --profile START:STOP | START: | all
+    profile_ops: bool = True               # --profile-light: False (no per-operator events)
     scrape_interval_s: float | None = None  # --scrape-interval S
     final_scrape: bool = True              # write metrics.prom at close (needs an out_dir)
 
@@ -108,7 +109,7 @@ class Instrumentation:
                 self._observers.append(self.loglines)
             if cfg.profile:
                 self.profile = ProfileWindow(*cfg.profile, self.out_dir / f"trace{suffix}.json",
-                                             cuda=str(ecfg.device).startswith("cuda"))
+                                             cuda=str(ecfg.device).startswith("cuda"), ops=cfg.profile_ops)
                 self._observers.append(self.profile)
             if self.out_dir is not None and (cfg.final_scrape or cfg.scrape_interval_s):
                 self.scrapes = ScrapeWriter(self.metrics.registry, self.out_dir, cfg.scrape_interval_s,
@@ -204,6 +205,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--profile", metavar="START:STOP", default=None,
                    help="record a PyTorch-profiler (Kineto) trace of steps START..STOP-1 to DIR/trace.json "
                         "('START:' or 'all': to the end of the run)")
+    g.add_argument("--profile-light", action="store_true",
+                   help="drop per-operator events from the --profile trace (keeps the step/phase ranges and GPU "
+                        "kernels; for long windows)")
     g.add_argument("--scrape-interval", type=float, metavar="S", default=None,
                    help="write the engine's /metrics every S seconds to DIR/scrapes/<unix_time>.prom "
                         "(the final scrape always goes to DIR/metrics.prom)")
@@ -220,5 +224,6 @@ def config_from_args(args) -> InstrumentationConfig:
         log_formats=parse_formats(args.log_format) if getattr(args, "log_format", None) else (),
         decode_log_interval=int(getattr(args, "decode_log_interval", 40)),
         profile=parse_window(args.profile) if getattr(args, "profile", None) else None,
+        profile_ops=not getattr(args, "profile_light", False),
         scrape_interval_s=getattr(args, "scrape_interval", None),
     )

@@ -119,9 +119,10 @@ def test_cli_flags():
     p = argparse.ArgumentParser()
     add_arguments(p)
     cfg = config_from_args(p.parse_args(["--serve", "9400", "--linger", "2", "--log-format", "both",
-                                         "--profile", "20:60", "--scrape-interval", "0.5", "--no-nvtx"]))
+                                         "--profile", "20:60", "--scrape-interval", "0.5", "--no-nvtx",
+                                         "--profile-light"]))
     assert cfg == InstrumentationConfig(nvtx=False, serve_port=9400, linger_s=2.0, log_formats=("vllm", "sglang"),
-                                        profile=(20, 60), scrape_interval_s=0.5)
+                                        profile=(20, 60), profile_ops=False, scrape_interval_s=0.5)
     assert config_from_args(p.parse_args([])) == InstrumentationConfig()
     with pytest.raises(UserError):
         config_from_args(p.parse_args(["--profile", "60:20"]))

@@ -64,3 +64,13 @@ def test_refuses_existing_trace(tmp_path):
     (tmp_path / "trace.json").write_text("{}")
     with pytest.raises(UserError):
         ProfileWindow(0, 2, tmp_path / "trace.json")
+
+
+def test_light_trace_keeps_ranges_drops_ops(tmp_path):
+    full = fake_engine_run(ProfileWindow(0, 3, tmp_path / "full.json", cuda=False), 3)
+    light = fake_engine_run(ProfileWindow(0, 3, tmp_path / "light.json", cuda=False, ops=False), 3)
+    cats = {e.get("cat") for e in json.loads(light.read_text())["traceEvents"]}
+    assert "cpu_op" in {e.get("cat") for e in json.loads(full.read_text())["traceEvents"]}
+    assert "cpu_op" not in cats and "user_annotation" in cats
+    assert step_names(light) == step_names(full) == [0, 1, 2]
+    assert light.stat().st_size < full.stat().st_size and not list(tmp_path.glob("*.tmp"))
