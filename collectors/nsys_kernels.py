@@ -17,6 +17,7 @@ import pandas as pd
 
 from mixdiag.collectors.nsys_db import GRAPH_TRACE, KERNEL, PID_MASK, RUNTIME, NsysDb
 from mixdiag.collectors.trace_steps import graph_counts, split_on_gaps
+from mixdiag.errors import UserError
 
 CHUNK_ROWS = 1 << 17
 KERNEL_LAUNCH_LIKE = ("cudaLaunch%Kernel%", "cuLaunch%Kernel%")
@@ -54,7 +55,12 @@ def fetch_columns(db: NsysDb, sql: str, n_cols: int) -> list[np.ndarray]:
         rows = cur.fetchmany(CHUNK_ROWS)
         if not rows:
             break
-        parts.append(np.array(rows, dtype=np.int64).reshape(len(rows), n_cols))
+        try:
+            parts.append(np.array(rows, dtype=np.int64).reshape(len(rows), n_cols))
+        except (ValueError, TypeError, OverflowError):
+            raise UserError(f"{db.path}: damaged export (non-integer values where integers belong: "
+                            f"{next(r for r in rows if not all(isinstance(v, (int, float)) for v in r))!r:.80})"
+                            ) from None
     arr = np.concatenate(parts) if parts else np.zeros((0, n_cols), dtype=np.int64)
     return [np.ascontiguousarray(arr[:, i]) for i in range(n_cols)]
 
