@@ -145,6 +145,8 @@ class FaultsConfig:
     graph_miss: GraphMiss | None = None
     kv_pressure: KVPressure | None = None
     host_stall: HostStall | None = None
+    #: fault name -> the engine instances it applies to (multi-instance scenarios); absent = all
+    scope: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @classmethod
     def from_dict(cls, table: dict | None) -> "FaultsConfig":
@@ -153,13 +155,20 @@ class FaultsConfig:
         unknown = set(table) - set(_SECTIONS)
         if unknown:
             raise ConfigError(f"unknown fault {sorted(unknown)[0]!r} in [faults]; known: {', '.join(_SECTIONS)}")
-        kw = {}
+        kw: dict = {}
+        scope = []
         for name, klass in _SECTIONS.items():
             if name not in table:
                 continue
             sub = table[name]
             if not isinstance(sub, dict):
                 raise ConfigError(f"[faults.{name}] must be a table")
+            sub = dict(sub)
+            if "instances" in sub:
+                inst = sub.pop("instances")
+                if not (isinstance(inst, list) and inst and all(isinstance(i, str) and i for i in inst)):
+                    raise ConfigError(f"[faults.{name}] instances must be a non-empty list of instance names")
+                scope.append((name, tuple(inst)))
             fields = {f.name for f in dataclasses.fields(klass)}
             bad = set(sub) - fields
             if bad:
@@ -168,7 +177,12 @@ class FaultsConfig:
                 kw[name] = klass(**sub)
             except TypeError as e:
                 raise ConfigError(f"[faults.{name}]: {e}") from None
-        return cls(**kw)
+        return cls(**kw, scope=tuple(scope))
+
+    def for_instance(self, instance: str) -> "FaultsConfig":
+        """The faults that apply to engine ``instance`` (those scoped to other instances are off)."""
+        off = {n: None for n, inst in self.scope if instance not in inst}
+        return dataclasses.replace(self, **off, scope=())
 
     @property
     def active(self) -> list[str]:

@@ -41,6 +41,7 @@ def _run(table, n_req=12, prompt=24, max_tokens=12, steps=None, **cfg):
     ({"graph_miss": {"capture_sizes": []}}, "capture_sizes"),
     ({"kv_pressure": {"num_blocks": 0}}, "num_blocks"),
     ({"kv_pressure": 3}, "must be a table"),
+    ({"kv_pressure": {"instances": []}}, "instances must be"),
 ])
 def test_faults_config_rejects_bad_tables(table, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -55,6 +56,10 @@ def test_faults_config_parses_and_applies():
     cfg = f.apply(EngineConfig())
     assert cfg.scheduler.cudagraph_capture_sizes == (4, 8, 16) and cfg.cache.num_blocks == 64
     assert FaultsConfig.from_dict(None).active == []
+    scoped = FaultsConfig.from_dict({"kv_pressure": {"num_blocks": 64, "instances": ["engine1"]},
+                                     "host_stall": {"windows": [[1, 2]]}})
+    assert scoped.for_instance("engine0").active == ["host_stall"]
+    assert scoped.for_instance("engine1").active == ["kv_pressure", "host_stall"]
 
 
 def test_host_stall_pauses_between_steps_in_window():
