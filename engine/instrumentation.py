@@ -14,9 +14,10 @@ as the *first* observer so the others see ``sm_active``, the Prometheus metrics,
 
 Run-directory files per instance: rank 0 (``engine0``) writes the names of docs/contracts.md §1
 (``engine.log``, ``trace.json``, ``metrics.prom``, ``scrapes/``); another instance ``engineN``
-writes ``trace.engineN.json``, ``metrics.engineN.prom`` and ``scrapes/engineN/``, serves on
-``PORT + N``, and shares ``engine.log`` through ``log_sink`` (vLLM lines carry
-``EngineCore_DP<N>``, SGLang lines ``DP<N> TP<N>``).
+writes ``trace.engineN.json``, ``metrics.engineN.prom``, ``scrapes/engineN/`` and
+``engine.engineN.log`` (or shares one ``engine.log`` stream passed as ``log_sink`` when the
+engines run in one process), and serves on ``PORT + N``. vLLM lines carry ``EngineCore_DP<N>``,
+SGLang lines ``DP<N> TP<N>``.
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ class Instrumentation:
             if cfg.log_formats:
                 lcfg = LogLineConfig(formats=cfg.log_formats, decode_log_interval=cfg.decode_log_interval,
                                      rank=rank, show_rank=multi_instance)
-                sink = log_sink if log_sink is not None else self.out_dir / "engine.log"
+                sink = log_sink if log_sink is not None else self.out_dir / f"engine{suffix}.log"
                 self.loglines = LogLineWriter(sink, lcfg, kv_capacity_tokens=ecfg.cache.num_slots)
                 self.loglines.write_server_args(ecfg.scheduler)
                 self._observers.append(self.loglines)

@@ -96,6 +96,12 @@ def test_second_instance_names_and_shared_log(tmp_path):
     assert any(n.startswith("scrapes/engine1/") for n in names)
     text = sink.getvalue()
     assert "EngineCore_DP1 " in text and " DP1 TP1] " in text and "EngineCore_DP0 " in text
+    assert "engine.log" not in names  # the shared stream took the lines
+    eng = small_engine(instance="engine2", n=1, max_tokens=2)
+    inst = Instrumentation(InstrumentationConfig(log_formats=("vllm",)), eng, tmp_path, rank=2, multi_instance=True)
+    eng.run()
+    inst.close()
+    assert "EngineCore_DP2 " in (tmp_path / "engine.engine2.log").read_text()  # own file without a shared sink
 
 
 @pytest.mark.parametrize("kw,msg", [
