@@ -50,14 +50,17 @@ def _matchers(selector: str) -> str:
 
 
 def queries(selector: str = "") -> list[str]:
-    """The PromQL selectors fetched: every non-bucket series, plus the ITL histogram buckets."""
+    """The PromQL selectors fetched: every non-bucket series, the ITL histogram buckets, ``up``."""
     extra = _matchers(selector)
     extra = ", " + extra if extra else ""
     # Metric names hold only [a-zA-Z0-9_:], so they need no regex escaping.
     names = "|".join(p + ".*" for p in PREFIXES)
     itl = "|".join(h + "_bucket" for h in ITL_HISTOGRAMS)
     itl += "|" + "|".join(h.replace(":", "_", 1) + "_bucket" for h in ITL_HISTOGRAMS if ":" in h)
-    return [f'{{__name__=~"{names}", __name__!~".*_bucket"{extra}}}', f'{{__name__=~"{itl}"{extra}}}']
+    # `up` marks when a target was down: its counters restart from zero when it comes back, so
+    # the first interval after a down point counts everything (not just what the next scrape adds).
+    return [f'{{__name__=~"{names}", __name__!~".*_bucket"{extra}}}', f'{{__name__=~"{itl}"{extra}}}',
+            f'{{__name__="up"{extra}}}']
 
 
 def _get(url: str, path: str, params: dict, timeout_s: float) -> dict:

@@ -299,6 +299,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
     single = len(timed) == 1
     for inst, seq in _split(timed, base).items():
         used: dict[str, str] = {}
+        n_before = len(rows)
         for t, view in seq:
             for name, series in view.items():
                 if single or _is_gauge(name, all_types):  # one scrape: every sample is the data
@@ -306,9 +307,15 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
                         if math.isfinite(v):
                             series_rows.append({"instance": inst, "name": name, "labels": _label_str(labels),
                                                 "t_s": t, "value": v})
+        down = 0
         for i in range(1, len(seq)):
             (t0, prev), (t1, cur) = seq[i - 1], seq[i]
-            rows.append(_interval_row(inst, i - 1, t0, prev, t1, cur, used, series_rows))
+            if set(cur) <= {"up"}:  # the target was down at t1: nothing was scraped, no row
+                down += 1
+                continue
+            rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows))
+        if down:
+            notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
         metric_sources[inst] = used
         sig = {col: "measured" for col in used if col not in ("itl",)}
         if "itl" in used:

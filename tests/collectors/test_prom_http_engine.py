@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from helpers.prometheus_server import free_port
 from mixdiag.collectors import prom_http
 from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.engine import Engine
@@ -16,15 +17,19 @@ SCRAPE_S = 0.25
 
 
 def test_prom_http_reads_back_the_engines_counts(prometheus_server, tmp_path):
+    # Prometheus first, scraping a port where no engine listens yet (up == 0): the engine then
+    # starts and steps at once, before any scrape of it; prom_http still counts every step,
+    # because counters that appear after a down scrape started from zero.
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    prom = prometheus_server([target], scrape_interval_s=SCRAPE_S)
+    prom.wait_until(f'up{{instance="{target}"}}', lambda r: r and r[0]["value"][1] == "0")
+    t0 = time.time() - SCRAPE_S
+
     eng = Engine(EngineConfig(num_threads=1))
     for i in range(6):
         eng.add_request(list(range(2, 40 + 24 * i)), SamplingParams(max_tokens=60))
-    inst = Instrumentation(InstrumentationConfig(serve_port=0), eng, tmp_path)
-    target = f"127.0.0.1:{inst.server.port}"
-    prom = prometheus_server([target], scrape_interval_s=SCRAPE_S)
-    prom.wait_for_samples("up", min_samples=2)
-    t0 = time.time() - 2 * SCRAPE_S  # the window opens on scrapes taken before the first step
-
+    inst = Instrumentation(InstrumentationConfig(serve_port=port), eng, tmp_path)
     records = []
     while eng.has_unfinished():
         records.append(eng.step())
@@ -53,3 +58,6 @@ def test_prom_http_reads_back_the_engines_counts(prometheus_server, tmp_path):
     busy = s[s["itl_count"] > 0]
     assert len(busy) > 1 and busy["itl_p50_s"].map(math.isfinite).all()
     assert tl.meta["metric_sources"]["engine0"]["kind"] == "mixdiag_engine_steps_total"
+    assert any("target was down" in n for n in tl.meta["notes"])  # the scrapes before the engine
+    up = tl.series[tl.series["name"] == "up"]["value"]
+    assert up.iloc[0] == 0 and up.iloc[-1] == 1
