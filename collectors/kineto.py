@@ -47,8 +47,39 @@ def sniff(head: bytes, name: str) -> bool:
     return head.lstrip()[:1] in (b"{", b"[") and _SNIFF.search(head[:65536]) is not None
 
 
-def _load(path: Path) -> tuple[list, dict, bool, str | None]:
-    """``(events, top-level keys, partial, note)``; salvages the whole events of a cut file."""
+class _Events:
+    """The events of a trace, decoded one at a time from the text (no list of every event dict).
+
+    After iteration: ``count`` events decoded, ``cut_at`` the byte where decoding stopped early
+    (a file cut mid-way or damaged), else None.
+    """
+
+    def __init__(self, text: str, start: int):
+        self.text, self.start = text, start
+        self.count, self.cut_at = 0, None
+
+    def __iter__(self):
+        text, pos, n = self.text, self.start, len(self.text)
+        dec = json.JSONDecoder()
+        while True:
+            while pos < n and text[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= n:
+                self.cut_at = pos  # the array never closed
+                return
+            if text[pos] == "]":
+                return
+            try:
+                ev, pos = dec.raw_decode(text, pos)
+            except json.JSONDecodeError:
+                self.cut_at = pos
+                return
+            self.count += 1
+            yield ev
+
+
+def _open(path: Path) -> tuple[_Events, dict]:
+    """The trace's event stream and top-level facts (``baseTimeNanoseconds``)."""
     if path.is_dir():
         raise UserError(f"{path}: is a directory, not a Kineto trace")
     raw = path.read_bytes()
@@ -61,16 +92,24 @@ def _load(path: Path) -> tuple[list, dict, bool, str | None]:
     if not raw.strip():
         raise UserError(f"{path}: empty file")
     text = raw.decode("utf-8", errors="replace")
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        events, top = _salvage(text, path)
-        return events, top, True, f"JSON cut or damaged at byte {e.pos}: read {len(events)} whole events before it"
-    if isinstance(doc, list):
-        return doc, {}, False, None
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+    del raw
+    head = text.lstrip()[:1]
+    m = re.search(r'"traceEvents"\s*:\s*\[', text) if head == "{" else None
+    if m is None and head != "[":
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            raise UserError(f"{path}: not a readable Kineto trace (invalid JSON, no traceEvents list)") from None
         raise UserError(f"{path}: JSON but not a Kineto/Chrome trace (no traceEvents list)")
-    return doc["traceEvents"], {k: v for k, v in doc.items() if k != "traceEvents"}, False, None
+    start = m.end() if m else text.index("[") + 1
+    top = {}
+    base = re.search(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text[:m.start()] if m else "")
+    if base is None and m is not None:  # some writers put the key after the events
+        tail = text.rfind('"baseTimeNanoseconds"')
+        base = re.match(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text[tail:]) if tail > m.start() else None
+    if base:
+        top["baseTimeNanoseconds"] = int(base.group(1))
+    return _Events(text, start), top
 
 
 def _read_truncated_gzip(f) -> bytes:
@@ -83,38 +122,14 @@ def _read_truncated_gzip(f) -> bytes:
     return bytes(out)
 
 
-def _salvage(text: str, path: Path) -> tuple[list, dict]:
-    """Decode the events of a cut trace one by one until the cut."""
-    m = re.search(r'"traceEvents"\s*:\s*\[', text)
-    if not m:
-        raise UserError(f"{path}: not a readable Kineto trace (invalid JSON, no traceEvents list)")
-    top = {}
-    base = re.search(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text[:m.start()])
-    if base:
-        top["baseTimeNanoseconds"] = int(base.group(1))
-    dec = json.JSONDecoder()
-    pos, events = m.end(), []
-    n = len(text)
-    while pos < n:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= n or text[pos] == "]":
-            break
-        try:
-            ev, pos = dec.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            break
-        events.append(ev)
-    return events, top
-
-
-def _frame(events: list) -> tuple[pd.DataFrame, int, list[str]]:
+def _frame(events) -> tuple[pd.DataFrame, int, list[str]]:
     """Well-formed complete events as a frame; count and show the malformed ones."""
     rows, bad, examples = [], 0, []
     for ev in events:
         if not isinstance(ev, dict):
             bad += 1
-            examples.append(f"not an event object: {str(ev)[:80]}")
+            if len(examples) < 5:
+                examples.append(f"not an event object: {str(ev)[:80]}")
             continue
         ph = ev.get("ph")
         if ph != "X":
@@ -122,7 +137,8 @@ def _frame(events: list) -> tuple[pd.DataFrame, int, list[str]]:
         ts, dur, name = ev.get("ts"), ev.get("dur", 0), ev.get("name")
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or not isinstance(name, str):
             bad += 1
-            examples.append(f"event without numeric ts/dur or name: {json.dumps(ev)[:120]}")
+            if len(examples) < 5:
+                examples.append(f"event without numeric ts/dur or name: {json.dumps(ev)[:120]}")
             continue
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         corr = args.get("correlation", -1)
@@ -137,10 +153,11 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
     path = Path(os.fspath(source))
     if not path.exists():
         raise UserError(f"{path}: no such file")
-    events, top, partial, cut_note = _load(path)
+    events, top = _open(path)
     base = instance or path.name.split(".")[0]
     df, bad, examples = _frame(events)
-    notes = [cut_note] if cut_note else []
+    partial = events.cut_at is not None
+    notes = [f"JSON cut or damaged at byte {events.cut_at}: read {events.count} whole events before it"] if partial else []
     base_ns = top.get("baseTimeNanoseconds")
     clock, offset_s = ("unix", int(base_ns) / 1e9) if isinstance(base_ns, int) else ("relative", 0.0)
 
@@ -184,7 +201,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
                    "decode_rows": "measured" if ours else "absent",
                    "graph_mode": "measured" if cuda_traced else ("estimated" if ours else "absent"),
                    "sm_active": "absent"} for n in names}
-    entry = source_entry(FORMAT, path, total=len(events), parsed=len(events) - bad, skipped=bad,
+    entry = source_entry(FORMAT, path, total=events.count, parsed=events.count - bad, skipped=bad,
                          examples=examples, partial=partial, notes=notes, step_source=step_source,
                          heuristic=step_source not in (None, "kineto-mixdiag"), kernels_total=len(kernels),
                          kernels_in_steps=in_steps, instances=names)

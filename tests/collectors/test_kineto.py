@@ -123,6 +123,20 @@ def test_without_step_ranges_kernel_gaps_are_marked_heuristic(tmp_path):
     assert tl.meta["sources"][0]["heuristic"] is True and set(tl.steps["kind"]) == {"unknown"}
 
 
+def test_bare_event_list_and_late_base_time(tmp_path):
+    ev = [_ev("step 0 kind=decode prefill_tokens=0 decode_reqs=1 decode_rows=1 graph=FULL", "user_annotation", 10, 5),
+          "garbage", _ev("step 1 kind=mixed prefill_tokens=3 decode_reqs=1 decode_rows=1 graph=PIECEWISE",
+                         "user_annotation", 20, 5)]
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(ev))
+    tl = kineto.read(bare)
+    assert tl.meta["clock"] == "relative" and list(tl.steps["kind"]) == ["decode", "mixed"]
+    assert tl.meta["sources"][0]["lines_skipped"] == 1 and not tl.meta["partial"]
+    late = tmp_path / "late.json"
+    late.write_text(json.dumps({"traceEvents": ev[:1], "baseTimeNanoseconds": 1_600_000_000_000_000_000}))
+    assert kineto.read(late).steps["t_start_s"].iloc[0] == pytest.approx(1_600_000_000 + 10e-6)
+
+
 @pytest.mark.parametrize("content,message", [
     (b"", "empty file"),
     (b'{"hello": [1, 2, 3]}', "not a Kineto/Chrome trace"),
