@@ -31,7 +31,9 @@ def session(faulty_run):
 
 
 def tab(driver, name):
-    driver.find_element(By.XPATH, f"//*[contains(@class,'tab') and normalize-space()='{name}']").click()
+    """Click a page's tab once the app has rendered it (Dash renders after its scripts load)."""
+    xpath = f"//*[contains(@class,'tab') and normalize-space()='{name}']"
+    WebDriverWait(driver, 40).until(EC.element_to_be_clickable((By.XPATH, xpath))).click()
 
 
 def test_load_a_run_see_four_panels_and_spike_markers_click_a_spike(session):
@@ -77,6 +79,26 @@ def test_load_a_run_see_four_panels_and_spike_markers_click_a_spike(session):
     assert "expert_imbalance" in evidence and "4" in evidence
     assert driver.find_elements(By.CSS_SELECTOR, "#neighbours-table tbody tr")
     assert "predicted height" in driver.find_element(By.ID, "spike-heights").text
+
+
+def test_zoom_on_one_panel_zooms_all_and_resamples(session):
+    app, srv, driver, wait = session
+    tab(driver, "Timeline")
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace")))
+    gd = "document.querySelector('#timeline-graph .js-plotly-plot')"
+    driver.execute_script(f"Plotly.relayout({gd}, {{'xaxis.range': [1.0, 2.0]}})")  # zoom the top panel
+
+    def resampled(drv):
+        xs = drv.execute_script(f"return Array.from({gd}._fullData.find(t => t.name === 'ITL').x)")
+        return xs if xs and min(xs[1:-1]) >= 1.0 and max(xs[1:-1]) <= 2.0 else False
+
+    xs = wait.until(resampled)  # the server sent only the visible window
+    ranges = driver.execute_script(
+        f"const l = {gd}._fullLayout; return [1, 2, 3, 4].map(i => l['xaxis' + (i > 1 ? i : '')].range)")
+    for r in ranges:
+        assert r == pytest.approx([1.0, 2.0])
+    full = app.mixdiag_store.view(app.mixdiag_store.get(None), "engine0").itl
+    assert len(xs) < len(full)
 
 
 def test_browser_console_log_is_empty(session):
