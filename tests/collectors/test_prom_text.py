@@ -3,12 +3,10 @@ import io
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from mixdiag.collectors import prom_text
-from mixdiag.collectors.prom_intervals import bucket_quantile
 from mixdiag.errors import UserError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -65,21 +63,6 @@ def test_not_prometheus_is_user_error(tmp_path):
         prom_text.read(p)
     with pytest.raises(UserError):
         prom_text.read(tmp_path / "missing.prom")
-
-
-# 4 obs <= 0.1, 4 in (0.1, 0.2], 0 above; rank = q * 8, linear inside the bucket holding the rank.
-@pytest.mark.parametrize("q,cum,want", [
-    (0.25, [4, 8, 8, 8], 0.05), (0.5, [4, 8, 8, 8], 0.1), (0.75, [4, 8, 8, 8], 0.15), (1.0, [4, 8, 8, 8], 0.2),
-    (0.5, [0, 0, 0, 3], 0.3),        # everything above the last finite bound -> that bound
-    (0.5, [0, 0, 0, 0], math.nan),   # no observations
-])
-def test_bucket_quantile_matches_promql(q, cum, want):
-    upper = np.array([0.1, 0.2, 0.3, math.inf])
-    cum = np.array(cum, dtype=float)
-    if math.isnan(want):
-        assert math.isnan(bucket_quantile(q, upper, cum))
-        return
-    assert bucket_quantile(q, upper, cum) == pytest.approx(want)
 
 
 def _engine_registry():
@@ -193,13 +176,3 @@ def test_scrape_directory(tmp_path):
 def test_sniff(head, name, want):
     assert prom_text.sniff(head, name) is want
 
-
-def test_histogram_reset_counts_every_bucket_from_zero():
-    def scrape(b1, b2, inf, count):
-        return (f'x_seconds_bucket{{le="0.1"}} {b1}\nx_seconds_bucket{{le="1.0"}} {b2}\n'
-                f'x_seconds_bucket{{le="+Inf"}} {inf}\nx_seconds_count {count}\nx_seconds_sum 1\n')
-    # before: 5 fast, 5 slow; after a restart: 7 fast only (the 0.1 bucket ends *higher*: 5 -> 7)
-    text0, text1 = scrape(5, 10, 10, 10), scrape(7, 7, 7, 7)
-    from mixdiag.collectors.prom_intervals import histogram_increase
-    h = histogram_increase(prom_text.parse(text0).samples, prom_text.parse(text1).samples, "x_seconds")
-    assert h["itl_count"] == 7 and h["itl_p99_s"] <= 0.1

@@ -1,0 +1,49 @@
+"""prom_intervals: counter increases with resets, PromQL-exact bucket quantiles, histogram resets."""
+import math
+
+import numpy as np
+import pytest
+
+from mixdiag.collectors import prom_text
+from mixdiag.collectors.prom_intervals import bucket_quantile, counter_increase, histogram_increase
+
+A, B = (("k", "a"),), (("k", "b"),)
+
+
+@pytest.mark.parametrize("prev,cur,want,expect", [
+    ({A: 5.0}, {A: 8.0}, None, 3.0),                 # plain increase
+    ({A: 5.0}, {A: 2.0}, None, 2.0),                 # reset: all counted since the restart
+    ({}, {A: 4.0}, None, 4.0),                       # born between the scrapes
+    ({A: 1.0, B: 1.0}, {A: 2.0, B: 4.0}, None, 4.0),  # summed over label sets
+    ({A: 1.0, B: 1.0}, {A: 2.0, B: 4.0}, {"k": "b"}, 3.0),
+    ({A: 1.0}, {}, None, math.nan),                  # nothing now: unknown, not zero
+    ({A: 1.0}, {A: math.nan}, None, math.nan),
+])
+def test_counter_increase(prev, cur, want, expect):
+    got = counter_increase(prev, cur, want)
+    assert (math.isnan(got) and math.isnan(expect)) or got == expect
+
+
+# 4 obs <= 0.1, 4 in (0.1, 0.2], 0 above; rank = q * 8, linear inside the bucket holding the rank.
+@pytest.mark.parametrize("q,cum,want", [
+    (0.25, [4, 8, 8, 8], 0.05), (0.5, [4, 8, 8, 8], 0.1), (0.75, [4, 8, 8, 8], 0.15), (1.0, [4, 8, 8, 8], 0.2),
+    (0.5, [0, 0, 0, 3], 0.3),        # everything above the last finite bound -> that bound
+    (0.5, [0, 0, 0, 0], math.nan),   # no observations
+])
+def test_bucket_quantile_matches_promql(q, cum, want):
+    upper = np.array([0.1, 0.2, 0.3, math.inf])
+    cum = np.array(cum, dtype=float)
+    if math.isnan(want):
+        assert math.isnan(bucket_quantile(q, upper, cum))
+        return
+    assert bucket_quantile(q, upper, cum) == pytest.approx(want)
+
+
+def test_histogram_reset_counts_every_bucket_from_zero():
+    def scrape(b1, b2, inf, count):
+        return (f'x_seconds_bucket{{le="0.1"}} {b1}\nx_seconds_bucket{{le="1.0"}} {b2}\n'
+                f'x_seconds_bucket{{le="+Inf"}} {inf}\nx_seconds_count {count}\nx_seconds_sum 1\n')
+    # before: 5 fast, 5 slow; after a restart: 7 fast only (the 0.1 bucket ends *higher*: 5 -> 7)
+    text0, text1 = scrape(5, 10, 10, 10), scrape(7, 7, 7, 7)
+    h = histogram_increase(prom_text.parse(text0).samples, prom_text.parse(text1).samples, "x_seconds")
+    assert h["itl_count"] == 7 and h["itl_p99_s"] <= 0.1
