@@ -12,15 +12,17 @@ unless Nsight or the PyTorch profiler records), the SM-activity source (CPU esti
 as the *first* observer so the others see ``sm_active``, the Prometheus metrics, the optional
 ``/metrics`` server, timed scrapes and ``metrics.prom``, the log lines and the profiler window.
 
-Run-directory files per instance: rank 0 (``engine0``) writes the names of docs/contracts.md §1
-(``engine.log``, ``trace.json``, ``metrics.prom``, ``scrapes/``); another instance ``engineN``
-writes ``trace.engineN.json``, ``metrics.engineN.prom``, ``scrapes/engineN/`` and
-``engine.engineN.log`` (or shares one ``engine.log`` stream passed as ``log_sink`` when the
-engines run in one process), and serves on ``PORT + N``. vLLM lines carry ``EngineCore_DP<N>``,
-SGLang lines ``DP<N> TP<N>``.
+Instances: the rank comes from the engine's instance name (``engineN`` -> N) unless given; it
+sets the vLLM process tag ``EngineCore_DP<N>``, SGLang's `` DP<N> TP<N>`` prefix (with
+``multi_instance``) and the ``/metrics`` port ``PORT + N``. Each instance in its own directory
+(``mixdiag run --instance``, one process each) writes the file names of docs/contracts.md §1.
+Several instances in *one* directory pass ``shared_dir=True``: rank N > 0 then writes
+``trace.engineN.json``, ``metrics.engineN.prom``, ``scrapes/engineN/`` and ``engine.engineN.log``
+(or shares one ``engine.log`` stream passed as ``log_sink`` when they run in one process).
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,16 +72,22 @@ class Instrumentation:
     """Attach the configured observers to ``engine``; :meth:`close` stops and flushes them."""
 
     def __init__(self, config: InstrumentationConfig, engine: Any, out_dir: str | Path | None = None, *,
-                 rank: int = 0, multi_instance: bool = False, log_sink: TextIO | None = None,
+                 rank: int | None = None, multi_instance: bool = False, shared_dir: bool = False,
+                 log_sink: TextIO | None = None,
                  device_model: DeviceModel = DeviceModel(), registry: CollectorRegistry | None = None):
         self.config = cfg = config
         self.engine = engine
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        # engineN -> rank N: the vLLM process tag, SGLang's DP tag and the --serve port offset
+        if rank is None:
+            m = re.fullmatch(r"engine(\d+)", str(getattr(engine.config, "instance", "")))
+            rank = int(m.group(1)) if m else 0
         self.rank = rank
         needs_dir = cfg.log_formats and log_sink is None or cfg.profile or cfg.scrape_interval_s
         if needs_dir and self.out_dir is None:
             raise UserError("--log-format, --profile and --scrape-interval need an output directory (--out)")
-        suffix = "" if rank == 0 else f".engine{rank}"
+        # several instances writing into one directory: rank > 0 suffixes its file names
+        suffix = f".engine{rank}" if shared_dir and rank else ""
         ecfg = engine.config
         self._observers: list = []
         self._closed = False
@@ -114,7 +122,7 @@ class Instrumentation:
                 self._observers.append(self.profile)
             if self.out_dir is not None and (cfg.final_scrape or cfg.scrape_interval_s):
                 self.scrapes = ScrapeWriter(self.metrics.registry, self.out_dir, cfg.scrape_interval_s,
-                                            subdir="scrapes" if rank == 0 else f"scrapes/engine{rank}",
+                                            subdir=f"scrapes/engine{rank}" if suffix else "scrapes",
                                             final_name=f"metrics{suffix}.prom")
             if cfg.serve_port is not None:
                 port = cfg.serve_port + rank if cfg.serve_port else 0

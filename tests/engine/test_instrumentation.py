@@ -6,6 +6,8 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from helpers.prometheus_server import free_port
+
 from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.engine import Engine
 from mixdiag.engine.hooks import NULL_TRACER
@@ -88,7 +90,7 @@ def test_second_instance_names_and_shared_log(tmp_path):
         eng = small_engine(instance=f"engine{rank}", n=2, max_tokens=3)
         inst = Instrumentation(InstrumentationConfig(log_formats=("sglang", "vllm"), decode_log_interval=1,
                                                      profile=(0, 1), scrape_interval_s=10.0),
-                               eng, tmp_path, rank=rank, multi_instance=True, log_sink=sink)
+                               eng, tmp_path, multi_instance=True, shared_dir=True, log_sink=sink)
         eng.run()
         insts.append(inst.close())
     names = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
@@ -98,7 +100,7 @@ def test_second_instance_names_and_shared_log(tmp_path):
     assert "EngineCore_DP1 " in text and " DP1 TP1] " in text and "EngineCore_DP0 " in text
     assert "engine.log" not in names  # the shared stream took the lines
     eng = small_engine(instance="engine2", n=1, max_tokens=2)
-    inst = Instrumentation(InstrumentationConfig(log_formats=("vllm",)), eng, tmp_path, rank=2, multi_instance=True)
+    inst = Instrumentation(InstrumentationConfig(log_formats=("vllm",)), eng, tmp_path, shared_dir=True)
     eng.run()
     inst.close()
     assert "EngineCore_DP2 " in (tmp_path / "engine.engine2.log").read_text()  # own file without a shared sink
@@ -132,3 +134,17 @@ def test_cli_flags():
     assert config_from_args(p.parse_args([])) == InstrumentationConfig()
     with pytest.raises(UserError):
         config_from_args(p.parse_args(["--profile", "60:20"]))
+
+
+def test_own_directory_instance_keeps_contract_names_and_offsets_the_port(tmp_path):
+    eng = small_engine(instance="engine1", n=1, max_tokens=2)
+    inst = Instrumentation(InstrumentationConfig(serve_port=0, log_formats=("vllm",), profile=(0, 1)), eng, tmp_path)
+    assert inst.rank == 1
+    eng.run()
+    inst.close()
+    assert {p.name for p in tmp_path.iterdir()} == {"engine.log", "trace.json", "metrics.prom"}
+    assert "(EngineCore_DP1 " in (tmp_path / "engine.log").read_text()
+    port = free_port()  # engine3 serves on PORT + 3
+    probe = small_engine(instance="engine3", n=1, max_tokens=1)
+    with Instrumentation(InstrumentationConfig(serve_port=port - 3), probe) as i3:
+        assert i3.server.port == port
