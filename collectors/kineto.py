@@ -23,7 +23,7 @@ import pandas as pd
 
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, graph_counts,
-                                            graph_mode, parse_step_message, split_on_gaps)
+                                            graph_modes, parse_step_message, split_on_gaps)
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -180,7 +180,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
         steps = pd.DataFrame()
     elif step_source != "kernel-gaps":
         steps = _attach(steps, ann[ann["name"].isin(_PHASES)], launches, kernels, df[df["cat"] == "cpu_op"])
-        steps["graph_mode"] = ([graph_mode(int(g), int(e)) for g, e in zip(steps["graph_launches"], steps["eager_between"])]
+        steps["graph_mode"] = (graph_modes(steps["graph_launches"], steps["eager_between"])
                                if cuda_traced else steps["graph_planned"])
         steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float) if cuda_traced else np.nan
 
@@ -314,7 +314,7 @@ def _gap_steps(kernels: pd.DataFrame, launches: pd.DataFrame, gap_us: float) -> 
     steps = pd.concat(parts, ignore_index=True)
     steps["kind"] = "unknown"
     if len(launches):
-        steps["graph_mode"] = [graph_mode(int(a), int(b)) for a, b in zip(steps["graph_launches"], steps["eager_between"])]
+        steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
         steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float)
     else:  # kernels without their launch calls: what launched them is unknown
         steps["graph_mode"], steps["graph_replayed"] = "unknown", np.nan

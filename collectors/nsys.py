@@ -21,7 +21,7 @@ from mixdiag.collectors.nsys_kernels import (gap_steps, launch_names, project, r
                                              sm_active_samples, window_means)
 from mixdiag.collectors.nsys_nvtx import find_steps
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.trace_steps import DEFAULT_STEP_GAP_S, graph_mode
+from mixdiag.collectors.trace_steps import DEFAULT_STEP_GAP_S, graph_modes
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -74,8 +74,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
         notes += n
         notes.append(f"no step ranges: steps split where the GPU idled > {step_gap_s * 1e3:g} ms (heuristic)")
         host_graphs = runtime_graph_launches(db)
-        graphs_visible = graph_rows > 0 or ("graphId" in db.columns(KERNEL) and bool(
-            db.scalar(f"SELECT 1 FROM {KERNEL} WHERE graphId IS NOT NULL LIMIT 1")))
+        graphs_visible = graph_rows > 0 or bool(len(agg) and agg["graph_launches"].sum() > 0)
         graph_known = (db.has(RUNTIME) or graphs_visible) and not (host_graphs and not graphs_visible)
         if not graph_known:
             notes.append(f"{host_graphs} graph launch calls but no graph GPU rows: graph mode unknown")
@@ -132,7 +131,7 @@ def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> p
     for col in ("prefill_tokens", "decode_reqs", "decode_rows"):
         s[col] = pd.to_numeric(s[col], errors="coerce") if col in s else np.nan
     if cuda_traced:
-        s["graph_mode"] = [graph_mode(int(g), int(e)) for g, e in zip(s["graph_launches"], s["eager_between"])]
+        s["graph_mode"] = graph_modes(s["graph_launches"], s["eager_between"])
         s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
     else:  # no CUDA trace: only the engine's own planned decision is known
         s["graph_mode"] = s["graph_planned"].fillna("unknown")
@@ -151,7 +150,7 @@ def _gap_steps(agg: pd.DataFrame, graph_known: bool) -> pd.DataFrame:
     s["granularity"] = "step"
     s["kind"] = "unknown"
     if graph_known:
-        s["graph_mode"] = [graph_mode(int(g), int(e)) for g, e in zip(s["graph_launches"], s["eager_between"])]
+        s["graph_mode"] = graph_modes(s["graph_launches"], s["eager_between"])
         s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
     else:
         s["graph_mode"] = "unknown"

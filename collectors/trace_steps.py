@@ -95,6 +95,13 @@ def graph_mode(graph_launches: int, eager_between: int) -> str:
     return "PIECEWISE" if eager_between > 0 else "FULL"
 
 
+def graph_modes(graph_launches, eager_between) -> np.ndarray:
+    """:func:`graph_mode` of many steps at once (object array of mode names)."""
+    g = np.asarray(graph_launches, dtype="float64")
+    e = np.asarray(eager_between, dtype="float64")
+    return np.where(g <= 0, "NONE", np.where(e > 0, "PIECEWISE", "FULL")).astype(object)
+
+
 def split_on_gaps(start: np.ndarray, end: np.ndarray, gap: float) -> np.ndarray:
     """Step index of each item of one stream of GPU work sorted by ``start``.
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mixdiag.collectors.trace_steps import (graph_counts, graph_mode, is_engine_step_range, parse_step_message,
+from mixdiag.collectors.trace_steps import (graph_counts, graph_mode, graph_modes, is_engine_step_range, parse_step_message,
                                             split_on_gaps)
 
 
@@ -29,6 +29,7 @@ def test_not_a_step_message(text):
                                                    (2, 1, "PIECEWISE")])
 def test_graph_mode_rule(launches, between, mode):
     assert graph_mode(launches, between) == mode
+    assert graph_modes([launches, 1], [between, 0]).tolist() == [mode, "FULL"]
 
 
 def test_split_on_gaps_uses_running_max_of_ends():
