@@ -7,6 +7,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixdiag.engine.loglines import LogLineConfig, LogLineWriter, parse_formats
 from mixdiag.engine.records import StepRecord
@@ -189,3 +191,32 @@ def test_timestamps_are_utc_whatever_the_local_zone(monkeypatch):
         time.tzset()
     assert " INFO 04-05 20:02:51 [core.py:349] Iteration(4)" in lines[0]
     assert lines[1].startswith("[2026-04-05 20:02:51] Decode batch, ")
+
+
+@settings(max_examples=60, deadline=None)
+@given(step=st.integers(0, 10**7), prefill=st.integers(0, 10**6), preqs=st.integers(0, 512),
+       dreqs=st.integers(0, 4096), spec=st.integers(0, 4), usage=st.floats(0, 1), waiting=st.integers(0, 10**5),
+       dur=st.floats(1e-5, 100), mode=st.sampled_from(["FULL", "PIECEWISE", "NONE"]))
+def test_lines_round_trip_through_the_reference_regexes(step, prefill, preqs, dreqs, spec, usage, waiting, dur, mode):
+    kind = "mixed" if prefill and dreqs else "prefill" if prefill else "decode" if dreqs else "idle"
+    r = StepRecord(step=step, t_start_s=1.75e9, t_end_s=1.75e9 + dur, kind=kind, prefill_tokens=prefill,
+                   prefill_reqs=preqs, decode_reqs=dreqs, decode_rows=dreqs * (1 + spec), kv_usage=usage,
+                   waiting_reqs=waiting, graph_mode=mode)
+    lines, _ = run_steps(LogLineConfig(decode_log_interval=1), [r])
+    if kind == "idle":
+        assert lines == []
+        return
+    m = VLLM_ITER.search(lines[0])
+    assert VLLM_PREFIX.match(lines[0])
+    assert (int(m["idx"]), int(m["ctx_req"]), int(m["ctx_tok"]), int(m["gen_req"]), int(m["gen_tok"])) == \
+        (step, preqs, prefill, dreqs, dreqs * (1 + spec))
+    assert float(m["ms"]) == pytest.approx(dur * 1e3, abs=0.006)
+    sg = lines[1]
+    assert SGL_PREFIX.match(sg)
+    fields = dict(SGL_FIELD.findall(sg[SGL_BATCH.search(sg).end():]))
+    assert float(fields["token usage"]) == pytest.approx(usage, abs=0.006)
+    assert fields["cuda graph"] == str(mode == "FULL") and int(fields["#queue-req"]) == waiting
+    if kind == "decode":
+        assert int(fields["#running-req"]) == dreqs
+    else:
+        assert int(fields["#new-token"]) == prefill and int(fields["#new-seq"]) == preqs
