@@ -67,7 +67,7 @@ def capture(app, out: Path, tab: str = "Timeline", wait_s: float = 30.0) -> Path
     from selenium.webdriver.support.ui import WebDriverWait
 
     srv = ThreadedServer(app)
-    driver = chrome()
+    driver = chrome(chrome_options(1400, 700))  # small first: the page's scrollHeight is at least the window
     try:
         driver.get(srv.url)
         wait = WebDriverWait(driver, wait_s)
@@ -75,10 +75,14 @@ def capture(app, out: Path, tab: str = "Timeline", wait_s: float = 30.0) -> Path
         if tab != "Overview":
             driver.find_element(By.XPATH, f"//*[contains(@class,'tab') and normalize-space()='{tab}']").click()
             wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace")))
-        time.sleep(1.5)  # let plotly finish its transitions
-        height = driver.execute_script("return document.body.scrollHeight")
-        driver.set_window_size(1400, min(int(height) + 40, 2200))
-        time.sleep(0.5)
+        time.sleep(2.0)  # let plotly finish laying out
+        # Size the window to the whole page so the screenshot holds every panel.
+        height = driver.execute_script("return Math.max(document.documentElement.scrollHeight, "
+                                       "document.body.scrollHeight)")
+        inner = driver.execute_script("return window.innerHeight")
+        outer = driver.get_window_size()["height"]
+        driver.set_window_size(1400, min(int(height) + (outer - int(inner)) + 10, 2400))
+        time.sleep(1.0)
         out.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(out))
     finally:
