@@ -84,6 +84,11 @@ def _get(url: str, path: str, params: dict, timeout_s: float) -> dict:
     return doc["data"]
 
 
+def _fmt_s(seconds: float) -> str:
+    """Seconds for the API without losing digits (``%g`` would round 12.3456789 to 12.3457)."""
+    return f"{seconds:.6f}".rstrip("0").rstrip(".")
+
+
 def query_range(url: str, promql: str, start: float, end: float, step_s: float,
                 timeout_s: float = 30.0) -> list[dict]:
     """``/api/v1/query_range`` as a list of ``{metric, values}``; long windows are fetched in chunks."""
@@ -93,7 +98,7 @@ def query_range(url: str, promql: str, start: float, end: float, step_s: float,
     while t <= end:
         t_end = min(end, t + span)
         data = _get(url, "/api/v1/query_range", {"query": promql, "start": f"{t:.3f}", "end": f"{t_end:.3f}",
-                                                 "step": f"{step_s:g}"}, timeout_s)
+                                                 "step": _fmt_s(step_s)}, timeout_s)
         if data.get("resultType") != "matrix":
             raise UserError(f"Prometheus at {url}: expected a matrix, got {data.get('resultType')}")
         for series in data["result"]:

@@ -115,3 +115,28 @@ def test_queries_cover_prefixes_and_itl_buckets():
     q = prom_http.queries('{job="vllm"}')
     assert q[0].startswith('{__name__=~"vllm:.*|') and 'job="vllm"' in q[0] and '!~".*_bucket"' in q[0]
     assert "vllm:inter_token_latency_seconds_bucket" in q[1] and "sglang_inter_token_latency_seconds_bucket" in q[1]
+
+
+@pytest.mark.prometheus
+def test_itl_quantiles_equal_promql_histogram_quantile(prometheus_server, metrics_endpoint):
+    reg = CollectorRegistry()
+    h = Histogram("mixdiag_engine_inter_token_latency_seconds", "itl", buckets=(0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
+                  registry=reg)
+    target = metrics_endpoint(reg)
+    prom = prometheus_server([target], scrape_interval_s=0.5)
+    prom.wait_for_samples("up", min_samples=4)
+    t0 = time.time()
+    for v, n in ((0.004, 3), (0.02, 40), (0.04, 25), (0.07, 9), (0.3, 4), (2.0, 1)):
+        for _ in range(n):
+            h.observe(v)
+    prom.wait_until("mixdiag_engine_inter_token_latency_seconds_count", lambda r: r and r[0]["value"][1] == "82")
+    time.sleep(1.0)
+    t1 = time.time()
+    start = round(t0 - 0.5, 3)  # scrapes of the empty histogram exist before t0
+    step = round(t1 - start, 3)
+    tl = prom_http.read(prom.url, start=start, end=start + step, step_s=step)  # one interval: the burst
+    row = tl.steps.iloc[0]
+    assert row["itl_count"] == 82
+    for col, q in (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99)):
+        ref = prom.query(f"histogram_quantile({q}, mixdiag_engine_inter_token_latency_seconds_bucket)", t=start + step)
+        assert row[col] == pytest.approx(float(ref[0]["value"][1]), rel=1e-9), col
