@@ -21,7 +21,6 @@ Sources: a scrape file or a directory of timed scrapes (via :mod:`.prom_text`), 
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Mapping, Sequence
 
