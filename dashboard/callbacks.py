@@ -98,7 +98,8 @@ def on_timeline(store: DataStore, key: dict | None, instance: str | None, relayo
         x_range = x_range_from_relayout(relayout)
         if x_range is False:
             raise PreventUpdate
-    return figures.timeline_figure(store.view(ds, instance), x_range=x_range, max_points=max_points)
+    return figures.timeline_figure(store.view(ds, instance), x_range=x_range, max_points=max_points,
+                                   revision=f"{ds.id}:{instance}")
 
 
 def spike_options(ds) -> list[dict]:

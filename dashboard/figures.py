@@ -47,12 +47,13 @@ def _take(df: pd.DataFrame, idx: np.ndarray) -> pd.DataFrame:
 
 
 def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = None,
-                    max_points: int = DEFAULT_MAX_POINTS) -> go.Figure:
+                    max_points: int = DEFAULT_MAX_POINTS, revision: str | None = None) -> go.Figure:
     """Linked panels on one shared x-axis (seconds since the first sample).
 
     Every line is downsampled to ``max_points`` over ``x_range`` (min and max per bucket, so
     spikes stay visible); spike markers carry ``customdata = [instance, step]`` for the Spike
-    page. Zooming one panel zooms all (shared x-axis).
+    page. Zooming one panel zooms all (shared x-axis). ``revision`` keeps the user's zoom across
+    redraws while it stays the same (the dashboard passes dataset id and instance).
     """
     panels = timeline_panels(view)
     heights = {"itl": 0.34, "alloc": 0.22, "sm": 0.16, "graph": 0.12, "expert": 0.12, "kv": 0.12}
@@ -141,7 +142,7 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
     note = (f"{shown:,} of {total:,} points drawn (min/max per pixel bucket; zoom to re-sample)"
             if shown < total else f"all {total:,} points drawn")
     fig.update_layout(height=220 + 150 * len(panels), margin={"l": 60, "r": 20, "t": 60, "b": 50},
-                      uirevision=view.instance, hovermode="closest", template="plotly_white",
+                      uirevision=revision or view.instance, hovermode="closest", template="plotly_white",
                       legend={"orientation": "h", "y": 1.06, "x": 0},
                       meta={"points_shown": int(shown), "points_total": int(total)})
     fig.add_annotation(text=note, xref="paper", yref="paper", x=1, y=-0.02, xanchor="right", yanchor="top",

@@ -57,6 +57,7 @@ def test_timeline_full_then_zoomed(store, key):
     zoomed = callbacks.on_timeline(store, key, "engine0", {"xaxis.range[0]": 1.0, "xaxis.range[1]": 2.0}, 400,
                                    trigger="timeline-graph")
     assert list(zoomed.layout.xaxis.range) == [1.0, 2.0] and full.layout.xaxis.range is None
+    assert full.layout.uirevision == zoomed.layout.uirevision == f"{key['id']}:engine0"  # zoom kept per dataset
     itl = lambda f: [t for t in f.data if t.name == "ITL"][0]  # noqa: E731
     assert len(itl(zoomed).x) < len(itl(full).x)
     with pytest.raises(PreventUpdate):  # a relayout that is not an x zoom does not redraw
