@@ -12,7 +12,9 @@ from typing import Iterable
 from mixdiag.errors import UserError
 from mixdiag.schema import SchemaError, Timeline
 
-__all__ = ["load", "expand"]
+__all__ = ["load", "expand", "rename_instances"]
+#: Formats that carry only SM activity: given with step sources, they fill ``steps.sm_active``.
+SM_ACTIVITY_FORMATS = ("dcgm", "nvml-csv")
 
 
 def expand(paths: Iterable[str | os.PathLike], fmt: str = "auto", ignored: list | None = None
@@ -59,6 +61,8 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     ``format`` is "auto" (detect by content) or a registered format name applied to every input;
     ``options`` go to each collector's ``read`` (e.g. ``instance=``, ``step_gap_s=``). Instances
     of different inputs that share a name are renamed ``<name>@<input stem>`` so none is lost.
+    DCGM / NVML inputs given together with step sources are mapped onto those steps
+    (``steps.sm_active``) by their collectors.
     """
     from mixdiag.collectors import registry
 
@@ -67,12 +71,23 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     inputs = expand(paths, format, ignored)
     if len(inputs) > 1 and options.get("instance"):
         raise UserError("--instance names one input's instance; give it with a single input")
+    # SM-activity sources (DCGM, NVML) are mapped onto the steps of the other inputs when there are any.
+    sm = [(src, fmt) for src, fmt in inputs if fmt in SM_ACTIVITY_FORMATS]
+    if sm and len(sm) < len(inputs):
+        inputs = [(src, fmt) for src, fmt in inputs if fmt not in SM_ACTIVITY_FORMATS]
+    else:
+        sm = []
     timelines = [registry.module(fmt).read(src, **options) for src, fmt in inputs]
     if ignored:  # files of a directory in no known format: say so, never drop them silently
         tl = timelines[0]
         timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored})
-    if len(timelines) == 1:
-        return timelines[0]
+    tl = timelines[0] if len(timelines) == 1 else _combine(timelines, inputs)
+    for src, fmt in sm:
+        tl = registry.module(fmt).read(src, steps=tl, **options)
+    return tl
+
+
+def _combine(timelines: list[Timeline], inputs: list[tuple[str, str]]) -> Timeline:
     timelines = _disambiguate(timelines, [src for src, _ in inputs])
     clocks = {tl.meta.get("clock") for tl in timelines}
     if len(clocks) > 1:

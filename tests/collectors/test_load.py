@@ -60,3 +60,17 @@ def test_forced_format_and_instance(tmp_path):
         load([NSYS / "mock.sqlite", NSYS / "h100_2gpu_1s.sqlite"], instance="x")
     with pytest.raises(UserError, match="not an SQLite file"):
         load(NSYS / "SOURCES.md", format="nsys-sqlite")
+
+
+def test_sm_activity_source_fills_the_steps_of_the_others(tmp_path):
+    run = _run(tmp_path / "run", 1.8e9)
+    csv = tmp_path / "nvml.csv"
+    csv.write_text("t_s,gpu_index,gpu_uuid,metric,value\n"
+                   "1800000000.2,0,GPU-1,gpm_sm_util,0.2\n1800000000.4,0,GPU-1,gpm_sm_util,0.4\n"
+                   "1800000002.3,0,GPU-1,gpm_sm_util,0.9\n")
+    tl = load([run, csv])
+    assert list(tl.steps["instance"].unique()) == ["engine0"] and len(tl.series) == 3
+    sm = tl.steps["sm_active"]  # how samples map onto a step is the NVML collector's rule
+    assert sm.notna().any() and ((sm.dropna() >= 0.2) & (sm.dropna() <= 0.9)).all()
+    assert tl.meta["signals"]["engine0"]["sm_active"] == "measured"
+    assert [s["format"] for s in tl.meta["sources"]][-1] == "nvml-csv"
