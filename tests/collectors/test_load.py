@@ -71,6 +71,6 @@ def test_sm_activity_source_fills_the_steps_of_the_others(tmp_path):
     tl = load([run, csv])
     assert list(tl.steps["instance"].unique()) == ["engine0"] and len(tl.series) == 3
     sm = tl.steps["sm_active"]  # how samples map onto a step is the NVML collector's rule
-    assert sm.notna().any() and ((sm.dropna() >= 0.2) & (sm.dropna() <= 0.9)).all()
+    assert sm.notna().any() and sm.dropna().between(0.2 - 1e-6, 0.9 + 1e-6).all()
     assert tl.meta["signals"]["engine0"]["sm_active"] == "measured"
     assert [s["format"] for s in tl.meta["sources"]][-1] == "nvml-csv"
