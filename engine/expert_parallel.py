@@ -41,7 +41,7 @@ class EPConfig:
     """Expert-parallel layout: how many ranks (the engine is rank 0) and the per-round capacity."""
 
     world_size: int = 4
-    backend: str = "auto"  # gloo | nccl | auto (nccl when the experts live on CUDA)
+    backend: str = "auto"  # gloo | nccl | auto (nccl when the experts live on CUDA and every rank has a GPU)
     capacity_factor: float = 0.0  # per-round rows per rank = ceil(factor * rows / W); 0 = no limit
     worker_threads: int = 1  # torch intra-op threads per expert worker
     timeout_s: float = 120.0
@@ -165,8 +165,8 @@ def _round_splits(counts: list[int], cap: int, rounds: int) -> list[list[int]]:
 def _serve_round(shard: ExpertWeights, world: int, device: torch.device, hidden: int, dtype: torch.dtype,
                  send_counts: list[int], send_x: torch.Tensor, send_ids: torch.Tensor) -> torch.Tensor:
     """One dispatch/compute/combine round on any rank; returns the rows this rank gets back."""
-    sc = torch.tensor(send_counts, dtype=torch.int64)
-    rc = torch.empty(world, dtype=torch.int64)
+    sc = torch.tensor(send_counts, dtype=torch.int64, device=device)  # NCCL needs device tensors
+    rc = torch.empty(world, dtype=torch.int64, device=device)
     dist.all_to_all_single(rc, sc)
     recv_counts = rc.tolist()
     n_in = sum(recv_counts)
@@ -228,11 +228,16 @@ class ExpertParallel:
         self.num_experts = layers[0].num_experts
         check_shardable(self.num_experts, self.world)
         self.per_rank = self.num_experts // self.world
-        dev = layers[0].w13.device
+        model_dev = layers[0].w13.device
         backend = config.backend
-        if backend == "auto":
-            backend = "nccl" if dev.type == "cuda" else "gloo"
+        if backend == "auto":  # NCCL wants one GPU per rank; otherwise exchange and compute experts on CPU
+            cuda_ok = model_dev.type == "cuda" and torch.cuda.device_count() >= self.world
+            backend = "nccl" if cuda_ok else "gloo"
+        if backend == "nccl" and model_dev.type != "cuda":
+            raise ValueError("ep backend nccl needs the model on CUDA")
         self.backend = backend
+        self.model_device = model_dev
+        dev = model_dev if backend == "nccl" else torch.device("cpu")
         self.device = dev
         self.hidden = layers[0].w13.shape[2]
         self.dtype = layers[0].w13.dtype
@@ -243,7 +248,7 @@ class ExpertParallel:
         self._procs = []
         for r in range(1, self.world):
             shards = [lw.shard(r, self.world) for lw in layers]
-            wdev = f"cuda:{r % torch.cuda.device_count()}" if dev.type == "cuda" else "cpu"
+            wdev = f"cuda:{r}" if dev.type == "cuda" else "cpu"
             if dev.type != "cuda":
                 shards = [s.to("cpu") for s in shards]
             p = ctx.Process(target=_worker, args=(r, self.world, port, backend, config.worker_threads,
@@ -252,7 +257,7 @@ class ExpertParallel:
             self._procs.append(p)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=self.world,
                                 timeout=datetime.timedelta(seconds=config.timeout_s))
-        self._shards = [lw.shard(0, self.world) for lw in layers]
+        self._shards = [lw.shard(0, self.world).to(dev) for lw in layers]
         self._counts = [0] * self.world
         self._rounds = 0
         self._closed = False
@@ -295,8 +300,9 @@ class ExpertParallel:
         dst = torch.div(flat, self.per_rank, rounding_mode="floor")
         order = torch.argsort(dst, stable=True)  # rows grouped by destination rank
         counts = torch.bincount(dst, minlength=self.world).tolist()
-        rows = x.repeat_interleave(k, dim=0)[order].to(self.dtype)  # [T*k, H]
-        local_ids = (flat - dst * self.per_rank)[order]
+        rows = x.repeat_interleave(k, dim=0)[order].to(device=self.device, dtype=self.dtype)  # [T*k, H]
+        local_ids = (flat - dst * self.per_rank)[order].to(self.device)
+        order = order.to(self.device)
         f = self.config.capacity_factor
         cap = math.ceil(f * T * k / self.world) if f else 0
         rounds = max(1, max(math.ceil(c / cap) for c in counts)) if cap else 1
@@ -323,8 +329,8 @@ class ExpertParallel:
         y[order] = y_sorted
         self._counts = [a + b for a, b in zip(self._counts, counts)]
         self._rounds += rounds
-        out = (y.view(T, k, -1) * topk_weights.unsqueeze(-1).to(y.dtype)).sum(dim=1)
-        return out.to(x.dtype)
+        out = (y.view(T, k, -1) * topk_weights.unsqueeze(-1).to(device=y.device, dtype=y.dtype)).sum(dim=1)
+        return out.to(device=x.device, dtype=x.dtype)
 
     def take_step_counts(self) -> tuple[list[int], int]:
         """(rows per rank, rounds) accumulated since the last call, over all MoE layers; resets."""
