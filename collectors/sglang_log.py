@@ -37,7 +37,9 @@ FORMAT = "sglang-log"
 # Every era's first field is #new-seq or #running-req; requiring '#' keeps prose that merely
 # mentions "Prefill batch," (a comment, a quoted PR title) out.
 _BATCH = re.compile(r"\b(Prefill|Decode) batch(?: ?\[(\d+)\])?[.,]\s*(?=#|$)")
-_FIELD = re.compile(r"(#?[A-Za-z][A-Za-z _-]*?(?: \([a-z/]+\))?): ([^,]*[^,\s]|)\s*(?:,|$)")
+_FIELD_BODY = r"(#?[A-Za-z][A-Za-z _-]*?(?: \([a-z/]+\))?): ([^,]*[^,\s]|)\s*(?:,|$)"
+_FIELD = re.compile(_FIELD_BODY)
+_ALL_FIELDS = re.compile(rf"(?:{_FIELD_BODY}[ ,]*)*")  # the whole rest is fields and separators
 _PREFIX = re.compile(r"\[(\d{4})-(\d\d)-(\d\d)[ T](\d\d:\d\d:\d\d)(?:[.,](\d+))?((?:\s+[A-Z_]*\d+)*)\s*\]")
 _RETRACT = re.compile(r"Decode out of memory happened\.\s*(.*)$")
 _BALANCE = re.compile(r"\[Expert Balancedness\]\s*(.*)$")
@@ -69,18 +71,10 @@ def _server_args(lines: list[str]) -> dict:
 
 def _fields(rest: str) -> dict[str, str] | None:
     """``key: value`` pairs of a batch line; None if text is left that is not a field (cut line)."""
-    out: dict[str, str] = {}
-    pos = 0
     rest = rest.rstrip()
-    while pos < len(rest):
-        m = _FIELD.match(rest, pos)
-        if m is None:
-            return None
-        out[m.group(1).strip()] = m.group(2)
-        pos = m.end()
-        while pos < len(rest) and rest[pos] in " ,":
-            pos += 1
-    return out
+    if _ALL_FIELDS.fullmatch(rest) is None:
+        return None
+    return {k.strip(): v for k, v in _FIELD.findall(rest)}
 
 
 def _mixed_chunk(args: dict, option: bool | None) -> bool | None:
