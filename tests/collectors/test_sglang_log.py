@@ -168,3 +168,14 @@ def test_lines_logged_out_of_time_order():
     assert any("moved forward" in n for n in tl.meta["sources"][0]["notes"])
     thr = tl.series[tl.series["name"] == "sglang_log:gen_throughput_token_per_s"]
     assert list(thr["value"]) == [2.0, 1.0]  # series samples in time order
+
+
+def test_expert_balancedness_line():
+    text = ("[2026-05-01 10:00:00 DP0 TP0 EP0] [Expert Balancedness] forward_pass_id=12 current_pass_balancedness=0.612 "
+            "last_10_average_balancedness=0.700 last_100_average_balancedness=0.750 "
+            "last_1000_average_balancedness=0.800 gpu_physical_count_sum=4096\n")
+    tl = sglang_log.read(io.StringIO(text), instance="s")
+    ser = tl.series.set_index("name")["value"]
+    assert ser["sglang_log:eplb_current_pass_balancedness"] == 0.612
+    assert ser["sglang_log:eplb_forward_pass_id"] == 12 and tl.instances == ["s/DP0-TP0-EP0"]
+    assert tl.meta["sources"][0]["lines_parsed"] == 1
