@@ -11,8 +11,9 @@ the cache. Query token i of request b sits at position ``seq_lens[b] - q_len_b +
 causally to KV positions ``<=`` its own. Decode rows and prefill rows go in the same call.
 
 Strategy (no per-token Python loop): requests with short queries (decode rows, speculative
-verification rows) are padded into one batch and gathered block-wise from the cache in one
-``index_select``; each long query (a prefill chunk) is one SDPA call over its own context.
+verification rows) are padded into batches of similar context length (within 2x) and gathered
+block-wise from the cache with one ``index_select`` per batch; each long query (a prefill chunk)
+is a blocked matmul-softmax-matmul over its own context.
 """
 from __future__ import annotations
 
@@ -50,33 +51,58 @@ def _short_batch(q, k_cache, v_cache, starts, q_lens, seq_lens, block_tables, sc
     # Padded query rows attend to position 0 only (never a fully masked row: no NaN); dropped later.
     limit = torch.where(valid_q, qpos, torch.zeros_like(qpos))
     mask = kpos[None, None, :] <= limit[:, :, None]                         # [B, Qs, L]
+    hq, hkv = q.shape[1], k_cache.shape[2]
+    g = hq // hkv
     k = _gather_kv(k_cache, block_tables, nb).transpose(1, 2)               # [B, Hkv, L, D]
     v = _gather_kv(v_cache, block_tables, nb).transpose(1, 2)
-    qb = q[rows].transpose(1, 2)                                            # [B, Hq, Qs, D]
-    hq, hkv = q.shape[1], k_cache.shape[2]
-    if hq != hkv:
-        k = k.repeat_interleave(hq // hkv, dim=1)
-        v = v.repeat_interleave(hq // hkv, dim=1)
-    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=mask[:, None], scale=scale)  # [B, Hq, Qs, D]
-    o = o.transpose(1, 2)                                                   # [B, Qs, Hq, D]
+    # GQA without copying K/V per query head: the g query heads of one KV head become g*Qs rows.
+    d = q.shape[2]
+    qb = q[rows].view(b, qmax, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * qmax, d)
+    m = mask[:, None, None].expand(b, 1, g, qmax, mask.shape[-1]).reshape(b, 1, g * qmax, mask.shape[-1])
+    o = F.scaled_dot_product_attention(qb, k, v, attn_mask=m, scale=scale)  # [B, Hkv, g*Qs, D]
+    o = o.view(b, hkv, g, qmax, d).permute(0, 3, 1, 2, 4).reshape(b, qmax, hq, d)
     out[rows[valid_q]] = o[valid_q]
 
 
 def _long_query(q, k_cache, v_cache, start, q_len, seq_len, block_row, scale, out):
-    """Attention for one request with a long query (a prefill chunk) over its own context."""
+    """Attention for one request with a long query (a prefill chunk) over its own context.
+
+    Blocked over query rows (about 1M scores per block) so the score matrix stays in cache; only
+    the last ``q_len`` key columns need the causal mask (every query sees the whole prefix).
+    """
     bs = k_cache.shape[1]
     nb = -(-seq_len // bs)
-    k = _gather_kv(k_cache, block_row[None], nb)[0, :seq_len].transpose(0, 1)  # [Hkv, L, D]
-    v = _gather_kv(v_cache, block_row[None], nb)[0, :seq_len].transpose(0, 1)
-    qr = q[start:start + q_len].transpose(0, 1)                             # [Hq, Q, D]
-    hq, hkv = q.shape[1], k_cache.shape[2]
-    if hq != hkv:
-        k = k.repeat_interleave(hq // hkv, dim=0)
-        v = v.repeat_interleave(hq // hkv, dim=0)
-    qpos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-    mask = torch.arange(seq_len, device=q.device)[None, :] <= qpos[:, None]  # [Q, L]
-    o = F.scaled_dot_product_attention(qr, k, v, attn_mask=mask, scale=scale)  # [Hq, Q, D]
-    out[start:start + q_len] = o.transpose(0, 1)
+    k = _gather_kv(k_cache, block_row[None], nb)[0, :seq_len].transpose(0, 1).contiguous()  # [Hkv, L, D]
+    v = _gather_kv(v_cache, block_row[None], nb)[0, :seq_len].transpose(0, 1).contiguous()
+    hq, hkv, d = q.shape[1], k_cache.shape[2], q.shape[2]
+    g = hq // hkv
+    # [Q, Hq, D] -> [Hkv, g*Q, D]: the g query heads sharing a KV head are stacked as rows (row = gi*Q + qi).
+    qr = q[start:start + q_len].view(q_len, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * q_len, d)
+    blocked = ~torch.ones(q_len, q_len, dtype=torch.bool, device=q.device).tril().repeat(g, 1)  # [g*Q, Q]
+    kt = k.transpose(1, 2)                                                   # [Hkv, D, L]
+    o = torch.empty_like(qr)
+    rows = g * q_len
+    bq = max(64, (1 << 20) // max(1, hkv * seq_len))
+    prefix = seq_len - q_len
+    for r0 in range(0, rows, bq):
+        r1 = min(rows, r0 + bq)
+        sc = torch.bmm(qr[:, r0:r1], kt).mul_(scale)                         # [Hkv, bq, L]
+        sc[:, :, prefix:].masked_fill_(blocked[r0:r1], float("-inf"))
+        o[:, r0:r1] = torch.bmm(torch.softmax(sc, dim=-1), v)
+    out[start:start + q_len] = o.view(hkv, g, q_len, d).permute(2, 0, 1, 3).reshape(q_len, hq, d)
+
+
+def _length_groups(idx: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """Split requests into groups whose context lengths are within 2x, so padding at most doubles the gather."""
+    groups: list[list[int]] = []
+    lo = 0
+    for b in sorted(idx, key=seq_lens.__getitem__):
+        if groups and seq_lens[b] <= 2 * lo:
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+            lo = max(seq_lens[b], 16)   # short contexts all go together
+    return groups
 
 
 def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -87,11 +113,13 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     qsl = query_start_loc.tolist()
     sl = seq_lens.tolist()
     short = [b for b in range(len(sl)) if qsl[b + 1] - qsl[b] <= SHORT_QUERY]
-    if short:
-        sel = torch.tensor(short, device=q.device, dtype=torch.long) if len(short) < len(sl) else None
-        bt = block_tables if sel is None else block_tables.index_select(0, sel)
-        _short_batch(q, k_cache, v_cache, [qsl[b] for b in short], [qsl[b + 1] - qsl[b] for b in short],
-                     [sl[b] for b in short], bt, scale, out)
+    for group in _length_groups(short, sl):
+        if group == list(range(len(sl))):
+            bt = block_tables
+        else:
+            bt = block_tables.index_select(0, torch.tensor(group, device=q.device, dtype=torch.long))
+        _short_batch(q, k_cache, v_cache, [qsl[b] for b in group], [qsl[b + 1] - qsl[b] for b in group],
+                     [sl[b] for b in group], bt, scale, out)
     for b in range(len(sl)):
         q_len = qsl[b + 1] - qsl[b]
         if q_len > SHORT_QUERY:

@@ -146,7 +146,8 @@ class Engine:
                          prefill_tokens=out.num_prefill_tokens, prefill_reqs=len(out.prefill_req_ids),
                          decode_reqs=len(out.decode_req_ids), decode_rows=out.num_decode_rows,
                          graph_mode=plan.mode, graph_bucket=plan.bucket, graph_replayed=False,
-                         preempted_reqs=len(out.preempted_req_ids), forward_mode=out.forward_mode.value,
+                         preempted_reqs=len(out.preempted_req_ids),
+                         stalled_decode_reqs=len(out.skipped_decode_req_ids), forward_mode=out.forward_mode.value,
                          token_budget=out.token_budget, num_scheduled_tokens=dict(out.num_scheduled_tokens),
                          schedule_s=max(0.0, c1 - c0 - kv_s), kv_transfer_bytes=float(kv_bytes), kv_transfer_s=kv_s)
         msg = (f"step {n} kind={rec.kind} prefill_tokens={rec.prefill_tokens} decode_reqs={rec.decode_reqs} "

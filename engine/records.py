@@ -43,11 +43,13 @@ class StepRecord:
     graph_bucket: int | None = None  # padded token count of the planned graph (None for NONE)
     graph_replayed: bool = False    # True only when a real CUDA graph was replayed
     sm_active: float = NAN
+    sm_active_source: str = "absent"  # measured | estimated | absent (set by whoever fills sm_active)
     expert_imbalance: float = NAN
     kv_transfer_bytes: float = 0.0
     kv_transfer_s: float = 0.0
     prefix_hit_tokens: int = 0
     preempted_reqs: int = 0
+    stalled_decode_reqs: int = 0    # decoding requests that sat out the step (no mixing / no KV room)
     running_reqs: int = 0
     waiting_reqs: int = 0
     kv_usage: float = 0.0
@@ -72,7 +74,7 @@ _STEP_FIELDS = ("step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "prefi
                 "kv_transfer_bytes", "kv_transfer_s", "prefix_hit_tokens", "preempted_reqs", "running_reqs",
                 "waiting_reqs", "kv_usage", "schedule_s", "prepare_s", "forward_s")
 # Extra (undocumented) columns the engine adds after the documented ones.
-_EXTRA_FIELDS = ("sample_s", "forward_mode", "token_budget")
+_EXTRA_FIELDS = ("sample_s", "forward_mode", "token_budget", "stalled_decode_reqs")
 
 
 def steps_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd.DataFrame:
@@ -99,7 +101,7 @@ def tokens_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd
 
 #: Signal qualities the reference engine reports (meta["signals"][instance]) on CPU.
 ENGINE_SIGNALS = {
-    "token_allocation": "measured", "itl": "measured", "graph_mode": "inferred", "sm_active": "estimated",
+    "token_allocation": "measured", "itl": "measured", "graph_mode": "inferred", "sm_active": "absent",
     "expert_imbalance": "absent", "kv_transfer": "measured", "kv_usage": "measured", "preemption": "measured",
     "host_time": "measured", "prefix_cache": "measured",
 }
@@ -115,6 +117,8 @@ def to_timeline(records: Iterable[StepRecord], instance: str = "engine0", meta: 
     meta.setdefault("source", "mixdiag-engine")
     meta.setdefault("clock", "unix")
     sig = dict(ENGINE_SIGNALS)
+    sources = {r.sm_active_source for r in records} - {"absent"}
+    sig["sm_active"] = "measured" if "measured" in sources else "estimated" if sources else "absent"
     if any(r.per_rank_tokens is not None for r in records):
         sig["expert_imbalance"] = "measured"
     sig.update(signals or {})

@@ -74,3 +74,9 @@ def test_row_independent_of_batch():
     both = paged_attention_ref(q, kc, vc, qsl, sl, bt, 0.2)
     alone = paged_attention_ref(q[9:10], kc, vc, torch.tensor([0, 1], dtype=torch.int32), sl[1:2], bt[1:2], 0.2)
     torch.testing.assert_close(both[9:10], alone, rtol=1e-12, atol=1e-12)
+
+
+def test_decodes_of_very_different_lengths():
+    """Short queries are grouped by context length; every group must still be exact."""
+    args = make_case([1, 1, 2, 1, 1], [3, 200, 40, 90, 7], bs=8)
+    torch.testing.assert_close(paged_attention_ref(*args, scale=0.2), naive(*args, scale=0.2), rtol=1e-9, atol=1e-9)
