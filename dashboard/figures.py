@@ -141,9 +141,10 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
         fig.update_xaxes(range=list(x_range))
     note = (f"{shown:,} of {total:,} points drawn (min/max per pixel bucket; zoom to re-sample)"
             if shown < total else f"all {total:,} points drawn")
-    fig.update_layout(height=220 + 150 * len(panels), margin={"l": 60, "r": 20, "t": 60, "b": 50},
+    fig.update_layout(height=220 + 150 * len(panels), margin={"l": 60, "r": 20, "t": 40, "b": 50},
                       uirevision=revision or view.instance, hovermode="closest", template="plotly_white",
-                      legend={"orientation": "h", "y": 1.06, "x": 0},
+                      legend={"orientation": "v", "x": 1.01, "xanchor": "left", "y": 1, "yanchor": "top",
+                              "font": {"size": 11}},
                       meta={"points_shown": int(shown), "points_total": int(total)})
     fig.add_annotation(text=note, xref="paper", yref="paper", x=1, y=-0.02, xanchor="right", yanchor="top",
                        showarrow=False, font={"size": 10, "color": "#777"})
