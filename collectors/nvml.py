@@ -85,11 +85,13 @@ def gpm_sm_util(nvml: Any, sample1: Any, sample2: Any) -> float:
 
 
 def sample(out: str | os.PathLike, *, device_index: int = 0, interval_s: float = 0.1, duration_s: float = 10.0,
-           source: str = "auto", nvml: Any = None, clock=time.time, sleep=time.sleep) -> Path:
+           source: str = "auto", nvml: Any = None, clock=time.time, sleep=time.sleep,
+           on_sample=None) -> Path:
     """Sample one GPU every ``interval_s`` for ``duration_s`` into a new CSV at ``out``.
 
     ``source`` is ``auto`` (GPM when supported), ``gpm_sm_util`` or ``gpu_util``. Refuses to
-    overwrite an existing file. ``nvml``/``clock``/``sleep`` are injectable for tests.
+    overwrite an existing file. ``nvml``/``clock``/``sleep`` are injectable for tests;
+    ``on_sample(metric, value)`` is called after each row (progress display).
     """
     out = Path(out)
     if out.exists():
@@ -114,16 +116,21 @@ def sample(out: str | os.PathLike, *, device_index: int = 0, interval_s: float =
                 for _ in range(n):
                     sleep(interval_s)
                     nv.nvmlGpmSampleGet(handle, s2)
-                    w.writerow((f"{clock():.6f}", device_index, uuid, src, f"{gpm_sm_util(nv, s1, s2):.6f}"))
+                    v = gpm_sm_util(nv, s1, s2)
+                    w.writerow((f"{clock():.6f}", device_index, uuid, src, f"{v:.6f}"))
                     s1, s2 = s2, s1
+                    if on_sample is not None:
+                        on_sample(src, v)
             finally:
                 nv.nvmlGpmSampleFree(s1)
                 nv.nvmlGpmSampleFree(s2)
         else:
             for _ in range(n):
                 sleep(interval_s)
-                util = nv.nvmlDeviceGetUtilizationRates(handle).gpu
-                w.writerow((f"{clock():.6f}", device_index, uuid, src, f"{float(util) / 100.0:.6f}"))
+                v = float(nv.nvmlDeviceGetUtilizationRates(handle).gpu) / 100.0
+                w.writerow((f"{clock():.6f}", device_index, uuid, src, f"{v:.6f}"))
+                if on_sample is not None:
+                    on_sample(src, v)
     return out
 
 
