@@ -23,7 +23,7 @@ import pandas as pd
 
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, graph_counts,
-                                            graph_modes, parse_step_message, split_on_gaps)
+                                            graph_modes, parse_step_messages, split_on_gaps)
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -216,17 +216,16 @@ _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kin
 
 
 def _annotated_steps(ann: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
-    recs = []
-    for r in ann.itertuples(index=False):
-        m = parse_step_message(r.name)
-        if m is not None:
-            recs.append({"group": r.pid, "tid": r.tid, "t0_us": r.t0_us, "t1_us": r.t1_us, "step": m.step,
-                         "kind": m.kind, "prefill_tokens": m.prefill_tokens, "decode_reqs": m.decode_reqs,
-                         "decode_rows": m.decode_rows, "graph_planned": m.graph})
-    if recs:
-        steps = pd.DataFrame(recs).drop_duplicates(["group", "step"], keep="first")
-        for col in ("prefill_tokens", "decode_reqs", "decode_rows"):
-            steps[col] = pd.to_numeric(steps[col], errors="coerce").astype("float64")
+    cand = ann[ann["name"].str.match(r"^\s*step\s", na=False)]
+    parsed = parse_step_messages(cand["name"].to_numpy())
+    ok = parsed["step"].notna().to_numpy()
+    if ok.any():
+        c, p = cand[ok].reset_index(drop=True), parsed[ok].reset_index(drop=True)
+        steps = pd.DataFrame({"group": c["pid"], "tid": c["tid"], "t0_us": c["t0_us"], "t1_us": c["t1_us"],
+                              "step": p["step"].astype("int64"), "kind": p["kind"],
+                              "prefill_tokens": p["prefill_tokens"], "decode_reqs": p["decode_reqs"],
+                              "decode_rows": p["decode_rows"], "graph_planned": p["graph"]})
+        steps = steps.drop_duplicates(["group", "step"], keep="first")
         return steps.reset_index(drop=True), "kineto-mixdiag"
     for name in ENGINE_STEP_RANGES:
         sel = ann[ann["name"] == name].sort_values(["pid", "t0_us"])

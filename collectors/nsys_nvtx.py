@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.nsys_db import NVTX, PID_MASK, STRINGS, NsysDb
-from mixdiag.collectors.trace_steps import ENGINE_STEP_RANGES, PHASE_COLUMNS, parse_step_message
+from mixdiag.collectors.trace_steps import ENGINE_STEP_RANGES, PHASE_COLUMNS, parse_step_messages
 
 RANGE_TYPE_NAMES = ("NvtxPushPopRange", "NvtxStartEndRange", "NvtxtPushPopRange", "NvtxtStartEndRange")
 RANGE_TYPE_IDS = (59, 60, 70, 71)
@@ -126,19 +126,19 @@ def _mixdiag_steps(db: NsysDb, rows: pd.DataFrame, out: NvtxSteps) -> pd.DataFra
         rows = rows[ours]
     elif len(rows):
         out.notes.append("step ranges found outside an NVTX domain named 'mixdiag'; read them anyway")
-    recs = []
-    for r in rows.itertuples(index=False):
-        m = parse_step_message(r.msg)
-        if m is None:
-            out.skipped += 1
+    parsed = parse_step_messages(rows["msg"].to_numpy())
+    bad = parsed["step"].isna().to_numpy()
+    if bad.any():
+        out.skipped += int(bad.sum())
+        for r in rows[bad].head(5).itertuples(index=False):
             out.examples.append(f"NVTX range at {r.start_ns} ns: unparseable step message {r.msg!r}")
-            continue
-        recs.append({"gpid": r.gpid, "tid": r.tid, "start_ns": r.start_ns, "end_ns": r.end_ns, "step": m.step,
-                     "kind": m.kind, "prefill_tokens": m.prefill_tokens, "decode_reqs": m.decode_reqs,
-                     "decode_rows": m.decode_rows, "graph_planned": m.graph,
-                     "scheduled_tokens": float(r.payload) if r.payload is not None else float("nan"),
-                     "msg": r.msg})
-    steps = pd.DataFrame(recs)
+    good = rows[~bad].reset_index(drop=True)
+    parsed = parsed[~bad].reset_index(drop=True)
+    steps = pd.DataFrame({
+        "gpid": good["gpid"], "tid": good["tid"], "start_ns": good["start_ns"], "end_ns": good["end_ns"],
+        "step": parsed["step"].astype("int64"), "kind": parsed["kind"], "prefill_tokens": parsed["prefill_tokens"],
+        "decode_reqs": parsed["decode_reqs"], "decode_rows": parsed["decode_rows"], "graph_planned": parsed["graph"],
+        "scheduled_tokens": pd.to_numeric(good["payload"], errors="coerce").astype("float64"), "msg": good["msg"]})
     if steps.empty:
         return steps
     dup = steps.duplicated(["gpid", "step"], keep="first")

@@ -78,6 +78,28 @@ def parse_step_message(text: str | None) -> StepMessage | None:
                        graph=graph if graph in GRAPH_MODES else "unknown", extra=fields, **ints)
 
 
+def parse_step_messages(texts) -> "pd.DataFrame":
+    """:func:`parse_step_message` over many messages at once (vectorised regex extraction).
+
+    Returns a frame aligned with ``texts``: ``step`` (NaN where not a step message), ``kind``,
+    ``graph``, and the integer fields as float (NaN where absent or malformed).
+    """
+    import pandas as pd
+
+    s = pd.Series(texts, dtype="string").str.strip()
+    out = pd.DataFrame(index=s.index)
+    out["step"] = pd.to_numeric(s.str.extract(r"^step\s+(\d+)(?:\s|$)", expand=False), errors="coerce").astype("float64")
+    tail = s.str.replace(r"^step\s+\d+", "", regex=True)
+    kind = tail.str.extract(r"(?:^|\s)kind=(\S*)", expand=False)
+    out["kind"] = kind.where(kind.isin(STEP_KINDS), "unknown").astype(object)
+    graph = tail.str.extract(r"(?:^|\s)graph=(\S*)", expand=False).str.upper()
+    out["graph"] = graph.where(graph.isin(GRAPH_MODES), "unknown").astype(object)
+    for name in _INT_FIELDS:
+        raw = tail.str.extract(rf"(?:^|\s){name}=(\d+)(?:\s|$)", expand=False)
+        out[name] = pd.to_numeric(raw, errors="coerce").astype("float64")
+    return out
+
+
 def is_engine_step_range(text: str | None) -> bool:
     """True for a range name that some engine puts around one step (heuristic path)."""
     return bool(text) and text.strip() in ENGINE_STEP_RANGES

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from mixdiag.collectors.trace_steps import (graph_counts, graph_mode, graph_modes, is_engine_step_range, parse_step_message,
-                                            split_on_gaps)
+from mixdiag.collectors.trace_steps import (graph_counts, graph_mode, graph_modes, is_engine_step_range,
+                                            parse_step_message, parse_step_messages, split_on_gaps)
 
 
 @pytest.mark.parametrize("text,step,kind,pre,rows,graph,extra", [
@@ -23,6 +23,21 @@ def test_parse_step_message(text, step, kind, pre, rows, graph, extra):
 @pytest.mark.parametrize("text", [None, "", "step", "steps 3", "step x kind=decode", "schedule", "stepping 1"])
 def test_not_a_step_message(text):
     assert parse_step_message(text) is None
+    assert np.isnan(parse_step_messages([text])["step"].iloc[0])
+
+
+def test_vectorised_parse_matches_the_scalar_one():
+    texts = ["step 3 kind=mixed prefill_tokens=512 decode_reqs=7 decode_rows=14 graph=PIECEWISE",
+             "step 4 kind=decode prefill_tokens=0 decode_reqs=2 decode_rows=2 graph=FULL spec=1 dp=0",
+             "step 5 graph=full kind=prefill", "step 6 kind=weird prefill_tokens=x graph=MAYBE", "  step 7",
+             "step 8 kind=idle prefill_tokens=12, decode_rows=3"]
+    many = parse_step_messages(texts)
+    for i, t in enumerate(texts):
+        one, row = parse_step_message(t), many.iloc[i]
+        assert (row["step"], row["kind"], row["graph"]) == (one.step, one.kind, one.graph)
+        for f in ("prefill_tokens", "decode_reqs", "decode_rows"):
+            v = getattr(one, f)
+            assert (np.isnan(row[f]) and v is None) or row[f] == v, (t, f)
 
 
 @pytest.mark.parametrize("launches,between,mode", [(0, 0, "NONE"), (0, 5, "NONE"), (1, 0, "FULL"), (3, 0, "FULL"),
