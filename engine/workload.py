@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import ConfigError
-from .request import SamplingParams
+from .request import InvalidRequest, SamplingParams
 
 DISTS = ("fixed", "uniform", "lognormal")
 ARRIVALS = ("burst", "fixed", "poisson")
@@ -79,7 +79,10 @@ class RequestGroup:
             raise ConfigError(f"group {self.name!r}: start and interval must be >= 0")
         if self.shared_prefix_len < 0:
             raise ConfigError(f"group {self.name!r}: shared_prefix_len must be >= 0")
-        SamplingParams(temperature=self.temperature, top_p=self.top_p)   # validates both
+        try:
+            SamplingParams(temperature=self.temperature, top_p=self.top_p)   # validates both
+        except InvalidRequest as e:
+            raise ConfigError(f"group {self.name!r}: {e}") from None
 
 
 @dataclass(frozen=True)
