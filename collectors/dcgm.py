@@ -120,7 +120,8 @@ def read(source, *, instance: str | None = None, steps: Timeline | pd.DataFrame 
          **options) -> Timeline:
     """DCGM SM activity as series, and mapped onto ``steps`` (a Timeline or steps frame) when given.
 
-    ``gpu_map`` maps a steps instance to the ``gpu`` label values serving it; without it, one steps
+    ``gpu_map`` maps a steps instance to the ``gpu`` label values serving it (``"<instance>/<gpu>"``
+    when several exporters share GPU numbers, e.g. ``"node-1:9400/0"``); without it, one steps
     instance takes every GPU of the source, and several instances are left alone (noted).
     """
     src = _source_timeline(source, instance, options)
@@ -151,7 +152,10 @@ def read(source, *, instance: str | None = None, steps: Timeline | pd.DataFrame 
             mapping = {step_insts[0]: sorted(sel["gpu"].unique())}
         elif not mapping:
             notes.append(f"{len(step_insts)} step instances and no gpu_map: sm_active not mapped")
-        rows = [sel[sel["gpu"].isin([str(g) for g in gpus])].assign(instance=inst) for inst, gpus in mapping.items()]
+        # a GPU is named by its gpu label, or "<source instance>/<gpu>" when several hosts share numbers
+        qualified = sel["instance"] + "/" + sel["gpu"]
+        rows = [sel[sel["gpu"].isin([str(g) for g in gpus]) | qualified.isin([str(g) for g in gpus])]
+                .assign(instance=inst) for inst, gpus in mapping.items()]
         samples = pd.concat(rows, ignore_index=True) if rows else sel.iloc[0:0]
         new_steps = attach_sm_active(base_steps, samples) if len(samples) else base_steps
         for inst in mapping:

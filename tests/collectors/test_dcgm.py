@@ -107,6 +107,9 @@ def test_several_instances_need_gpu_map(tmp_path):
     assert tl.steps["sm_active"].isna().all() and any("gpu_map" in n for n in tl.meta["notes"])
     tl = dcgm.read(d, steps=steps, gpu_map={"a": ["0"], "b": ["1"]})
     assert list(tl.steps["sm_active"]) == pytest.approx([0.2, 0.8])
+    src = tl.series["instance"].iloc[0]  # the exporter's instance name qualifies the GPU number
+    tl = dcgm.read(d, steps=steps, gpu_map={"a": [f"{src}/1"], "b": ["elsewhere/1"]})
+    assert tl.steps["sm_active"][0] == pytest.approx(0.8) and math.isnan(tl.steps["sm_active"][1])
 
 
 def test_not_dcgm():
