@@ -125,8 +125,12 @@ def project(db: NsysDb, ranges: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         sources.append((GRAPH_TRACE, db.columns(GRAPH_TRACE), False))
     for table, cols, is_kernel in sources:
         pid_col = "IFNULL(globalPid, -1)" if has_pid and "globalPid" in cols else "0"
-        gp, kc, ks, ke, kd = fetch_columns(
-            db, f'SELECT {pid_col}, IFNULL(correlationId, -1), start, "end", deviceId FROM {table}', n_cols=5)
+        # The device is only needed to pick a GPU's SM-activity samples.
+        dev_col = ", deviceId" if db.has("GPU_METRICS") else ""
+        got = fetch_columns(db, f'SELECT {pid_col}, IFNULL(correlationId, -1), start, "end"{dev_col} FROM {table}',
+                            n_cols=5 if dev_col else 4)
+        gp, kc, ks, ke = got[:4]
+        kd = got[4] if dev_col else None
         if len(launch_key) == 0:
             continue
         work_key = _keys(gp, kc)
@@ -138,7 +142,8 @@ def project(db: NsysDb, ranges: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         busy += np.bincount(st, weights=(ke - ks)[hit], minlength=n)
         if is_kernel:
             count += np.bincount(st, minlength=n)
-        device[st] = kd[hit]
+        if kd is not None:
+            device[st] = kd[hit]
     seen = np.isfinite(first)
     out["gpu_kernels"] = count
     out["gpu_kernel_ns"] = busy
