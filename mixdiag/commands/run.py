@@ -77,6 +77,8 @@ def run(args, console):
     injector = FaultInjector(engine, faults) if faults.active else None
     try:
         inst = Instrumentation(icfg, engine, out)
+        if inst.server is not None:
+            console.note(f"serving Prometheus metrics on {inst.server.url}")
         try:
             truth = TruthRecorder(engine, injector)
             with console.progress(total=max_steps, desc=f"{sc.name} (seed {sc.seed})", unit="step") as bar:
