@@ -111,17 +111,32 @@ def spike_options(ds) -> list[dict]:
              "value": f"{r.instance}|{int(r.step)}"} for r in top.itertuples(index=False)]
 
 
-def on_spike_pick(store: DataStore, key: dict | None, click: dict | None, trigger: str | None = None):
-    """Spike dropdown options/value and the active tab: a click on a spike marker opens the Spike page."""
+def on_spike_pick(store: DataStore, key: dict | None, click: dict | None, trigger: str | None = None,
+                  instance: str | None = None):
+    """Spike dropdown options/value and the active tab: a click on a spike opens the Spike page.
+
+    A spike marker sits exactly on the ITL line's point of the same event, so plotly may report
+    the line's point instead of the marker: a click on the line at a spike's time selects it too.
+    """
     ds = store.get(key["id"]) if key else None
     if ds is None:
         raise PreventUpdate
     if trigger == "timeline-graph":
         pts = (click or {}).get("points") or []
-        cd = pts[0].get("customdata") if pts else None
-        if not isinstance(cd, (list, tuple)) or len(cd) != 2:
-            raise PreventUpdate  # a click on a line, not on a spike marker
-        return no_update, f"{cd[0]}|{int(cd[1])}", "spike"
+        if not pts:
+            raise PreventUpdate
+        cd = pts[0].get("customdata")
+        if isinstance(cd, (list, tuple)) and len(cd) == 2:
+            return no_update, f"{cd[0]}|{int(cd[1])}", "spike"
+        x = pts[0].get("x")
+        if instance not in ds.timeline.instances or not isinstance(x, (int, float)):
+            raise PreventUpdate
+        sp = store.view(ds, instance).spikes
+        hit = sp[(sp["t_rel_s"] - float(x)).abs() <= 1e-6]
+        if not len(hit):
+            raise PreventUpdate  # a click on the line away from any spike
+        r = hit.iloc[0]
+        return no_update, f"{r['instance']}|{int(r['step'])}", "spike"
     return spike_options(ds), None, no_update
 
 
@@ -189,9 +204,9 @@ def register(app, store: DataStore, live=None) -> None:
         return on_timeline(store, key, instance, relayout, max_points, ctx.triggered_id)
 
     @app.callback(Output("spike-choice", "options"), Output("spike-choice", "value"), Output("tabs", "value"),
-                  Input("dataset-key", "data"), Input("timeline-graph", "clickData"))
-    def _pick(key, click):
-        return on_spike_pick(store, key, click, ctx.triggered_id)
+                  Input("dataset-key", "data"), Input("timeline-graph", "clickData"), State("instance", "value"))
+    def _pick(key, click, instance):
+        return on_spike_pick(store, key, click, ctx.triggered_id, instance)
 
     @app.callback(Output("spike-summary", "children"), Output("spike-graph", "figure"),
                   Output("spike-evidence", "children"), Output("spike-neighbours", "children"),

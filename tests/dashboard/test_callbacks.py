@@ -74,8 +74,12 @@ def test_click_on_a_spike_opens_the_spike_page(store, key):
     click = {"points": [{"curveNumber": 2, "customdata": ["engine0", int(sp["step"])]}]}
     assert callbacks.on_spike_pick(store, key, click, trigger="timeline-graph") == \
         (no_update, f"engine0|{int(sp['step'])}", "spike")
-    with pytest.raises(PreventUpdate):  # a click on the ITL line (no customdata) is ignored
-        callbacks.on_spike_pick(store, key, {"points": [{"curveNumber": 0, "x": 1}]}, trigger="timeline-graph")
+    with pytest.raises(PreventUpdate):  # a click on the ITL line away from any spike is ignored
+        callbacks.on_spike_pick(store, key, {"points": [{"curveNumber": 0, "x": 0.0123}]}, trigger="timeline-graph",
+                                instance="engine0")
+    x = float(sp["t_s"]) - store.view(ds, "engine0").t0_s  # the line's point under the spike marker
+    assert callbacks.on_spike_pick(store, key, {"points": [{"curveNumber": 0, "x": x}]}, trigger="timeline-graph",
+                                   instance="engine0") == (no_update, f"engine0|{int(sp['step'])}", "spike")
     summary, fig, evidence, neighbours = callbacks.on_spike(store, key, f"engine0|{int(sp['step'])}")
     assert sp["cause"] in str(summary) and "predicted height" in str(summary)
     assert evidence.id == "evidence-table" and neighbours.id == "neighbours-table"
