@@ -3,6 +3,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixdiag.collectors import prom_text
 from mixdiag.collectors.prom_intervals import bucket_quantile, counter_increase, histogram_increase
@@ -47,3 +49,23 @@ def test_histogram_reset_counts_every_bucket_from_zero():
     text0, text1 = scrape(5, 10, 10, 10), scrape(7, 7, 7, 7)
     h = histogram_increase(prom_text.parse(text0).samples, prom_text.parse(text1).samples, "x_seconds")
     assert h["itl_count"] == 7 and h["itl_p99_s"] <= 0.1
+
+values = st.lists(st.integers(0, 10_000), min_size=2, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=values, monotone=st.booleans())
+def test_interval_increases_property(values, monotone):
+    if monotone:
+        values = sorted(values)
+    pairs = [(float(i), f"mixdiag_engine_generation_tokens_total {v}\n"
+                        f'x_seconds_bucket{{le="1.0"}} {v}\nx_seconds_bucket{{le="+Inf"}} {v}\n') for i, v in enumerate(values)]
+    tl = prom_text.read_scrapes(pairs, instance="p")
+    inc = tl.steps["output_tokens"]
+    assert len(inc) == len(values) - 1 and (inc >= 0).all()
+    if monotone:
+        assert inc.sum() == values[-1] - values[0]  # nothing lost, nothing counted twice
+    else:
+        # a drop is a restart: that interval counts the whole new value, never a negative
+        for (a, b), got in zip(zip(values, values[1:]), inc):
+            assert got == (b - a if b >= a else b)
