@@ -98,10 +98,11 @@ def write_truth(path: str | Path, rows, overwrite: bool = False) -> Path:
     p = Path(path)
     if p.exists() and not overwrite:
         raise FileExistsError(f"{p} exists; choose another directory")
-    rows = sorted(rows, key=lambda r: (r[0], int(r[1]), CAUSES.index(r[2])))
+    rows = list(rows)
     for r in rows:
         if r[2] not in CAUSES:
             raise ValueError(f"truth cause {r[2]!r} is not one of {', '.join(CAUSES)}")
+    rows.sort(key=lambda r: (r[0], int(r[1]), CAUSES.index(r[2])))
     with p.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(COLUMNS)
