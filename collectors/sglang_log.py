@@ -132,8 +132,8 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
             _event(rm, inst, t_row, out, raw, retract=rm.re is _RETRACT)
             continue
         stats.ignored()
-    first_t = next((x for x in [r["t_start_s"] for r in out.steps] + [r["t_s"] for r in out.series]
-                    if x is not None), None)
+    first_t = min((x for x in [r["t_start_s"] for r in out.steps] + [r["t_s"] for r in out.series]
+                   if x is not None), default=None)
     if pending:
         t0 = first_t if first_t is not None else 0.0
         for r in pending:
