@@ -236,3 +236,24 @@ def config_from_args(args) -> InstrumentationConfig:
         profile_ops=not getattr(args, "profile_light", False),
         scrape_interval_s=getattr(args, "scrape_interval", None),
     )
+
+
+def cli_args(config: InstrumentationConfig) -> list[str]:
+    """The ``mixdiag run`` flags that reproduce ``config`` (for child processes of multi-instance runs)."""
+    out: list[str] = [] if config.nvtx else ["--no-nvtx"]
+    if config.serve_port is not None:
+        out += ["--serve", str(config.serve_port)]
+    if config.linger_s:
+        out += ["--linger", repr(config.linger_s)]
+    if config.log_formats:
+        out += ["--log-format", "both" if len(config.log_formats) > 1 else config.log_formats[0]]
+    if config.decode_log_interval != 40:
+        out += ["--decode-log-interval", str(config.decode_log_interval)]
+    if config.profile is not None:
+        start, stop = config.profile
+        out += ["--profile", f"{start}:{'' if stop is None else stop}"]
+    if not config.profile_ops:
+        out += ["--profile-light"]
+    if config.scrape_interval_s is not None:
+        out += ["--scrape-interval", repr(config.scrape_interval_s)]
+    return out

@@ -58,10 +58,11 @@ def run(args, console):
     out = Path(args.out)
     _check_out(out)
     if sc.instances > 1 and args.instance is None:   # several engines at once, merged (engine/multi_instance.py)
+        from mixdiag.engine.instrumentation import cli_args
         from mixdiag.engine.multi_instance import run_instances
 
         summary = run_instances(args.scenario, sc.instances, out, seed=sc.seed, max_steps=args.max_steps,
-                                console=console)
+                                child_args=cli_args(config_from_args(args)), console=console)
         console.result(f"{sc.name} seed {sc.seed}: {sc.instances} engine instances, {summary['steps']} steps, "
                        f"{summary['output_tokens']} output tokens in {summary['run_s']:.1f} s\nwrote {out}", summary)
         return 0

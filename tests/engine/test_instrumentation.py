@@ -11,7 +11,8 @@ from helpers.prometheus_server import free_port
 from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.engine import Engine
 from mixdiag.engine.hooks import NULL_TRACER
-from mixdiag.engine.instrumentation import Instrumentation, InstrumentationConfig, add_arguments, config_from_args
+from mixdiag.engine.instrumentation import (Instrumentation, InstrumentationConfig, add_arguments, cli_args,
+                                            config_from_args)
 from mixdiag.engine.metrics import EngineMetrics
 from mixdiag.engine.nvtx_tracer import NvtxTracer
 from mixdiag.engine.request import SamplingParams
@@ -148,3 +149,15 @@ def test_own_directory_instance_keeps_contract_names_and_offsets_the_port(tmp_pa
     probe = small_engine(instance="engine3", n=1, max_tokens=1)
     with Instrumentation(InstrumentationConfig(serve_port=port - 3), probe) as i3:
         assert i3.server.port == port
+
+
+@pytest.mark.parametrize("cfg", [
+    InstrumentationConfig(),
+    InstrumentationConfig(nvtx=False, serve_port=9400, linger_s=2.5, log_formats=("vllm", "sglang"),
+                          decode_log_interval=7, profile=(20, None), profile_ops=False, scrape_interval_s=0.25),
+    InstrumentationConfig(log_formats=("sglang",), profile=(0, 60)),
+])
+def test_cli_args_round_trip(cfg):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert config_from_args(p.parse_args(cli_args(cfg))) == cfg
