@@ -14,6 +14,7 @@ known (its message carries the batch shape) and covers prepare_inputs, forward a
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import time
@@ -21,16 +22,22 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from . import microbatch
 from .config import EngineConfig
+from .cuda_graphs import build_runner, graphs_enabled
+from .drafter import DrafterConfig, NgramDrafter
 from .graph_dispatch import plan_graph
 from .hooks import NULL_TRACER, Tracer
 from .input_batch import prepare_inputs
 from .kv_cache import KVCacheManager, allocate_kv_cache
 from .model import Model, build_model
+from .prefix_cache import PrefixCachingKVManager
 from .records import StepRecord, TokenEvent, to_timeline
 from .request import InvalidRequest, Request, SamplingParams, Status
-from .sampler import sample
+from .sampler import _draw_seed, sample
 from .schedulers import make_scheduler
+from .spec_decode import SpecDecoder
+from .triton_attention import select_backend
 
 
 class Engine:
@@ -41,8 +48,19 @@ class Engine:
         torch.set_num_threads(config.threads)
         self.device = torch.device(config.device)
         self.model = model if model is not None else build_model(config.model, self.device)
-        self.kv_cache = allocate_kv_cache(config.model, config.cache, self.device)
-        self.kv_manager = KVCacheManager(config.cache)
+        # With CUDA graphs the pool tensor has one scratch block past num_blocks (padding rows).
+        use_graphs = graphs_enabled(config, self.device)
+        pool = dataclasses.replace(config.cache, num_blocks=config.cache.num_blocks + 1) if use_graphs else config.cache
+        self.kv_cache = allocate_kv_cache(config.model, pool, self.device)
+        self.kv_manager = (PrefixCachingKVManager(config.cache, allow_inflight_hits=config.cache.allow_inflight_prefix_hits)
+                           if config.cache.enable_prefix_caching else KVCacheManager(config.cache))
+        self.model.attn_backend = select_backend(self.device)   # Triton on CUDA, PyTorch reference on CPU
+        k = config.scheduler.num_spec_tokens
+        self.spec = (SpecDecoder(NgramDrafter(DrafterConfig(num_spec_tokens=k, pad_to_k=True)),
+                                 config.model.max_model_len) if k else None)
+        self.microbatch = microbatch.MicroBatchConfig(enabled=config.scheduler.enable_microbatching,
+                                                      min_tokens=config.scheduler.microbatch_min_tokens)
+        self.graph_runner = build_runner(self.model, self.kv_cache, config, self.model.attn_backend) if use_graphs else None
         self.scheduler = make_scheduler(config.scheduler, self.kv_manager, config.model.max_model_len,
                                         config.model.eos_token_id)
         self.tracer = tracer or NULL_TRACER
@@ -137,8 +155,13 @@ class Engine:
         if self.kv_connector is not None:  # PD: read/install KV that arrived, queue those requests
             with tr.range("kv_transfer"):
                 kv_bytes, kv_s = self.kv_connector.receive()
+        prefix = self.kv_manager if isinstance(self.kv_manager, PrefixCachingKVManager) else None
+        if prefix is not None:
+            prefix.begin_step(n)
         with tr.range("schedule"):
             out = self.scheduler.schedule()
+            if self.spec is not None:
+                self.spec.trim(out)   # drafts beyond the rows the budget gave
         c1 = time.perf_counter()
         nst = [out.num_scheduled_tokens[r.request_id] for r in out.requests]
         plan = plan_graph(nst, not out.prefill_req_ids, self.config.scheduler)
@@ -150,6 +173,7 @@ class Engine:
                          stalled_decode_reqs=len(out.skipped_decode_req_ids), forward_mode=out.forward_mode.value,
                          token_budget=out.token_budget, num_scheduled_tokens=dict(out.num_scheduled_tokens),
                          schedule_s=max(0.0, c1 - c0 - kv_s), kv_transfer_bytes=float(kv_bytes), kv_transfer_s=kv_s)
+        self._prefix_and_microbatch(out, rec)
         msg = (f"step {n} kind={rec.kind} prefill_tokens={rec.prefill_tokens} decode_reqs={rec.decode_reqs} "
                f"decode_rows={rec.decode_rows} graph={rec.graph_mode}")
         c4 = c1
@@ -159,16 +183,27 @@ class Engine:
                     batch = prepare_inputs(out, self.kv_manager, self.device)
                 c2 = time.perf_counter()
                 with tr.range("forward"):
-                    logits = self.model(batch, self.kv_cache)
+                    if self.graph_runner is not None:
+                        logits, run = self.graph_runner.execute(batch, plan.mode, plan.bucket)
+                        rec.graph_replayed = run.replayed
+                    else:
+                        logits = self.model(batch, self.kv_cache)
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
                 c3 = time.perf_counter()
                 with tr.range("sample"):
-                    reqs = [self.scheduler.requests[r] for r in batch.sample_req_ids]
-                    tokens = sample(logits, reqs)
+                    if self.spec is not None:   # verification rows: greedy match / rejection sampling
+                        sampled, sst = self.spec.sample(logits, batch, self.scheduler.requests, sample,
+                                                        self._generator_for)
+                        rec.spec_draft_tokens, rec.spec_accepted_tokens = sst.draft_tokens, sst.accepted_tokens
+                    else:
+                        reqs = [self.scheduler.requests[r] for r in batch.sample_req_ids]
+                        sampled = {r: [t] for r, t in zip(batch.sample_req_ids, sample(logits, reqs))}
                 c4 = time.perf_counter()
             rec.prepare_s, rec.forward_s, rec.sample_s = c2 - c1, c3 - c2, c4 - c3
-            res = self.scheduler.update_from_output(out, {r: [t] for r, t in zip(batch.sample_req_ids, tokens)})
+            res = self.scheduler.update_from_output(out, sampled)
+            if self.spec is not None:
+                self.spec.rollback(out, self.kv_manager)   # rejected drafts' KV positions
             t_tok = t_start + (c4 - c0)
             for rid, toks in res.new_tokens.items():
                 req = self.scheduler.requests.get(rid) or next(r for r in res.finished if r.request_id == rid)
@@ -179,6 +214,10 @@ class Engine:
                 rec.output_tokens += len(toks)
             for req in res.finished:
                 self._finished[req.request_id] = req
+        if prefix is not None:
+            prefix.end_step(n)   # this step's KV is written: its new cached blocks become hittable
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)   # drafts for the next step
         rec.t_end_s = t_start + (time.perf_counter() - c0)
         rec.running_reqs = self.scheduler.num_running
         rec.waiting_reqs = self.scheduler.num_waiting
@@ -187,6 +226,25 @@ class Engine:
         for obs in self.observers:
             obs(rec)
         return rec
+
+    def _prefix_and_microbatch(self, out, rec: StepRecord) -> None:
+        """Prefix-cache tokens of the step and the micro-batching gate's decision, onto ``rec``."""
+        kv = self.kv_manager
+        hits = {}
+        if isinstance(kv, PrefixCachingKVManager):
+            st = kv.prefix_cache.stats
+            rec.prefix_hit_tokens, rec.prefix_query_tokens = st.step_hits, st.step_queries
+            hits = kv.step_hits
+        reqs = out.requests
+        inflight = [bool(hits.get(r.request_id) and hits[r.request_id].inflight_hit_blocks) for r in reqs]
+        d = microbatch.decide(self.microbatch, [out.num_scheduled_tokens[r.request_id] for r in reqs],
+                              [r.num_computed_tokens for r in reqs], inflight)
+        rec.ubatch_split, rec.ubatch_reason = d.split, d.reason
+
+    def _generator_for(self, req: Request) -> torch.Generator:
+        """The seeded generator of a request's next random draw (as the sampler seeds it)."""
+        g = torch.Generator(device=self.device)
+        return g.manual_seed(_draw_seed(req.sampling_seed, req.num_output_tokens))
 
     def run(self, max_steps: int | None = None, progress=None) -> list[StepRecord]:
         """Step until no request is left (or ``max_steps``); returns the records."""

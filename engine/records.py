@@ -48,6 +48,11 @@ class StepRecord:
     kv_transfer_bytes: float = 0.0
     kv_transfer_s: float = 0.0
     prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0    # prompt tokens looked up in the prefix cache at admission
+    spec_draft_tokens: int = 0      # draft tokens verified in the step
+    spec_accepted_tokens: int = 0   # of which accepted
+    ubatch_split: bool = False      # micro-batching gate: the step may split into two micro-batches
+    ubatch_reason: str = "disabled"  # disabled | too_few_requests | too_few_tokens | prefix_readers | split
     preempted_reqs: int = 0
     stalled_decode_reqs: int = 0    # decoding requests that sat out the step (no mixing / no KV room)
     running_reqs: int = 0
@@ -74,7 +79,8 @@ _STEP_FIELDS = ("step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "prefi
                 "kv_transfer_bytes", "kv_transfer_s", "prefix_hit_tokens", "preempted_reqs", "running_reqs",
                 "waiting_reqs", "kv_usage", "schedule_s", "prepare_s", "forward_s")
 # Extra (undocumented) columns the engine adds after the documented ones.
-_EXTRA_FIELDS = ("sample_s", "forward_mode", "token_budget", "stalled_decode_reqs")
+_EXTRA_FIELDS = ("sample_s", "forward_mode", "token_budget", "stalled_decode_reqs", "prefix_query_tokens",
+                 "spec_draft_tokens", "spec_accepted_tokens", "ubatch_split", "ubatch_reason")
 
 
 def steps_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd.DataFrame:
