@@ -65,7 +65,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
         ranges = nv.ranges
         agg, n = project(db, ranges)
         notes += n
-        if nv.source == "nvtx-mixdiag" and not db.has(RUNTIME) and kernels_total:
+        if not db.has(RUNTIME) and kernels_total:
             partial = True
         steps = _nvtx_steps(ranges, agg, cuda_traced)
         step_source = nv.source
@@ -105,10 +105,14 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
         examples.append(f"{unattributed} of {kernels_total} kernels launched outside any step range "
                         f"or without a matching runtime call")
     signals = {inst: _signals(step_source, cuda_traced, sm_name) for inst in names}
+    # "Lines" are rows: candidate NVTX ranges, kernels, graph-trace rows. Ignored = read but not
+    # step material themselves (phase ranges folded into their steps, graph rows of NVTX steps).
+    total = nv.rows_read + kernels_total + graph_rows
+    parsed = (len(nv.ranges) if nv.source else 0) + in_steps + (graph_rows if step_source == "kernel-gaps" else 0)
+    skipped = nv.skipped + unattributed
     entry = source_entry(
-        FORMAT, path, total=nv.rows_read + kernels_total + graph_rows,
-        parsed=(len(nv.ranges) if nv.source else 0) + in_steps + (graph_rows if step_source == "kernel-gaps" else 0),
-        skipped=nv.skipped + unattributed, examples=examples, partial=partial, notes=notes,
+        FORMAT, path, total=total, parsed=parsed, skipped=skipped, lines_ignored=max(total - parsed - skipped, 0),
+        examples=examples, partial=partial, notes=notes,
         step_source=step_source, heuristic=step_source not in (None, "nvtx-mixdiag"),
         kernels_total=kernels_total, kernels_in_steps=in_steps, graph_trace_rows=graph_rows,
         projection="correlationId+process" if "globalPid" in db.columns(KERNEL) else "correlationId",

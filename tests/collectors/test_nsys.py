@@ -144,6 +144,8 @@ def test_nvtx_steps_projection_and_graph_modes(tmp_path):
     assert src["step_source"] == "nvtx-mixdiag" and src["heuristic"] is False
     assert src["kernels_total"] == 10 and src["kernels_in_steps"] == 8
     assert src["lines_skipped"] == 1 + 2  # the unparseable step message + two kernels outside steps
+    # rows read: 4 step candidates + 3 phase ranges, 10 kernels, 2 graph-trace rows
+    assert src["lines_total"] == 19 and src["lines_parsed"] == 3 + 8 and src["lines_ignored"] == 3 + 2
     assert any("step x" in e for e in src["skipped_examples"])
     sig = tl.meta["signals"]["gpu-node"]
     assert sig["kind"] == "measured" and sig["graph_mode"] == "measured" and sig["sm_active"] == "measured"
