@@ -80,7 +80,9 @@ def on_dataset(store: DataStore, key: dict | None):
         raise PreventUpdate
     h = ds.headline
     src = layout.table(sources_frame(ds.timeline))
-    sig = layout.table(signals_frame(ds.timeline, ds.diagnosis))
+    # one row per signal, one column per instance: stays narrow with many signals
+    sig_df = signals_frame(ds.timeline, ds.diagnosis).set_index("instance").T
+    sig = layout.table(sig_df.rename_axis("signal").reset_index())
     insts = ds.timeline.instances
     options = [{"label": i, "value": i} for i in insts]
     return (h.verdict, layout.headline_cards(h), figures.by_cause_figure(h.by_cause), src, sig, options,
