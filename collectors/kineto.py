@@ -58,6 +58,12 @@ class _Events:
         self.text, self.start = text, start
         self.count, self.cut_at = 0, None
 
+    @property
+    def closed(self) -> bool:
+        """The document ends as it began (``}`` or ``]``): nothing after the events was cut off."""
+        head, tail = self.text.lstrip()[:1], self.text.rstrip()[-1:]
+        return tail == ("}" if head == "{" else "]")
+
     def __iter__(self):
         text, pos, n = self.text, self.start, len(self.text)
         dec = json.JSONDecoder()
@@ -122,9 +128,10 @@ def _read_truncated_gzip(f) -> bytes:
     return bytes(out)
 
 
-def _frame(events) -> tuple[pd.DataFrame, int, list[str]]:
-    """Well-formed complete events as a frame; count and show the malformed ones."""
-    rows, bad, examples = [], 0, []
+def _frame(events) -> tuple[pd.DataFrame, int, int, list[str]]:
+    """Well-formed complete events as a frame; count the other kinds (ignored) and show the
+    malformed ones (skipped)."""
+    rows, bad, other, examples = [], 0, 0, []
     for ev in events:
         if not isinstance(ev, dict):
             bad += 1
@@ -133,7 +140,8 @@ def _frame(events) -> tuple[pd.DataFrame, int, list[str]]:
             continue
         ph = ev.get("ph")
         if ph != "X":
-            continue  # metadata, instant, flow events: not used, not errors
+            other += 1  # metadata, instant, flow events: not used, not errors
+            continue
         ts, dur, name = ev.get("ts"), ev.get("dur", 0), ev.get("name")
         if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or not isinstance(name, str):
             bad += 1
@@ -145,7 +153,7 @@ def _frame(events) -> tuple[pd.DataFrame, int, list[str]]:
         rows.append((name, str(ev.get("cat", "")), float(ts), float(ts) + max(float(dur), 0.0),
                      str(ev.get("pid", "")), str(ev.get("tid", "")), corr if isinstance(corr, int) else -1))
     df = pd.DataFrame(rows, columns=["name", "cat", "t0_us", "t1_us", "pid", "tid", "corr"])
-    return df, bad, examples
+    return df, bad, other, examples
 
 
 def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STEP_GAP_S, **options) -> Timeline:
@@ -155,9 +163,13 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
         raise UserError(f"{path}: no such file")
     events, top = _open(path)
     base = instance or path.name.split(".")[0]
-    df, bad, examples = _frame(events)
-    partial = events.cut_at is not None
-    notes = [f"JSON cut or damaged at byte {events.cut_at}: read {events.count} whole events before it"] if partial else []
+    df, bad, ignored, examples = _frame(events)
+    notes = []
+    if events.cut_at is not None:
+        notes.append(f"JSON cut or damaged at byte {events.cut_at}: read {events.count} whole events before it")
+    elif not events.closed:
+        notes.append("JSON cut after the events: the document is not closed")
+    partial = bool(notes)
     base_ns = top.get("baseTimeNanoseconds")
     clock, offset_s = ("unix", int(base_ns) / 1e9) if isinstance(base_ns, int) else ("relative", 0.0)
 
@@ -201,7 +213,8 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
                    "decode_rows": "measured" if ours else "absent",
                    "graph_mode": "measured" if cuda_traced else ("estimated" if ours else "absent"),
                    "sm_active": "absent"} for n in names}
-    entry = source_entry(FORMAT, path, total=events.count, parsed=events.count - bad, skipped=bad,
+    entry = source_entry(FORMAT, path, total=events.count, parsed=events.count - bad - ignored, skipped=bad,
+                         lines_ignored=ignored,
                          examples=examples, partial=partial, notes=notes, step_source=step_source,
                          heuristic=step_source not in (None, "kineto-mixdiag"), kernels_total=len(kernels),
                          kernels_in_steps=in_steps, instances=names)

@@ -50,7 +50,10 @@ def test_recorded_trace_steps_kinds_and_phases(recorded):
     assert tl.meta["clock"] == "unix" and abs(s["t_start_s"].iloc[0] - t_read) < 60
     src = tl.meta["sources"][0]
     assert src["step_source"] == "kineto-mixdiag" and src["lines_skipped"] == 0 and not src["partial"]
-    assert src["lines_total"] == len(json.loads(recorded.read_text())["traceEvents"])
+    events = json.loads(recorded.read_text())["traceEvents"]
+    assert src["lines_total"] == len(events)
+    assert src["lines_ignored"] == sum(e.get("ph") != "X" for e in events) > 0
+    assert src["lines_parsed"] == sum(e.get("ph") == "X" for e in events)
 
 
 def test_gzip_trace_reads_the_same(recorded, tmp_path):
