@@ -9,6 +9,7 @@ range whenever the user zooms.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 #: Points kept per trace when nothing else is said: two per bucket of ~1000 buckets.
 DEFAULT_MAX_POINTS = 2000
@@ -55,17 +56,20 @@ def minmax_indices(x: np.ndarray, y: np.ndarray, max_points: int = DEFAULT_MAX_P
         bucket = np.minimum((np.arange(n) * n_buckets) // n, n_buckets - 1)
     else:
         bucket = np.minimum(((xs - xs[0]) / span * n_buckets).astype(np.int64), n_buckets - 1)
-    # Sort by (bucket, y) once: the first and last entries of each bucket are its min and max.
-    # NaN sorts last in lexsort's key, so push NaNs to the middle by ranking them as -inf for
-    # the max side and +inf for the min side.
-    y_min_key = np.where(np.isnan(ys), np.inf, ys)
-    y_max_key = np.where(np.isnan(ys), -np.inf, ys)
-    order_min = np.lexsort((y_min_key, bucket))
-    order_max = np.lexsort((y_max_key, bucket))
-    starts = np.flatnonzero(np.r_[True, bucket[order_min][1:] != bucket[order_min][:-1]])
-    ends = np.r_[starts[1:], n] - 1
-    keep = np.concatenate([order_min[starts], order_max[ends]])
-    return lo + np.unique(keep)
+    # x is sorted, so each bucket is one contiguous run: reduce per run, no sort needed (O(n)).
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    lengths = np.diff(np.r_[starts, n])
+    first_max = _first_extreme(np.where(np.isnan(ys), -np.inf, ys), starts, lengths, np.maximum)
+    first_min = _first_extreme(np.where(np.isnan(ys), np.inf, ys), starts, lengths, np.minimum)
+    return lo + np.unique(np.concatenate([first_min, first_max]))
+
+
+def _first_extreme(v: np.ndarray, starts: np.ndarray, lengths: np.ndarray, op) -> np.ndarray:
+    """Index of the first extreme (``op`` = np.maximum or np.minimum) of ``v`` in each run."""
+    ext = op.reduceat(v, starts)
+    hit = np.flatnonzero(v == np.repeat(ext, lengths))
+    # the first hit at or after each run's start lies inside that run (the run holds its extreme)
+    return hit[np.searchsorted(hit, starts)]
 
 
 def bucket_first_of_each(x: np.ndarray, category: np.ndarray, max_points: int = DEFAULT_MAX_POINTS,
@@ -81,7 +85,7 @@ def bucket_first_of_each(x: np.ndarray, category: np.ndarray, max_points: int = 
     if n <= max_points:
         return np.arange(lo, hi)
     xs = x[lo:hi]
-    cats, codes = np.unique(np.asarray(category)[lo:hi], return_inverse=True)
+    codes, cats = pd.factorize(pd.Series(np.asarray(category)[lo:hi]), sort=False)  # hashing, not sorting objects
     n_buckets = max(max_points // max(len(cats), 1), 1)
     span = xs[-1] - xs[0]
     bucket = (np.minimum(((xs - xs[0]) / span * n_buckets).astype(np.int64), n_buckets - 1)

@@ -67,10 +67,9 @@ def timeline_view(timeline: Timeline, diagnosis, instance: str) -> TimelineView:
     t0 = span[0] if span else 0.0
     itl = pd.DataFrame({"t_rel_s": pd.Series([], dtype="float64"), "itl_s": pd.Series([], dtype="float64")})
     label = "ITL (s)"
-    tok = timeline.tokens[timeline.tokens["instance"] == instance]
-    if len(tok):
-        sub = Timeline(tokens=tok, meta={"clock": timeline.meta.get("clock", "unix")})
-        it = sub.itl()
+    if (timeline.tokens["instance"] == instance).any():
+        it = timeline.itl()  # already validated and sorted: no second Timeline to build
+        it = it[it["instance"] == instance]
         itl = pd.DataFrame({"t_rel_s": it["t_s"].to_numpy() - t0, "itl_s": it["itl_s"].to_numpy()})
         label = "ITL per output (s)"
     else:
