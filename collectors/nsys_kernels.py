@@ -5,10 +5,12 @@ Two ways to give each kernel its step:
 * :func:`project` - NVTX step ranges exist. NVIDIA's projection rule (``nvtx_gpu_proj_trace``,
   ``nvtx_kern_sum``): a kernel belongs to the range whose thread issued its launch call inside the
   range; the call is found by ``correlationId`` *and* the process (``globalPid = globalTid &
-  ~0xFFFFFF``), since correlation ids repeat across processes. It runs as SQL over temp tables
-  (an index probe per runtime/kernel row inside SQLite, aggregates out), never as Python rows.
-* :func:`gap_steps` - no step ranges. Kernels (and graph-trace rows) are read in cursor chunks
-  into numpy columns and split where the GPU idled longer than a gap; heuristic.
+  ~0xFFFFFF``), since correlation ids repeat across processes. SQLite filters the launch calls;
+  calls and kernels come out as column batches and are matched with sorted numpy keys.
+* :func:`gap_steps` - no step ranges. Kernels (and graph-trace rows) come out as column batches
+  and are split where the GPU idled longer than a gap; heuristic.
+
+Columns leave SQLite in batches (:func:`fetch_columns`), never as one Python object per row.
 """
 from __future__ import annotations
 
@@ -135,7 +137,7 @@ def project(db: NsysDb, ranges: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             continue
         work_key = _keys(gp, kc)
         pos = np.minimum(np.searchsorted(launch_key, work_key), len(launch_key) - 1)
-        hit = launch_key[pos] == work_key
+        hit = (launch_key[pos] == work_key) & (kc >= 0)  # a missing correlation id matches nothing
         st = launch_step[pos[hit]]
         np.minimum.at(first, st, ks[hit])
         np.maximum.at(last, st, ke[hit])
