@@ -286,7 +286,8 @@ def _attach(steps, phases, launches, kernels, cpu_ops) -> pd.DataFrame:
     launches_n, between = graph_counts(lo[keep], launches["t0_us"].to_numpy()[keep], gkey[keep], n)
     steps["graph_launches"], steps["eager_between"] = launches_n, between
     # GPU work: kernels whose launch (same correlation id) lies in the step.
-    corr_step = dict(zip(launches["corr"].to_numpy()[keep], lo[keep]))
+    has_corr = keep & (launches["corr"].to_numpy() >= 0)  # a missing correlation id links nothing
+    corr_step = dict(zip(launches["corr"].to_numpy()[has_corr], lo[has_corr]))
     ks = np.array([corr_step.get(c, -1) for c in kernels["corr"].to_numpy()], dtype=np.int64)
     kin = ks >= 0
     count = np.bincount(ks[kin], minlength=n)
