@@ -25,10 +25,13 @@ PHASE_COLUMNS: dict[str, str] = {
     "kv_transfer": "kv_transfer_s",
 }
 
-#: Range names engines other than ours put around one forward step. Steps found this way carry
-#: no composition (kind "unknown") and are marked heuristic in meta.
+#: Range names engines other than ours put around one forward step, outermost first (the first
+#: name present wins). Steps found this way carry no composition (kind "unknown") and are marked
+#: heuristic in meta. "gpu_model_runner: forward" is vLLM V1's ``record_function_or_nullcontext``
+#: name (vllm/v1/worker/gpu_model_runner.py); the others follow the engines' method names and are
+#: not confirmed against live captures.
 ENGINE_STEP_RANGES: tuple[str, ...] = (
-    "execute_model",                # vLLM V1 worker/model runner
+    "execute_model",                # vLLM worker/model runner method
     "gpu_model_runner: forward",    # vLLM V1 record_function naming
     "ModelRunner.forward",          # SGLang model runner
     "forward_batch_generation",     # SGLang TP worker
