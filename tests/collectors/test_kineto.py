@@ -178,3 +178,16 @@ def test_engine_trace_and_engine_records_agree_per_step(tmp_path):
         assert trace[col].tolist() == records[col].tolist(), col
     # Same clock: the step ranges sit inside the engine's own step timing (which includes scheduling).
     assert (trace["t_start_s"] - records["t_start_s"]).abs().max() < 0.5
+
+
+def test_engine_step_names_are_a_marked_heuristic(tmp_path):
+    ev = [_ev("gpu_model_runner: forward", "user_annotation", 1000 * i, 500) for i in range(3)]
+    ev += [_ev("cudaLaunchKernel", "cuda_runtime", 1000 * i + 10, 5, corr=i) for i in range(3)]
+    ev += [_ev(f"k{i}", "kernel", 1000 * i + 50, 20, pid=0, tid=7, corr=i) for i in range(3)]
+    p = tmp_path / "vllm.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    tl = kineto.read(p)
+    src = tl.meta["sources"][0]
+    assert src["step_source"] == "kineto-engine-naming" and src["heuristic"] is True
+    assert list(tl.steps["step"]) == [0, 1, 2] and set(tl.steps["kind"]) == {"unknown"}
+    assert list(tl.steps["gpu_kernels"]) == [1, 1, 1] and set(tl.steps["graph_mode"]) == {"NONE"}

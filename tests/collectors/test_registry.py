@@ -30,6 +30,19 @@ def test_detect_by_content(path, fmt):
     assert registry.detect(path) == fmt
 
 
+def test_detect_run_directories_and_traces(tmp_path):
+    import gzip
+
+    from mixdiag.engine.records import StepRecord, to_timeline
+
+    to_timeline([StepRecord(step=0, t_start_s=1.8e9, t_end_s=1.8e9 + 1, kind="idle")]).save(tmp_path / "run")
+    trace = b'{"schemaVersion": 1, "traceEvents": []}'
+    (tmp_path / "t.json").write_bytes(trace)
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(trace))
+    assert registry.detect(tmp_path / "run") == "mixdiag-run"
+    assert registry.detect(tmp_path / "t.json") == registry.detect(tmp_path / "t.json.gz") == "kineto-json"
+
+
 def test_detect_ignores_a_misleading_extension(tmp_path):
     p = tmp_path / "trace.json"
     p.write_bytes((FIX / "nsys" / "mock.sqlite").read_bytes())
