@@ -25,8 +25,16 @@ _RFC3339 = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\
 _COMPOSE = re.compile(r"^[\w.-]+\s+\|\s")
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
 def strip_container_prefix(line: str) -> tuple[str, float | None]:
-    """``(line without docker/CRI/compose prefix, container time as unix seconds or None)``."""
+    """``(line without docker/CRI/compose prefix, container time as unix seconds or None)``.
+
+    ANSI colour codes (vLLM colours its level names on a terminal) are removed first.
+    """
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
     t = None
     m = _RFC3339.match(line)
     if m:

@@ -10,6 +10,7 @@ from mixdiag.collectors.log_lines import naive_to_unix, parse_number, rfc3339_to
     ("sglang-1  | [2025-03-01 10:00:00] Prefill", "[2025-03-01 10:00:00] Prefill", None),  # compose
     ("2025-03-01T10:00:00Z vllm-0  | INFO y", "INFO y", 1740823200.0),
     ("INFO 03-01 10:00:00 [core.py:1] z", "INFO 03-01 10:00:00 [core.py:1] z", None),  # nothing to strip
+    ("\x1b[32mINFO\x1b[0m 03-01 10:00:00 [core.py:1] z", "INFO 03-01 10:00:00 [core.py:1] z", None),  # colours
 ])
 def test_strip_container_prefix(line, rest, t):
     got_rest, got_t = strip_container_prefix(line)

@@ -110,6 +110,14 @@ def test_every_line_kind_with_year_rollover_and_docker_prefix():
     assert tl.meta["cudagraph_config"] == {"Mode": "FULL_AND_PIECEWISE", "Capture sizes": "[1, 2, 4, 8]"}
 
 
+def test_coloured_terminal_output():
+    line = ("(EngineCore_DP0 pid=1) \x1b[32mINFO\x1b[0m 03-01 10:00:00 [core.py:349] Iteration(7): 1 context requests, "
+            "64 context tokens, 2 generation requests, 2 generation tokens, iteration elapsed time: 2.50 ms\n")
+    tl = vllm_log.read(io.StringIO(line), year=2025, instance="v")
+    assert tl.steps["kind"][0] == "mixed" and tl.steps["t_start_s"][0] == 1740823200.0
+    assert tl.meta["sources"][0]["lines_skipped"] == 0
+
+
 def test_scheduler_iteration_details_and_stats_become_series_when_iterating():
     text = ("INFO 05-01 10:00:00 [loggers.py:1] Engine 000: SchedulerIterationDetails(iteration_index=5, "
             "num_ctx_requests=1, num_ctx_tokens=64, num_generation_requests=4, num_generation_tokens=4, "
