@@ -109,7 +109,10 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
         visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_before"])
     else:
         visible = pd.Series(True, index=sig.index)
-    ref = visible & sig["decode_only"]
+    # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
+    # of KV transfers) must stand out against it, not become the norm of a rolling median.
+    faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    ref = visible & sig["decode_only"] & ~faulty
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
     norm = decode_graph_norm(sig)

@@ -115,7 +115,8 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     w = cfg.neighbour_window
     ref = s["decode_only"]
     s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w)
-    imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 41))
+    # a wide window: hotspot windows last tens of steps and must not become their own reference
+    imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 201))
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
     s["preempt"] = s["preempted_reqs"].fillna(0) > 0

@@ -115,3 +115,11 @@ def test_a_stretch_of_graph_fallback_stands_out_against_full_decode_steps():
     got = d.spikes.set_index("step")["cause"]
     assert set(range(100, 115)) <= set(got.index)
     assert (got.loc[100:114] == "graph_fallback").all()
+
+
+def test_a_30_step_ep_hotspot_window_is_found_end_to_end():
+    faults = {n: dict(expert_imbalance=3.8, dur=0.045) for n in range(50, 80)}
+    d = diagnose(build(faults=faults))
+    got = d.spikes.set_index("step")["cause"]
+    assert set(range(50, 80)) <= set(got.index)
+    assert (got.loc[50:79] == "ep_hotspot").all()
