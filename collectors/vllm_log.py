@@ -81,17 +81,21 @@ def _recent_year(month: int, day: int) -> int:
     return now.tm_year
 
 
-def _stats_fields(body: str) -> dict[str, float] | None:
-    """``Avg prompt throughput: 1.0 tokens/s, Running: 2 reqs, ...`` -> {slug: value}; None if unreadable."""
+def _stats_fields(body: str) -> tuple[dict[str, float], list[str]]:
+    """``Avg prompt throughput: 1.0 tokens/s, Running: 2 reqs, ...`` -> ({slug: value}, unreadable parts).
+
+    Lenient about drift: a field in a shape we do not know is left out (and reported), the rest kept.
+    """
     out: dict[str, float] = {}
+    bad: list[str] = []
     for part in body.strip().rstrip(".").split(", "):
         key, sep, val = part.partition(": ")
         m = _VALUE_UNIT.match(val.strip().rstrip("."))
         if not sep or m is None:
-            return None
-        v = float(m.group(1))
-        out[slug(key) + ("_pct" if m.group(2) == "%" else "")] = v
-    return out
+            bad.append(part)
+            continue
+        out[slug(key) + ("_pct" if m.group(2) == "%" else "")] = float(m.group(1))
+    return out, bad
 
 
 def _kv_pairs(body: str) -> dict[str, float]:
@@ -184,11 +188,13 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             continue
         if _STATS.search(body):
             sbody = body[_STATS.search(body).start():]
-            fields = _stats_fields(sbody)
-            if fields is None or "avg_prompt_throughput" not in fields:
-                st.skipped(raw, "stats line with an unreadable field")
+            fields, bad = _stats_fields(sbody)
+            if "avg_prompt_throughput" not in fields or "avg_generation_throughput" not in fields:
+                st.skipped(raw, "stats line without readable throughputs")
                 continue
             st.parsed()
+            if bad:
+                st.note(f"stats field(s) in an unknown shape left out, e.g. {bad[0][:80]!r}")
             stats_rows.append({"key": key, "t": t_row, "fields": fields})
             continue
         for rx, name in ((_SPEC, "spec_decode"), (_KV, "kv_transfer"), (_EPLB, "eplb")):

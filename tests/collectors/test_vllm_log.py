@@ -110,6 +110,18 @@ def test_every_line_kind_with_year_rollover_and_docker_prefix():
     assert tl.meta["cudagraph_config"] == {"Mode": "FULL_AND_PIECEWISE", "Capture sizes": "[1, 2, 4, 8]"}
 
 
+def test_stats_field_in_an_unknown_shape_is_left_out_not_the_line():
+    line = ("INFO 03-01 10:00:00 [loggers.py:1] Engine 000: Avg prompt throughput: 5.0 tokens/s, Avg generation "
+            "throughput: 2.0 tokens/s, Running: 4 reqs, Waiting: 3 reqs (capacity: 2, deferred: 1), "
+            "GPU KV cache usage: 50.0%, Prefix cache hit rate: 0.0%\n")
+    tl = vllm_log.read(io.StringIO(line), year=2025, instance="v")
+    src = tl.meta["sources"][0]
+    assert (src["lines_parsed"], src["lines_skipped"]) == (1, 0)
+    row = tl.steps.iloc[0]
+    assert row["running_reqs"] == 4 and math.isnan(row["waiting_reqs"]) and row["kv_usage"] == 0.5
+    assert any("unknown shape" in n for n in src["notes"])
+
+
 def test_coloured_terminal_output():
     line = ("(EngineCore_DP0 pid=1) \x1b[32mINFO\x1b[0m 03-01 10:00:00 [core.py:349] Iteration(7): 1 context requests, "
             "64 context tokens, 2 generation requests, 2 generation tokens, iteration elapsed time: 2.50 ms\n")
