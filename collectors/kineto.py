@@ -209,6 +209,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
     ours = step_source == "kineto-mixdiag"
     signals = {n: {"steps": "measured" if ours else ("inferred" if step_source else "absent"),
                    "kind": "measured" if ours else "absent",
+                   "token_allocation": "measured" if ours else "absent",
                    "prefill_tokens": "measured" if ours else "absent",
                    "decode_rows": "measured" if ours else "absent",
                    "graph_mode": "measured" if cuda_traced else ("estimated" if ours else "absent"),
