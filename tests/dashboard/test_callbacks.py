@@ -59,7 +59,10 @@ def test_timeline_full_then_zoomed(store, key):
     assert list(zoomed.layout.xaxis.range) == [1.0, 2.0] and full.layout.xaxis.range is None
     assert full.layout.uirevision == zoomed.layout.uirevision == f"{key['id']}:engine0"  # zoom kept per dataset
     itl = lambda f: [t for t in f.data if t.name == "ITL"][0]  # noqa: E731
-    assert len(itl(zoomed).x) < len(itl(full).x)
+    data = store.view(store.get(key["id"]), "engine0").itl["t_rel_s"]
+    assert len(itl(full).x) < len(data)  # the whole run: min/max per bucket
+    in_window = int(((data >= 1.0) & (data <= 2.0)).sum())
+    assert len(itl(zoomed).x) == in_window + 2  # zoomed in: every point of the window (+ one neighbour each side)
     with pytest.raises(PreventUpdate):  # a relayout that is not an x zoom does not redraw
         callbacks.on_timeline(store, key, "engine0", {"autosize": True}, 400, trigger="timeline-graph")
     with pytest.raises(PreventUpdate):
