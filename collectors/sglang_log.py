@@ -172,15 +172,19 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
         stats.skipped(raw, "text after the fields (line cut mid-way?)")
         return None
     nums = {k: parse_number(v.split(" -> ")[-1]) for k, v in fields.items()}  # "old -> new": the new
-    bad = [k for k, n in nums.items() if n is None]
-    if bad:
-        stats.skipped(raw, f"bad value for {bad[0]!r}")
-        return None
     need = "#new-token" if kind_word == "Prefill" else "#running-req"
     if need not in fields:
         stats.skipped(raw, f"{kind_word} line without {need!r}")
         return None
+    bad = [k for k, n in nums.items() if n is None]
+    core = [k for k in bad if k in _USED]  # a field that fills a Timeline column is unreadable
+    if core:
+        stats.skipped(raw, f"bad value for {core[0]!r}")
+        return None
     stats.parsed()
+    if bad:  # a field we only keep as a series, in a shape we do not know: leave it out, say so
+        stats.note(f"field(s) with an unreadable value left out, e.g. {bad[0]!r}")
+        nums = {k: n for k, n in nums.items() if n is not None}
     row = {"instance": inst, "t_start_s": t, "t_end_s": t, "granularity": "step"}
     if fwd is not None:
         row["forward_iter"] = float(fwd)

@@ -122,6 +122,15 @@ def test_unreadable_lines_are_counted(line, reason):
     assert len(tl.steps) == 1
 
 
+def test_unknown_shape_of_a_series_field_keeps_the_line():
+    text = "[2026-05-01 10:00:00] Decode batch, #running-req: 7, #pending-token: 12k, cuda graph: True, #queue-req: 0\n"
+    tl = sglang_log.read(io.StringIO(text), instance="s")
+    src = tl.meta["sources"][0]
+    assert (src["lines_parsed"], src["lines_skipped"]) == (1, 0) and tl.steps["decode_reqs"][0] == 7
+    assert any("#pending-token" in n for n in src["notes"])
+    assert "sglang_log:pending_token" not in set(tl.series["name"])
+
+
 SERVER_ARGS = ("[2026-05-01 09:59:00] server_args=ServerArgs(model_path='m', chunked_prefill_size=8192, "
                "enable_mixed_chunk={on}, decode_log_interval=40, cuda_graph_max_bs=160)\n")
 PREFILL = "[2026-05-01 10:00:00] Prefill batch, #new-seq: 1, #new-token: 512, #cached-token: 0, #running-req: 6, #queue-req: 0\n"
