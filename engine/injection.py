@@ -148,8 +148,9 @@ class FaultInjector:
                 moe = engine.model.moe_layers[0]
                 self._bias = hotspot_bias(moe.num_experts, f.world_size, f.hot_rank, f.strength)
                 self._bias_on = False
+                self._ep_fill = self._ep_after
                 engine.before_step.append(self._ep_before)
-                engine.observers.insert(0, self._ep_after)
+                engine.observers.insert(0, self._ep_fill)
             if faults.pd_transfer is not None:
                 self.pd = PDConnector(engine, faults.pd_transfer)
                 engine.kv_connector = self.pd
@@ -177,6 +178,11 @@ class FaultInjector:
 
     # ---- hooks -----------------------------------------------------------------------------
     def _ep_before(self, step: int) -> None:
+        obs = self.engine.observers
+        if not obs or obs[0] is not self._ep_fill:
+            # It fills expert_imbalance, so it must run before observers that read the record
+            # (metrics, log lines), whatever was attached after the injector.
+            obs[:] = [self._ep_fill] + [o for o in obs if o is not self._ep_fill]
         on = _in(self.faults.ep_hotspot.windows, step)
         if on != self._bias_on:
             self.ep.set_router_bias(self._bias if on else None)

@@ -20,6 +20,8 @@ def _run(table, n_req=12, prompt=24, max_tokens=12, steps=None, **cfg):
     eng = Engine(faults.apply(EngineConfig(model=SMALL, num_threads=1, **cfg)))
     with FaultInjector(eng, faults) as inj:
         truth = TruthRecorder(eng, inj)
+        inj.seen_by_later_observer = []  # an observer attached first, as instrumentation does (it prepends)
+        eng.observers.insert(0, lambda rec: inj.seen_by_later_observer.append(rec.expert_imbalance))
         g = torch.Generator().manual_seed(0)
         for i in range(n_req):
             inj.add_request(torch.randint(2, 128, (prompt,), generator=g).tolist(),
@@ -110,6 +112,7 @@ def test_ep_hotspot_window_skews_ranks():
     assert all(r.per_rank_tokens[0] == 0 and r.per_rank_tokens[1] > 0 for r in inside)
     assert max(r.expert_imbalance for r in outside) < 2.0
     assert {s for _, s, c in truth.rows if c == "ep_hotspot"} == {6, 7, 8, 9}
+    assert all(r.expert_imbalance == seen for r, seen in zip(recs, inj.seen_by_later_observer))
     assert all(float(m.router_bias.abs().sum()) == 0 for m in eng.model.moe_layers)  # window closed
 
 
