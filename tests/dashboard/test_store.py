@@ -83,6 +83,16 @@ def test_upload_is_parsed_in_a_child_and_leaves_nothing_behind(store, data_dir):
     assert sorted(p.name for p in data_dir.rglob("*")) == before
 
 
+def test_nsight_upload(tmp_path):
+    """A real Nsight Systems export (tests/fixtures/nsys, MIT, see LICENSE.nsys-ai) through the upload path."""
+    sqlite = FIXTURES.parent / "nsys" / "mock.sqlite"
+    st = DataStore(DashboardConfig(upload_max_bytes=sqlite.stat().st_size + 1), DiagnosisExporter())
+    ds = st.load_upload("capture.sqlite", upload(sqlite.read_bytes()))
+    src = ds.timeline.meta["sources"][0]
+    assert src["format"] == "nsys-sqlite" and src["path"].endswith("capture.sqlite")
+    assert len(ds.timeline.steps) > 0
+
+
 @pytest.mark.parametrize("contents,msg", [
     (upload(b"x" * 5000), "larger than"),
     ("data:;base64,@@@", "not valid base64"),
