@@ -6,7 +6,9 @@ cores, as data-parallel engines on one host do). Each child writes a full run di
 ``OUT/instances/engineI/`` (its own instrumentation files included); the parent merges their
 Timelines (:meth:`~mixdiag.schema.Timeline.concat`) and ground truth into ``OUT`` and writes one
 ``summary.json`` with the per-instance summaries. Faults scoped with ``instances = [...]`` in the
-``[faults]`` table apply only to those engines.
+``[faults]`` table apply only to those engines. Instrumentation flags given to the parent are
+passed to every instance (each names its files after its instance; ``--serve PORT`` serves
+instance N on PORT + N).
 """
 from __future__ import annotations
 
