@@ -101,6 +101,20 @@ def test_zoom_on_one_panel_zooms_all_and_resamples(session):
     assert len(xs) < len(full)
 
 
+def test_upload_a_capture_in_the_browser(session):
+    from pathlib import Path
+
+    app, srv, driver, wait = session
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "vllm_log_31193.txt"  # real vLLM lines
+    tab(driver, "Sources")
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#upload input[type=file]"))).send_keys(str(log))
+    wait.until(EC.text_to_be_present_in_element((By.ID, "source-status"), f"loaded upload: {log.name}"))
+    ds = app.mixdiag_store.get(None)
+    assert ds.label == f"upload: {log.name}" and ds.timeline.meta["sources"][0]["format"] == "vllm-log"
+    tab(driver, "Overview")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "verdict"), ds.diagnosis.verdict[:30]))
+
+
 def test_browser_console_log_is_empty(session):
     _, _, driver, _ = session
     assert driver.get_log("browser") == []
