@@ -209,8 +209,10 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     first_t = next((t for t in known if t is not None), None)
     iterating = {r["instance"] for r in out.steps}
     for r in stats_rows:
-        t = r["t"] if r["t"] is not None else (first_t or 0.0)
-        _stats_row(r["key"], t, r["fields"], iterating, prev_stats_t, stats_interval_s, out)
+        r["t"] = r["t"] if r["t"] is not None else (first_t or 0.0)
+    # each interval runs from the engine's previous stats line in time (lines can arrive out of order)
+    for r in sorted(stats_rows, key=lambda r: r["t"]):
+        _stats_row(r["key"], r["t"], r["fields"], iterating, prev_stats_t, stats_interval_s, out)
     _name_instances(out, base)
     if cg_settings:
         out.meta["cudagraph_config"] = cg_settings

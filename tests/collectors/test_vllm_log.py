@@ -122,6 +122,15 @@ def test_stats_field_in_an_unknown_shape_is_left_out_not_the_line():
     assert any("unknown shape" in n for n in src["notes"])
 
 
+def test_stats_lines_out_of_time_order():
+    # found by the fuzzer: intervals run between consecutive lines in time, whatever the line order
+    lines = (FIX / "vllm_log_37307.txt").read_text().splitlines()[2:4]
+    tl = vllm_log.read(io.StringIO(lines[1] + "\n" + lines[0] + "\n"), year=2026, instance="v")
+    s = tl.steps
+    assert list(s["waiting_reqs"]) == [90, 84] and (s["t_end_s"] >= s["t_start_s"]).all()
+    assert s["t_end_s"][1] - s["t_start_s"][1] == 10.0
+
+
 def test_coloured_terminal_output():
     line = ("(EngineCore_DP0 pid=1) \x1b[32mINFO\x1b[0m 03-01 10:00:00 [core.py:349] Iteration(7): 1 context requests, "
             "64 context tokens, 2 generation requests, 2 generation tokens, iteration elapsed time: 2.50 ms\n")
