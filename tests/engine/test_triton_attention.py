@@ -126,3 +126,42 @@ def test_rejects_bad_head_ratio():
     q, k, v, qsl, sl, bt = make_case(gen, [1], [3], 3, 2, 16, 4)
     with pytest.raises(ValueError, match="multiple"):
         kernel.paged_attention(q, k, v, qsl, sl, bt, 1.0)
+
+
+ENGINE_SCRIPT = r"""
+import json, sys
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.engine import Engine
+from mixdiag.engine.attention import paged_attention_ref
+from mixdiag.engine.request import SamplingParams
+cfg = ModelConfig(vocab_size=29, hidden_size=16, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2,
+                  head_dim=16, intermediate_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                  max_model_len=64)
+outs = {}
+for name in ("engine-backend", "reference"):
+    e = Engine(EngineConfig(model=cfg, cache=CacheConfig(block_size=4, num_blocks=64),
+                            scheduler=SchedulerConfig(max_num_batched_tokens=16, num_spec_tokens=2), num_threads=1))
+    if name == "reference":
+        e.model.attn_backend = paged_attention_ref
+    backend = e.model.attn_backend.__name__
+    ids = [e.add_request(p, SamplingParams(max_tokens=6, ignore_eos=True)) for p in ([3, 4, 5, 6, 7, 8, 9], [2, 2, 2, 2, 3])]
+    e.run()
+    outs[name] = {"backend": backend, "outputs": [e.output(i) for i in ids]}
+print(json.dumps(outs))
+"""
+
+
+def test_engine_uses_the_kernel_under_the_interpreter_with_the_same_outputs():
+    """TRITON_INTERPRET=1 makes the engine pick the Triton kernel on CPU; greedy outputs (mixed
+    prefill/decode steps with spec verification rows) equal the PyTorch reference's."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    outs = json.loads(res.stdout.strip().splitlines()[-1])
+    assert outs["engine-backend"]["backend"] == "paged_attention"
+    assert outs["reference"]["backend"] == "paged_attention_ref"
+    assert outs["engine-backend"]["outputs"] == outs["reference"]["outputs"]
