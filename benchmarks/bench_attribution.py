@@ -4,10 +4,12 @@ data tiers and score the spikes against ``truth.csv`` (only this benchmark reads
 Tiers:
   (a) the engine's per-step records (the run directory's Timeline);
   (b) its profiler trace only (``trace.json`` from ``mixdiag run --profile``; the profiler slows
-      a CPU run several-fold, so it records a window - steps 40..139 - and tier (b) is scored
+      a CPU run several-fold, so it records a window - steps 40..99 - and tier (b) is scored
       on the truth inside that window);
   (c) Prometheus scrapes at a 1 s interval (``scrapes/``) plus engine log lines (``engine.log``).
 
+Runs are capped at 200 steps (``--max-steps``; every scenario's faults start before step 100) so
+the suite fits in about an hour on a busy 2-core machine; ``--run-args`` changes that.
 Prints precision / recall / F1 per cause and macro-F1 per tier against the targets (0.95 / 0.90 /
 0.80) and the share of non-mixing spikes called mixing (target < 2 %). Scoring rules:
 mixdiag/evaluation.py. Tiers or scenarios that cannot be evaluated (a missing verb, file or
@@ -34,7 +36,7 @@ from mixdiag.schema import Timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SCENARIOS = ("mixed-default", "prefill-first", "ep-hotspot", "pd-transfer", "graph-miss", "kv-pressure",
-                     "host-stall", "demo-mix", "multi-instance")
+                     "host-stall", "demo-mix", "two-engines")
 EXPECTED = {"mixed-default": "mixing", "prefill-first": "prefill_stall", "ep-hotspot": "ep_hotspot",
             "pd-transfer": "pd_transfer", "graph-miss": "graph_fallback", "kv-pressure": "kv_pressure",
             "host-stall": "host_stall"}
@@ -227,7 +229,7 @@ def main(argv=None) -> int:
                     help="directory of cached scenario runs (reused; default runs/bench_attribution)")
     ap.add_argument("--scenarios", help="comma-separated scenario names (default: every scenario of the engine)")
     ap.add_argument("--tiers", default="a,b,c", help="tiers to evaluate (default a,b,c)")
-    ap.add_argument("--run-args", default="--profile 40:140 --scrape-interval 1 --log-format vllm",
+    ap.add_argument("--run-args", default="--max-steps 200 --profile 40:100 --scrape-interval 1 --log-format vllm",
                     help="extra flags for 'mixdiag run' so one run feeds all tiers")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per scenario run (default 600)")
     ap.add_argument("--budget", type=float, default=2400, help="seconds for all runs (default 2400)")
