@@ -77,7 +77,7 @@ def _long_query(q, k_cache, v_cache, start, q_len, seq_len, block_row, scale, ou
     hq, hkv, d = q.shape[1], k_cache.shape[2], q.shape[2]
     g = hq // hkv
     # [Q, Hq, D] -> [Hkv, g*Q, D]: the g query heads sharing a KV head are stacked as rows (row = gi*Q + qi).
-    qr = q[start:start + q_len].view(q_len, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * q_len, d)
+    qr = q[start:start + q_len].view(q_len, hkv, g, d).permute(1, 2, 0, 3).reshape(hkv, g * q_len, d) * scale
     blocked = ~torch.ones(q_len, q_len, dtype=torch.bool, device=q.device).tril().repeat(g, 1)  # [g*Q, Q]
     kt = k.transpose(1, 2)                                                   # [Hkv, D, L]
     o = torch.empty_like(qr)
@@ -86,7 +86,7 @@ def _long_query(q, k_cache, v_cache, start, q_len, seq_len, block_row, scale, ou
     prefix = seq_len - q_len
     for r0 in range(0, rows, bq):
         r1 = min(rows, r0 + bq)
-        sc = torch.bmm(qr[:, r0:r1], kt).mul_(scale)                         # [Hkv, bq, L]
+        sc = torch.bmm(qr[:, r0:r1], kt)                                     # [Hkv, bq, L], q pre-scaled
         sc[:, :, prefix:].masked_fill_(blocked[r0:r1], float("-inf"))
         o[:, r0:r1] = torch.bmm(torch.softmax(sc, dim=-1), v)
     out[start:start + q_len] = o.view(hkv, g, q_len, d).permute(2, 0, 1, 3).reshape(q_len, hq, d)

@@ -60,17 +60,17 @@ class MoE(nn.Module):
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)            # pairs grouped by expert
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
-        tok = order // k                                    # token row of each pair
-        xs = x.index_select(0, tok)
-        ws = topk_weights.reshape(-1).index_select(0, order).unsqueeze(1).to(x.dtype)
-        out = torch.zeros_like(x)
+        xs = x.index_select(0, order // k)                  # token row of each pair, [T*k, H]
+        ys = torch.empty_like(xs)
         start = 0
         for e, n in enumerate(counts):
             if n:
-                sl = slice(start, start + n)
-                out.index_add_(0, tok[sl], self.expert(e, xs[sl]) * ws[sl])
+                ys[start:start + n] = self.expert(e, xs[start:start + n])
                 start += n
-        return out
+        pairs = torch.empty_like(ys)
+        pairs[order] = ys                                   # back to (token, slot) order, [T*k, H]
+        w = topk_weights.to(x.dtype).unsqueeze(-1)          # [T, k, 1]
+        return (pairs.view(t, k, -1) * w).sum(dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)
