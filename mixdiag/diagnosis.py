@@ -202,13 +202,13 @@ def _itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
             "source": src}
 
 
-def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict) -> str:
+def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = "") -> str:
     if n_rows == 0:
         return "No steps or intervals in the input: nothing to diagnose."
     if n_spikes == 0:
         p50, p99 = itl.get("p50_s"), itl.get("p99_s")
         ratio = f" (ITL P99 is {p99 / p50:.1f}x P50)" if p50 and p99 else ""
-        return f"No TPOT spikes found in {n_rows} steps{ratio}."
+        return f"No TPOT spikes found in {unit}{ratio}."
     ranked = sorted(((c, n) for c, n in by_cause.items() if n), key=lambda x: -x[1])
     top, n_top = ranked[0]
     rest = ", ".join(f"{n} {c}" for c, n in ranked[1:])
@@ -222,15 +222,32 @@ def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict) -> str:
             "unknown": "no cause the available signals support (unknown)"}[top]
     if n_top * 2 <= n_spikes and len(ranked) > 1:
         parts = ", ".join(f"{n} {c}" for c, n in ranked)
-        return f"{n_spikes} TPOT spikes in {n_rows} steps have several causes: {parts}."
+        return f"{n_spikes} TPOT spikes in {unit} have several causes: {parts}."
     tail = f"; the rest: {rest}" if rest else ""
-    return f"{n_top} of {n_spikes} TPOT spikes in {n_rows} steps are caused by {lead}{tail}."
+    return f"{n_top} of {n_spikes} TPOT spikes in {unit} are caused by {lead}{tail}."
 
 
 def engine_of(instance: str) -> str:
     """The engine an instance name belongs to: ``engine0@scrapes`` and ``engine0@log`` are two
     views (sources) of ``engine0`` (the collectors' naming of clashing inputs)."""
     return instance.split("@", 1)[0]
+
+
+def _engine_keys(frames: list[pd.DataFrame]):
+    """instance -> engine. ``X@source`` names are views of ``X``; and when the input holds exactly
+    one step-only and one interval-only view overlapping in time (a log and a scrape directory
+    of one server, named after the files), they are one engine."""
+    keys = {str(f["instance"].iloc[0]): engine_of(str(f["instance"].iloc[0])) for f in frames if len(f)}
+    step_only = [f for f in frames if len(f) and (f["granularity"] == "step").all()]
+    iv_only = [f for f in frames if len(f) and (f["granularity"] == "interval").all()]
+    if len(keys) == 2 and len(step_only) == 1 and len(iv_only) == 1:
+        a, b = step_only[0], iv_only[0]
+        lo = max(a["t_start_s"].min(), b["t_start_s"].min())
+        hi = min(a["t_end_s"].max(), b["t_end_s"].max())
+        shorter = min(a["t_end_s"].max() - a["t_start_s"].min(), b["t_end_s"].max() - b["t_start_s"].min())
+        if shorter > 0 and hi - lo >= 0.5 * shorter:
+            keys[str(b["instance"].iloc[0])] = keys[str(a["instance"].iloc[0])]
+    return lambda inst: keys.get(inst, engine_of(inst))
 
 
 def _interval_step_ranges(iv: pd.DataFrame, n_steps: int) -> list[tuple[int, int]] | None:
@@ -247,7 +264,7 @@ def _interval_step_ranges(iv: pd.DataFrame, n_steps: int) -> list[tuple[int, int
     return None
 
 
-def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: DiagnosisConfig) -> list[dict]:
+def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: DiagnosisConfig, key) -> list[dict]:
     """Host stalls the interval view can still see when a slow step hides them.
 
     ITL time observed in an interval (``itl_mean_s x itl_count``) minus the time its steps took
@@ -263,7 +280,7 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
         if not len(iv):
             continue
         inst = str(iv["instance"].iloc[0])
-        st = step_views.get(engine_of(inst))
+        st = step_views.get(key(inst))
         if st is None or iv["itl_count"].isna().all():
             continue
         # requests waiting through each step: its decode requests, or, in a prefill-only step that
@@ -311,24 +328,25 @@ def _fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: Diagnosis
     Intervals are matched to steps by the scrapes' step counters when they add up to the step
     view's steps, else by time (log lines stamped in whole seconds: 1 s of slack).
     """
+    key = _engine_keys(frames)
     step_views: dict[str, pd.DataFrame] = {}
     for f in frames:
         st = f[f["granularity"] == "step"]
         if len(st):
-            step_views[engine_of(str(f["instance"].iloc[0]))] = st.sort_values("step")
+            step_views[key(str(f["instance"].iloc[0]))] = st.sort_values("step")
     if not step_views:
         return spikes
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for f in frames:
         iv = f[f["granularity"] == "interval"].sort_values("step")
-        eng = engine_of(str(f["instance"].iloc[0])) if len(f) else None
+        eng = key(str(f["instance"].iloc[0])) if len(f) else None
         if len(iv) and eng in step_views:
             r = _interval_step_ranges(iv, len(step_views[eng]))
             if r is not None:
                 ranges.update({(str(f["instance"].iloc[0]), int(k)): ab for k, ab in zip(iv["step"], r)})
     out = []
     for sp in spikes:
-        eng = engine_of(sp["instance"])
+        eng = key(sp["instance"])
         if sp["granularity"] != "interval" or eng not in step_views:
             out.append(sp)
             continue
@@ -356,7 +374,7 @@ def _fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: Diagnosis
             ev["reason"] = "ITL spiked but no step in the interval was slow: the time went between steps"
         out.append(sp | {"cause": cause, "confidence": round(conf * cfg.attribution.interval_factor, 3),
                          "evidence": ev})
-    out += _host_gap_spikes(frames, step_views, ranges, out, cfg)
+    out += _host_gap_spikes(frames, step_views, ranges, out, cfg, key)
     # keep the steps frame in line with the spikes that remain
     kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in out if sp["granularity"] == "interval"}
     for f in frames:
@@ -416,6 +434,8 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         sp = sp.sort_values(["t_s", "instance"], kind="stable").reset_index(drop=True)
     by_cause = {c: int((sp["cause"] == c).sum()) for c in CAUSES}
     itl = _itl_summary(timeline, steps)
-    verdict = _verdict(by_cause, len(sp), int(len(steps)), itl)
+    n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
+    unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
+    verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, instances=instances,
                      config=cfg)
