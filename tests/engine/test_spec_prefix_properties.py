@@ -173,3 +173,16 @@ def test_spec_decode_scenario_rows_and_graph_modes():
     assert not any(r.graph_replayed for r in recs)            # CPU: planned, never replayed
     # the shared system prompt: every chat request but those admitted with the first (in flight)
     assert sum(r.prefix_hit_tokens for r in recs) >= 24 * 96
+
+
+@pytest.mark.parametrize("draft_slots,want", [(0, [32]), (4, [28]), (10, [22])])
+def test_token_budget_reserves_draft_slots(draft_slots, want):
+    """vLLM: num_new_tokens = min(need, token_budget, input_budget - draft_slots), and each
+    scheduled request uses n + draft_slots input slots."""
+    sched = SchedulerConfig(max_num_batched_tokens=32, draft_slots=draft_slots, cudagraph_capture_sizes=(8,))
+    e = Engine(EngineConfig(model=TINY, cache=CacheConfig(block_size=4, num_blocks=64), scheduler=sched,
+                            num_threads=1), model=MODEL)
+    e.add_request([i % 20 for i in range(40)], SamplingParams(max_tokens=2))
+    e.add_request([5] * 10, SamplingParams(max_tokens=2))
+    rec = e.step()
+    assert list(rec.num_scheduled_tokens.values()) == want   # the second prompt finds no input slots left
