@@ -151,11 +151,11 @@ def read(source, *, instance: str | None = None, steps: Timeline | pd.DataFrame 
         if is_garbage(raw):
             stats.skipped(raw, "not text")
             continue
-        rec = next(csv.reader(io.StringIO(raw)), [])
         try:
+            rec = next(csv.reader(io.StringIO(raw)), [])
             t, gpu, uuid, metric, value = rec
             t_s, v = float(t), float(value)
-        except ValueError:
+        except (ValueError, csv.Error):  # csv.Error: a stray CR inside the line
             stats.skipped(raw, "not 5 fields: t_s,gpu_index,gpu_uuid,metric,value")
             continue
         if metric not in METRICS or not (math.isfinite(t_s) and (math.isnan(v) or 0.0 <= v <= 1.0)):
