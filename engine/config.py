@@ -40,7 +40,7 @@ class ModelConfig:
     hidden_size: int = 256
     num_layers: int = 4
     first_k_dense: int = 1
-    num_heads: int = 8
+    num_heads: int = 4                    # q width 128 < hidden: keeps long-context chunks cheap on CPU
     num_kv_heads: int = 2
     head_dim: int = 32
     intermediate_size: int = 512          # dense SwiGLU MLP
