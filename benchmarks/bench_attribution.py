@@ -78,6 +78,7 @@ def run_scenario(name: str, out: Path, run_args: list[str], timeout_s: float) ->
         return f"mixdiag run failed (rc {p.returncode}): {err}"
     if not (out / "truth.csv").exists():
         return "mixdiag run wrote no truth.csv"
+    (out / "bench_run_args.txt").write_text(" ".join(run_args) + "\n")
     return None
 
 
@@ -133,6 +134,28 @@ def _within(tv: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
     return tv[keep]
 
 
+def profile_boundaries(run: Path) -> set[int]:
+    """Steps right after the profiler starts and stops (``--profile A:B`` -> {A, B}): starting and
+    stopping the PyTorch profiler stalls the host for seconds, a host stall truth.csv does not
+    know about, so those steps are left out of the scoring."""
+    f = run / "bench_run_args.txt"
+    if not f.exists():
+        return set()
+    m = re.search(r"--profile\s+(\d+):(\d*)", f.read_text())
+    return {int(x) for x in m.groups() if x} if m else set()
+
+
+def _drop_steps(sp: pd.DataFrame, tv: pd.DataFrame, steps: set[int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    if not steps:
+        return sp, tv
+    t = tv[tv["step"].isin(steps)]
+    bad = pd.Series(False, index=sp.index)
+    for te in t["t_end_s"].dropna():
+        bad |= (sp["granularity"] == "interval") & (sp["t_start_s"] - 1.0 <= te) & (sp["t_end_s"] >= te)
+    bad |= (sp["granularity"] == "step") & sp["step"].isin(steps)
+    return sp[~bad], tv[~tv["step"].isin(steps)]
+
+
 def evaluate(names: list[str], cache: Path, tiers: list[str], run_args: list[str], timeout_s: float,
              budget_s: float) -> dict:
     t_start = time.monotonic()
@@ -166,7 +189,7 @@ def evaluate(names: list[str], cache: Path, tiers: list[str], run_args: list[str
             tv = _within(tv, tl)
             t0 = time.monotonic()
             d = diagnose(tl)
-            sp = d.spikes.copy()
+            sp, tv = _drop_steps(d.spikes.copy(), tv, profile_boundaries(run))
             s1 = score(sp, tv, by_step=True)
             top = max(d.by_cause.items(), key=lambda kv: kv[1])[0] if len(sp) else None
             per_scn[name] = {"spikes": len(sp), "by_cause": {c: n for c, n in d.by_cause.items() if n},

@@ -29,7 +29,7 @@ class SpikeConfig:
     """Thresholds of spike detection; one setting for every workload (see docs/analyze.md)."""
 
     ratio: float = 1.5          # spike: latency > ratio x baseline ...
-    mad_k: float = 4.0          # ... and > baseline + mad_k x robust sigma
+    mad_k: float = 2.0          # ... and > baseline + mad_k x robust sigma (noise guard)
     window_steps: int = 41      # centred rolling window of the step baseline (rows)
     window_intervals: int = 15  # centred rolling window of the interval baseline (rows)
     min_periods: int = 3        # reference rows needed inside a window before it gives a baseline
