@@ -188,11 +188,16 @@ def check_engine_modes(device) -> dict:
             by_mode = {m: sum(1 for r in records if r.graph_mode == m) for m in ("FULL", "PIECEWISE", "NONE")}
             replayed = sum(1 for r in records if r.graph_replayed)
             same = outputs[(k, mode)] == outputs[(k, "FULL_AND_PIECEWISE")]
-            ok &= same
+            replay_ok = (replayed > 0) == (mode != "NONE") if device.type == "cuda" else replayed == 0
+            # spec on vs off: identical in exact arithmetic; fp32 rounding of different row shapes
+            # could flip a near-tie, so this one is reported, not gated
+            same_k0 = outputs[(k, mode)] == outputs[(0, "FULL_AND_PIECEWISE")]
+            ok &= same and replay_ok
             rows.append({"spec_k": k, "cudagraph_mode": mode, "steps": len(records), "planned": by_mode,
-                         "replayed_steps": replayed, "same_outputs": same})
+                         "replayed_steps": replayed, "same_outputs": same, "replays_as_expected": replay_ok,
+                         "same_as_spec_off": same_k0})
             print(f"  engine k={k} {mode:<18} steps {len(records):<4} planned {by_mode} replayed {replayed}  "
-                  f"same outputs {same}")
+                  f"same outputs {same}  same as k=0 {same_k0}")
     return {"pass": ok, "rows": rows}
 
 
