@@ -12,7 +12,7 @@ Each fault does the work that makes latency rise - nothing edits a timestamp:
   reaches. On CPU there are no kernel launches for a graph to save, so the fault also turns on
   a launch-cost model: every eager module call (all of them for ``NONE``, attention for
   ``PIECEWISE``) keeps the host busy for ``launch_overhead_s``, a replayed ``FULL`` step pays once -
-  the host-side cost eager kernels pay on a GPU. Set it to 0 where real graphs run.
+  the host-side cost eager kernels pay on a GPU. On CUDA the model is off: launches are real there.
 * ``kv_pressure``: a KV pool of ``num_blocks`` blocks, small enough that running requests are
   preempted and recomputed.
 * ``host_stall``: in the windows, a pause before the step: ``sleep`` for ``stall_s``, or ``gc``:

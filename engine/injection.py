@@ -155,7 +155,8 @@ class FaultInjector:
                 self.pd = PDConnector(engine, faults.pd_transfer)
                 engine.kv_connector = self.pd
                 engine.before_step.append(self.pd.wait_if_idle)
-            if faults.graph_miss is not None:
+            if faults.graph_miss is not None and engine.device.type != "cuda":
+                # On CUDA eager steps pay real kernel launches; the cost model is for CPU only.
                 self._launch = _LaunchCost(engine, faults.graph_miss)
             if faults.host_stall is not None:
                 engine.before_step.append(self._stall)
