@@ -227,6 +227,31 @@ def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = 
     return f"{n_top} of {n_spikes} TPOT spikes in {unit} are caused by {lead}{tail}."
 
 
+#: Gauge series that fill an empty interval column (value of the last sample in the interval).
+GAUGE_SERIES = {"expert_imbalance": ("mixdiag_engine_expert_imbalance_ratio",)}
+
+
+def _gauge_columns(rows: pd.DataFrame, series: pd.DataFrame) -> pd.DataFrame:
+    """Interval rows whose ``expert_imbalance`` is empty take the gauge sampled in the interval
+    (the last step's max/mean per EP rank at scrape time: a sample, not a mean)."""
+    iv = rows["granularity"] == "interval"
+    if not iv.any() or not len(series):
+        return rows
+    rows = rows.copy()
+    for col, names in GAUGE_SERIES.items():
+        if rows.loc[iv, col].notna().any():
+            continue
+        g = series[series["name"].isin(names)].sort_values("t_s")
+        if not len(g):
+            continue
+        g = g.groupby("t_s", as_index=False)["value"].max()
+        ends = rows.loc[iv, "t_end_s"].to_numpy()
+        idx = np.searchsorted(g["t_s"].to_numpy(), ends + 1e-6, side="right") - 1
+        vals = np.where(idx >= 0, g["value"].to_numpy()[np.clip(idx, 0, None)], np.nan)
+        rows.loc[iv, col] = vals
+    return rows
+
+
 def engine_of(instance: str) -> str:
     """The engine an instance name belongs to: ``engine0@scrapes`` and ``engine0@log`` are two
     views (sources) of ``engine0`` (the collectors' naming of clashing inputs)."""
@@ -250,18 +275,67 @@ def _engine_keys(frames: list[pd.DataFrame]):
     return lambda inst: keys.get(inst, engine_of(inst))
 
 
-def _interval_step_ranges(iv: pd.DataFrame, n_steps: int) -> list[tuple[int, int]] | None:
+def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[int, int]] | None:
     """Positions [a, b) of the step rows each interval row covers, from the per-kind step counts
-    of the scrapes (exact when the counters saw every step the step view saw), else None."""
+    of the scrapes, else None. Steps before the first scrape (by time, whole-second stamps) are
+    skipped; steps after the last one are left over; any other mismatch gives None."""
     kinds = [c for c in ("prefill_steps", "decode_steps", "mixed_steps", "idle_steps") if c in iv.columns]
     if len(kinds) < 3:
         return None
+    n_steps = len(steps)
+    before = int((steps["t_end_s"].to_numpy() + 1.0 <= float(iv["t_start_s"].min())).sum())
     for use in (kinds, [k for k in kinds if k != "idle_steps"]):
         n = iv[use].fillna(0).sum(axis=1).round().astype(int).to_numpy()
-        if int(n.sum()) == n_steps:
-            ends = np.cumsum(n)
+        after = n_steps - before - int(n.sum())
+        if 0 <= after <= max(5, n_steps // 20):
+            ends = before + np.cumsum(n)
             return list(zip((ends - n).tolist(), ends.tolist()))
     return None
+
+
+def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig) -> list[dict]:
+    """A step spike the step view left ``unknown`` (log lines carry no imbalance, transfers or
+    preemptions) takes the evidence of the scrape interval that holds it: imbalance well above
+    the intervals' median -> ep_hotspot; a KV transfer -> pd_transfer; a preemption ->
+    kv_pressure. Interval evidence is coarser than the step's, so confidence is scaled twice."""
+    ivs = {}
+    for f in frames:
+        iv = f[f["granularity"] == "interval"]
+        if len(iv):
+            inst = str(iv["instance"].iloc[0])
+            ivs[key(inst)] = (inst, iv.set_index("step"))
+    if not ivs or not ranges:
+        return spikes
+    a = cfg.attribution
+    out = []
+    for sp in spikes:
+        eng = key(sp["instance"])
+        if sp["cause"] != "unknown" or sp["granularity"] != "step" or eng not in ivs:
+            out.append(sp)
+            continue
+        inst, iv = ivs[eng]
+        pos = int(sp["evidence"].get("_position", -1))
+        hit = [k for (i, k), (lo, hi) in ranges.items() if i == inst and lo <= pos < hi]
+        if not hit or sp["evidence"].get("kind") != "decode":
+            out.append(sp)
+            continue
+        r = iv.loc[hit[0]]
+        imb = r.get("expert_imbalance")
+        med = float(iv["expert_imbalance"].median()) if iv["expert_imbalance"].notna().any() else np.nan
+        ev = dict(sp["evidence"]) | {"interval": int(hit[0])}
+        cause = None
+        if pd.notna(imb) and imb >= a.imbalance_abs and np.isfinite(med) and imb >= a.imbalance_rel * med:
+            cause, ev["interval_expert_imbalance"] = "ep_hotspot", float(imb)
+        elif (r.get("kv_transfer_bytes") or 0) > 0:
+            cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", float(r["kv_transfer_bytes"])
+        elif (r.get("preempted_reqs") or 0) > 0:
+            cause, ev["interval_preempted_reqs"] = "kv_pressure", float(r["preempted_reqs"])
+        if cause is None:
+            out.append(sp)
+        else:
+            out.append(sp | {"cause": cause, "evidence": ev,
+                             "confidence": round(0.6 * a.interval_factor, 3)})
+    return out
 
 
 def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: DiagnosisConfig, key) -> list[dict]:
@@ -341,7 +415,7 @@ def _fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: Diagnosis
         iv = f[f["granularity"] == "interval"].sort_values("step")
         eng = key(str(f["instance"].iloc[0])) if len(f) else None
         if len(iv) and eng in step_views:
-            r = _interval_step_ranges(iv, len(step_views[eng]))
+            r = _interval_step_ranges(iv, step_views[eng])
             if r is not None:
                 ranges.update({(str(f["instance"].iloc[0]), int(k)): ab for k, ab in zip(iv["step"], r)})
     out = []
@@ -374,6 +448,7 @@ def _fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: Diagnosis
             ev["reason"] = "ITL spiked but no step in the interval was slow: the time went between steps"
         out.append(sp | {"cause": cause, "confidence": round(conf * cfg.attribution.interval_factor, 3),
                          "evidence": ev})
+    out = _interval_evidence(out, frames, ranges, key, cfg)
     out += _host_gap_spikes(frames, step_views, ranges, out, cfg, key)
     # keep the steps frame in line with the spikes that remain
     kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in out if sp["granularity"] == "interval"}
@@ -396,6 +471,7 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         if not len(rows):
             continue
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
+        rows = _gauge_columns(rows, timeline.series[timeline.series["instance"] == inst])
         step_rows = rows[rows["granularity"] == "step"]
         if len(step_rows):
             sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg)
@@ -413,6 +489,8 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
                 a.evidence["request_stall_s"] = float(itl_s)
             else:
                 itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
+            if row["granularity"] == "step":
+                a.evidence["_position"] = int(i)
             spikes.append({"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]),
                            "itl_s": float(itl_s), "baseline_s": float(row["baseline_s"]), "cause": a.cause,
                            "confidence": a.confidence, "evidence": a.evidence, "missing_signals": missing,
@@ -425,6 +503,8 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
                            "periodicity": {k: (None if not np.isfinite(v) else round(float(v), 6))
                                            for k, v in period.items()}}
     spikes = _fuse_sources(frames, spikes, cfg)
+    for sp in spikes:
+        sp["evidence"].pop("_position", None)
     steps = pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
         gap_before_s=pd.Series(dtype=float), is_spike=pd.Series(dtype=bool), cause=pd.Series(dtype=object),
         itl_max_s=pd.Series(dtype=float), latency_s=pd.Series(dtype=float), baseline_s=pd.Series(dtype=float),
