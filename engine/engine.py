@@ -98,7 +98,9 @@ class Engine:
         if len(prompt) >= mc.max_model_len:
             raise InvalidRequest(f"prompt of {len(prompt)} tokens is too long: max_model_len is {mc.max_model_len} "
                                  "(including at least one output token)")
-        need = self.kv_manager.blocks_for(min(len(prompt) + params.max_tokens, mc.max_model_len))
+        # drafts (k per decode step) may sit past the last output token before verification
+        need = self.kv_manager.blocks_for(min(len(prompt) + params.max_tokens + self.config.scheduler.num_spec_tokens,
+                                              mc.max_model_len))
         if need > self.config.cache.num_blocks:
             raise InvalidRequest(f"request needs up to {need} KV blocks but the pool has "
                                  f"{self.config.cache.num_blocks}; lower max_tokens or enlarge the cache")
