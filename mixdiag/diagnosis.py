@@ -86,7 +86,8 @@ def _coarse_clock(st: pd.DataFrame) -> bool:
     return bool(bad.iloc[1:].mean() > 0.1)
 
 
-def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
+def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig,
+                   outside_faulty: np.ndarray | None = None):
     st = step_timing(rows).reset_index(drop=True)
     coarse = _coarse_clock(st)
     if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
@@ -112,6 +113,8 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
     # of KV transfers) must stand out against it, not become the norm of a rolling median.
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    if outside_faulty is not None and len(outside_faulty) == len(sig):
+        faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
     ref = visible & sig["decode_only"] & ~faulty
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
@@ -249,6 +252,14 @@ def _gauge_columns(rows: pd.DataFrame, series: pd.DataFrame) -> pd.DataFrame:
         idx = np.searchsorted(g["t_s"].to_numpy(), ends + 1e-6, side="right") - 1
         vals = np.where(idx >= 0, g["value"].to_numpy()[np.clip(idx, 0, None)], np.nan)
         rows.loc[iv, col] = vals
+    # decode-only steps that left the FULL graph: off-FULL dispatches beyond the prefill/mixed steps
+    g = series[series["name"] == "mixdiag_engine_graph_dispatch_total:increase"]
+    if len(g) and {"mixed_steps", "prefill_steps"} <= set(rows.columns):
+        off = g[g["labels"].isin(["mode=NONE", "mode=PIECEWISE"])].groupby("t_s")["value"].sum()
+        ends = rows.loc[iv, "t_end_s"]
+        n_off = ends.map(lambda t: float(off[(off.index > t - 1e-6) & (off.index < t + 1e-6)].sum()))
+        other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
+        rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
     return rows
 
 
@@ -277,17 +288,17 @@ def _engine_keys(frames: list[pd.DataFrame]):
 
 def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[int, int]] | None:
     """Positions [a, b) of the step rows each interval row covers, from the per-kind step counts
-    of the scrapes, else None. Steps before the first scrape (by time, whole-second stamps) are
-    skipped; steps after the last one are left over; any other mismatch gives None."""
+    of the scrapes, else None. Steps the counters did not see ran before the first scrape (the
+    engine writes a final scrape at exit, so the last interval reaches the last step); a
+    shortfall above 5 % (or 5 steps) means the views do not match: None."""
     kinds = [c for c in ("prefill_steps", "decode_steps", "mixed_steps", "idle_steps") if c in iv.columns]
     if len(kinds) < 3:
         return None
     n_steps = len(steps)
-    before = int((steps["t_end_s"].to_numpy() + 1.0 <= float(iv["t_start_s"].min())).sum())
     for use in (kinds, [k for k in kinds if k != "idle_steps"]):
         n = iv[use].fillna(0).sum(axis=1).round().astype(int).to_numpy()
-        after = n_steps - before - int(n.sum())
-        if 0 <= after <= max(5, n_steps // 20):
+        before = n_steps - int(n.sum())
+        if 0 <= before <= max(5, n_steps // 20):
             ends = before + np.cumsum(n)
             return list(zip((ends - n).tolist(), ends.tolist()))
     return None
@@ -296,8 +307,8 @@ def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[i
 def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig) -> list[dict]:
     """A step spike the step view left ``unknown`` (log lines carry no imbalance, transfers or
     preemptions) takes the evidence of the scrape interval that holds it: imbalance well above
-    the intervals' median -> ep_hotspot; a KV transfer -> pd_transfer; a preemption ->
-    kv_pressure. Interval evidence is coarser than the step's, so confidence is scaled twice."""
+    the intervals' median -> ep_hotspot; decode-only steps dispatched off the FULL graph ->
+    graph_fallback; a KV transfer -> pd_transfer; a preemption -> kv_pressure. Interval evidence is coarser than the step's, so confidence is scaled twice."""
     ivs = {}
     for f in frames:
         iv = f[f["granularity"] == "interval"]
@@ -326,6 +337,8 @@ def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisCo
         cause = None
         if pd.notna(imb) and imb >= a.imbalance_abs and np.isfinite(med) and imb >= a.imbalance_rel * med:
             cause, ev["interval_expert_imbalance"] = "ep_hotspot", float(imb)
+        elif (r.get("graph_off_decode_steps") or 0) > 0:
+            cause, ev["interval_graph_off_decode_steps"] = "graph_fallback", float(r["graph_off_decode_steps"])
         elif (r.get("kv_transfer_bytes") or 0) > 0:
             cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", float(r["kv_transfer_bytes"])
         elif (r.get("preempted_reqs") or 0) > 0:
@@ -461,10 +474,50 @@ def _fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: Diagnosis
     return out
 
 
+def _faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[str, np.ndarray]:
+    """For step-only views (log lines) fused with an interval view (scrapes) of one engine: the
+    step positions inside intervals whose gauges/counters show a fault (EP imbalance well above
+    the intervals' median, a KV transfer, a preemption). They are kept out of the step view's
+    baseline, so a fault window longer than half the baseline window still stands out."""
+    steps = timeline.steps
+    frames = [g.assign(instance=i) for i, g in steps.groupby("instance", sort=True)]
+    key = _engine_keys(frames)
+    by_eng: dict[str, dict] = {}
+    for f in frames:
+        inst = str(f["instance"].iloc[0])
+        kind = "step" if (f["granularity"] == "step").all() else ("interval" if (f["granularity"] == "interval").all() else None)
+        if kind:
+            by_eng.setdefault(key(inst), {})[kind] = (inst, f)
+    out = {}
+    a = cfg.attribution
+    for views in by_eng.values():
+        if "step" not in views or "interval" not in views:
+            continue
+        s_inst, st = views["step"]
+        i_inst, iv = views["interval"]
+        iv = _gauge_columns(iv, timeline.series[timeline.series["instance"] == i_inst]).sort_values("step")
+        st = st.sort_values("step")
+        ranges = _interval_step_ranges(iv, st)
+        if ranges is None:
+            continue
+        imb = iv["expert_imbalance"]
+        med = imb.median() if imb.notna().any() else np.nan
+        goff = iv["graph_off_decode_steps"].fillna(0) > 0 if "graph_off_decode_steps" in iv else False
+        bad = (((imb >= a.imbalance_abs) & (imb >= a.imbalance_rel * med)).fillna(False) | goff
+               | (iv["kv_transfer_bytes"].fillna(0) > 0) | (iv["preempted_reqs"].fillna(0) > 0)).to_numpy(dtype=bool)
+        mask = np.zeros(len(st), dtype=bool)
+        for (lo, hi), b in zip(ranges, bad):
+            if b:
+                mask[lo:hi] = True
+        out[s_inst] = mask
+    return out
+
+
 def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagnosis:
     """Detect and attribute TPOT spikes in ``timeline``; never reads ground truth."""
     cfg = config or DiagnosisConfig()
     frames, spikes, instances = [], [], {}
+    seen_faulty = _faults_seen_by_intervals(timeline, cfg)
     for inst in timeline.instances:
         rows = timeline.steps[timeline.steps["instance"] == inst]
         tokens = timeline.tokens[timeline.tokens["instance"] == inst]
@@ -474,7 +527,7 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         rows = _gauge_columns(rows, timeline.series[timeline.series["instance"] == inst])
         step_rows = rows[rows["granularity"] == "step"]
         if len(step_rows):
-            sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg)
+            sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst))
         else:
             sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
         quality = ctx.quality
