@@ -196,7 +196,7 @@ class Engine:
                 with tr.range("sample"):
                     if self.spec is not None:   # verification rows: greedy match / rejection sampling
                         sampled, sst = self.spec.sample(logits, batch, self.scheduler.requests, sample,
-                                                        self._generator_for)
+                                                        self._generator_for, self.spec.draft_counts(out))
                         rec.spec_draft_tokens, rec.spec_accepted_tokens = sst.draft_tokens, sst.accepted_tokens
                     else:
                         reqs = [self.scheduler.requests[r] for r in batch.sample_req_ids]

@@ -164,16 +164,18 @@ class SpecDecoder:
                     req.spec_token_ids = req.spec_token_ids[:max(n - 1, 0)]
 
     @staticmethod
-    def draft_counts(out) -> np.ndarray:
+    def draft_counts(out) -> dict[str, int]:
         """vLLM's per-request draft-count array for the step (-1 prefill, 0 no draft, k drafts)."""
         nst = [out.num_scheduled_tokens[r.request_id] for r in out.requests]
         spec = [list(r.spec_token_ids) if r.is_decode else None for r in out.requests]
-        return draft_token_counts(nst, spec)
+        return dict(zip((r.request_id for r in out.requests), draft_token_counts(nst, spec).tolist()))
 
-    def sample(self, logits: torch.Tensor, batch, requests: dict, sample_fn, generator_for
-               ) -> tuple[dict[str, list[int]], SpecStepStats]:
+    def sample(self, logits: torch.Tensor, batch, requests: dict, sample_fn, generator_for,
+               draft_counts: dict[str, int]) -> tuple[dict[str, list[int]], SpecStepStats]:
         """Tokens per request from ``logits`` [S, V] whose rows follow ``batch.sample_req_ids``.
 
+        ``draft_counts`` is the step's draft-count array by request id (:meth:`draft_counts`): k > 0
+        rows are verified, 0 (decode without draft) and -1 (prefill) sample their last row.
         ``generator_for(req)`` gives the seeded generator of the request's next random draw.
         """
         stats = SpecStepStats()
@@ -187,7 +189,8 @@ class SpecDecoder:
                 j += 1
             req = requests[ids[i]]
             drafts = req.spec_token_ids
-            if drafts and j - i == len(drafts) + 1:
+            if draft_counts.get(req.request_id, -1) > 0:
+                assert j - i == len(drafts) + 1, (req.request_id, j - i, len(drafts))
                 rows = logits[i:j]
                 if req.params.greedy:
                     res = verify_greedy(drafts, rows.argmax(-1).tolist())

@@ -112,3 +112,22 @@ def test_drafter_pads_to_k_like_an_mtp_head():
     assert d.propose([1, 2, 3, 1, 2]) == [3, 1, 2, 2]     # continuation [3,1,2] padded with its last
     assert d.propose([4, 5, 6]) == [6, 6, 6, 6]           # no recurrence: repeat the context's last token
     assert d.propose([4, 5, 6], k=0) == []
+
+
+def test_engine_step_draft_counts_mark_prefill_rows_minus_one():
+    """In a mixed step with k = 2: the chunked prefill is -1, decodes with drafts are 2."""
+    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from mixdiag.engine.engine import Engine
+    from mixdiag.engine.request import SamplingParams
+    from mixdiag.engine.spec_decode import SpecDecoder
+
+    cfg = ModelConfig(vocab_size=31, hidden_size=16, num_layers=1, first_k_dense=1, num_heads=2, num_kv_heads=1,
+                      head_dim=8, intermediate_size=16, max_model_len=128)
+    e = Engine(EngineConfig(model=cfg, cache=CacheConfig(block_size=4, num_blocks=64), num_threads=1,
+                            scheduler=SchedulerConfig(max_num_batched_tokens=20, num_spec_tokens=2)))
+    a = e.add_request([1, 2, 3], SamplingParams(max_tokens=8, ignore_eos=True))
+    e.step()                                        # a: prefill, then drafts proposed
+    b = e.add_request(list(range(4, 30)), SamplingParams(max_tokens=2, ignore_eos=True))
+    out = e.scheduler.schedule()
+    counts = SpecDecoder.draft_counts(out)
+    assert counts == {a: 2, b: -1} and out.num_scheduled_tokens == {a: 3, b: 17}
