@@ -192,6 +192,8 @@ class Engine:
                         logits = self.model(batch, self.kv_cache)
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
+                if prefix is not None:
+                    prefix.end_step(n)   # the step's KV is written: its new cached blocks become hittable
                 c3 = time.perf_counter()
                 with tr.range("sample"):
                     if self.spec is not None:   # verification rows: greedy match / rejection sampling
@@ -217,7 +219,7 @@ class Engine:
             for req in res.finished:
                 self._finished[req.request_id] = req
         if prefix is not None:
-            prefix.end_step(n)   # this step's KV is written: its new cached blocks become hittable
+            prefix.end_step(n)   # (again for an empty step; idempotent)
         if self.spec is not None:
             self.spec.propose(self.scheduler.running)   # drafts for the next step
         rec.t_end_s = t_start + (time.perf_counter() - c0)

@@ -154,7 +154,14 @@ class PrefixCache:
 
     # -- interplay with the block manager ---------------------------------------------------
     def on_release(self, block_id: int) -> bool:
-        """Ref count of ``block_id`` hit zero. True: the cache keeps it (evictable); False: free it."""
+        """Ref count of ``block_id`` hit zero. True: the cache keeps it (evictable); False: free it.
+
+        A block registered in this step and released before the step's forward (its request was
+        preempted while being scheduled) will never have its KV written: forget it.
+        """
+        if self._inflight.get(block_id) == self.step:
+            self.forget(block_id)
+            return False
         if block_id in self._key_of:
             self._lru[block_id] = None
             self._lru.move_to_end(block_id)

@@ -228,3 +228,25 @@ def test_manager_never_caches_draft_positions():
     r.spec_token_ids = [9, 9, 9, 9]                    # positions 4..7: drafts fill block 1
     assert kv.allocate_slots(r, 5)
     assert kv.prefix_cache.num_cached == 1              # block 0 (tokens 5,6,7,8); block 1 holds drafts
+
+
+def test_block_released_before_its_step_ran_is_forgotten():
+    """A request registers a block while being scheduled, then is preempted in the same step: the
+    block's KV is never written, so its key must not survive to be hit later."""
+    kv = PrefixCachingKVManager(CacheConfig(block_size=BS, num_blocks=8))
+    kv.begin_step(0)
+    a = _req("a", list(range(50, 59)))
+    _admit(kv, a)
+    assert kv.prefix_cache.num_cached == 2
+    kv.free("a")                                     # preempted before the forward
+    kv.end_step(0)
+    assert kv.prefix_cache.num_cached == 0 and kv.num_free_blocks == 8
+    kv.begin_step(1)
+    assert kv.match_prefix(_req("b", list(range(50, 59)))).hit_tokens == 0
+    # released after its step's forward: kept for reuse
+    c = _req("c", list(range(50, 59)))
+    _admit(kv, c)
+    kv.end_step(1)
+    kv.free("c")
+    kv.begin_step(2)
+    assert kv.match_prefix(_req("d", list(range(50, 59)))).hit_tokens == 8
