@@ -80,9 +80,11 @@ def assert_no_leak(e):
 @pytest.mark.parametrize("policy", POLICIES)
 @SETTINGS
 @given(reqs=st.lists(request_st, min_size=1, max_size=6), k=st.sampled_from([0, 1, 3, 5]), prefix=st.booleans(),
-       budget=st.integers(12, 48), block_size=st.sampled_from([2, 4]))
-def test_greedy_outputs_identical_with_spec_and_prefix_cache(policy, reqs, k, prefix, budget, block_size):
-    e = make(policy, k=k, prefix=prefix, budget=budget, block_size=block_size)
+       inflight=st.booleans(), budget=st.integers(12, 48), block_size=st.sampled_from([2, 4]))
+def test_greedy_outputs_identical_with_spec_and_prefix_cache(policy, reqs, k, prefix, inflight, budget, block_size):
+    # inflight: vLLM-style hits on blocks written in the same step; a whole step writes every KV
+    # before any attention read, so those hits are correct too
+    e = make(policy, k=k, prefix=prefix, budget=budget, block_size=block_size, inflight=inflight)
     ids, recs = drive(e, reqs)
     for i, r in enumerate(reqs):
         assert tuple(e.output(ids[i])) == alone(tuple(prompt_of(r)), r[2]), (policy, k, prefix)
@@ -132,6 +134,9 @@ def test_same_step_prefix_reader_refuses_microbatch_split():
     assert rec.prefix_hit_tokens == 16
     assert not rec.ubatch_split and rec.ubatch_reason == "prefix_readers"
     e.run()
+    # run whole, the step wrote the shared blocks before the second request read them
+    assert [tuple(e.output(r)) for r in ("req-0", "req-1")] == [alone(tuple(shared + [2]), 2),
+                                                               alone(tuple(shared + [3, 4, 5]), 2)]
     # with the in-flight-block rule (default), the second request gets no hit and the split goes ahead
     e2 = make(prefix=True, budget=64, microbatch=True)
     e2.add_request(shared + [2], SamplingParams(max_tokens=2, ignore_eos=True))
