@@ -272,6 +272,7 @@ class Scheduler:
             while not self.kv.allocate_slots(req, n):
                 victim = self.running[-1]
                 self.preempt(victim)
+                budget += sum(k for r, k in out if r is victim)   # its tokens are no longer planned
                 out = [(r, k) for r, k in out if r is not victim]
                 if victim is req:
                     ok = False
