@@ -30,6 +30,7 @@ class Scenario:
     workload: Workload
     source: str               # the file it came from
     faults: dict = dataclasses.field(default_factory=dict)   # the raw [faults] table (see .faults)
+    checkpoint: str | None = None     # local checkpoint directory ([model] checkpoint = "..."), else random weights
     instances: int = 1        # engines run side by side (engine0, engine1, ...; see .multi_instance)
 
     def with_seed(self, seed: int) -> "Scenario":
@@ -90,12 +91,23 @@ def load(name_or_path: str) -> Scenario:
     if unknown:
         raise UserError(f"{path}: unknown top-level key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TOP_KEYS))}")
     model = dict(doc.get("model", {}))
-    preset = model.pop("preset", "tiny")
-    try:
-        mcfg = ModelConfig.preset(preset)
-    except ConfigError as e:
-        raise UserError(f"{path} [model]: {e}") from None
-    mcfg = _build(ModelConfig, {**dataclasses.asdict(mcfg), **model}, f"{path} [model]")
+    checkpoint = model.pop("checkpoint", None)
+    if checkpoint is not None:
+        # A local Llama/Qwen2-style checkpoint: its config.json fixes the shape (only dtype may change).
+        from .checkpoint import read_config
+
+        extra = sorted(set(model) - {"dtype"})
+        if extra:
+            raise UserError(f"{path} [model]: with checkpoint only 'dtype' may be set, not {', '.join(extra)}")
+        checkpoint = str((path.parent / checkpoint).resolve())
+        mcfg, _ = read_config(checkpoint, model.get("dtype"))
+    else:
+        preset = model.pop("preset", "tiny")
+        try:
+            mcfg = ModelConfig.preset(preset)
+        except ConfigError as e:
+            raise UserError(f"{path} [model]: {e}") from None
+        mcfg = _build(ModelConfig, {**dataclasses.asdict(mcfg), **model}, f"{path} [model]")
     cache = _build(CacheConfig, doc.get("cache", {}), f"{path} [cache]")
     sched = dict(doc.get("scheduler", {}))
     if "cudagraph_capture_sizes" in sched:

@@ -73,7 +73,12 @@ def run(args, console):
     items = generate(sc.workload, sc.seed, config.model.vocab_size, config.model.max_model_len)
 
     t0 = time.perf_counter()
-    engine = Engine(config)
+    model = None
+    if sc.checkpoint is not None:
+        from mixdiag.engine.checkpoint import load_checkpoint
+
+        model = load_checkpoint(sc.checkpoint, config.device, config.model.dtype)
+    engine = Engine(config, model=model)
     out.mkdir(parents=True, exist_ok=True)
     injector = FaultInjector(engine, faults) if faults.active else None
     try:
@@ -91,7 +96,9 @@ def run(args, console):
         if injector is not None:
             injector.close()
     meta = {"source": "mixdiag-engine", "scenario": sc.name, "scenario_file": sc.source, "seed": sc.seed,
-            "policy": config.scheduler.policy, "model_preset_layers": config.model.num_layers,
+            "policy": config.scheduler.policy,
+            "model": {"layers": config.model.num_layers, "hidden_size": config.model.hidden_size,
+                      "dtype": config.model.dtype, "checkpoint": sc.checkpoint},
             "faults": faults.active}
     tl = to_timeline(res.records, config.instance, meta, signals=inst.signals())
     tl.save(out)

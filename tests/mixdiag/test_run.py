@@ -89,3 +89,47 @@ def test_refuses_non_empty_out(tmp_path, capsys):
     assert main(["run", "--scenario", scenario(tmp_path, "token_budget"), "--out", str(out)]) == 2
     assert "already holds files" in capsys.readouterr().err
     assert (out / "keep.txt").read_text() == "mine" and len(list(out.iterdir())) == 1
+
+
+def write_tiny_checkpoint(d):
+    """A 2-layer Llama-style checkpoint (config.json + model.safetensors) with random weights."""
+    import torch
+    from safetensors.torch import save_file
+
+    hf = {"model_type": "llama", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 24,
+          "max_position_embeddings": 256, "eos_token_id": 2, "torch_dtype": "float32"}
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.3  # noqa: E731
+    t = {"model.embed_tokens.weight": r(50, 16), "model.norm.weight": torch.ones(16), "lm_head.weight": r(50, 16)}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        t.update({p + "input_layernorm.weight": torch.ones(16), p + "post_attention_layernorm.weight": torch.ones(16),
+                  p + "self_attn.q_proj.weight": r(16, 16), p + "self_attn.k_proj.weight": r(8, 16),
+                  p + "self_attn.v_proj.weight": r(8, 16), p + "self_attn.o_proj.weight": r(16, 16),
+                  p + "mlp.gate_proj.weight": r(24, 16), p + "mlp.up_proj.weight": r(24, 16),
+                  p + "mlp.down_proj.weight": r(16, 24)})
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(hf))
+    save_file(t, str(d / "model.safetensors"))
+
+
+def test_run_with_local_checkpoint(tmp_path, capsys):
+    write_tiny_checkpoint(tmp_path / "ckpt")
+    text = SMALL.format(policy="token_budget").split("[scheduler]")
+    model_end = text[0].index("[model]")
+    toml = text[0][:model_end] + '[model]\ncheckpoint = "ckpt"\n\n[scheduler]' + text[1]
+    (tmp_path / "ck.toml").write_text(toml)
+    out = tmp_path / "run"
+    assert main(["run", "--scenario", str(tmp_path / "ck.toml"), "--out", str(out), "--json", "-q"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["requests"]["finished"] == 5 and s["steps_by_kind"]["mixed"] > 0
+    tl = Timeline.load(out)
+    assert tl.meta["model"]["layers"] == 2 and tl.meta["model"]["checkpoint"] == str((tmp_path / "ckpt").resolve())
+
+
+def test_checkpoint_with_shape_override_refused(tmp_path, capsys):
+    write_tiny_checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ck.toml").write_text('[model]\ncheckpoint = "ckpt"\nnum_layers = 3\n[[workload.groups]]\ncount = 1\n')
+    assert main(["run", "--scenario", str(tmp_path / "ck.toml"), "--out", str(tmp_path / "r")]) == 2
+    assert "only 'dtype' may be set" in capsys.readouterr().err
