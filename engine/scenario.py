@@ -137,4 +137,4 @@ def load(name_or_path: str) -> Scenario:
         raise UserError(f"{path}: instances must be an integer in 1..8, got {instances!r}")
     return Scenario(name=doc.get("name", path.stem), description=doc.get("description", ""), seed=seed,
                     max_steps=max_steps, engine=eng, workload=workload, source=str(path), faults=faults,
-                    instances=instances)
+                    instances=instances, checkpoint=checkpoint)
