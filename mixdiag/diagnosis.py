@@ -289,8 +289,9 @@ def _engine_keys(frames: list[pd.DataFrame]):
 def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[int, int]] | None:
     """Positions [a, b) of the step rows each interval row covers, from the per-kind step counts
     of the scrapes, else None. Steps the counters did not see ran before the first scrape (the
-    engine writes a final scrape at exit, so the last interval reaches the last step); a
-    shortfall above 5 % (or 5 steps) means the views do not match: None."""
+    engine writes a final scrape at exit, so the last interval reaches the last step); more
+    counted steps than the step view has, or a shortfall above half of them, means the views do
+    not match: None."""
     kinds = [c for c in ("prefill_steps", "decode_steps", "mixed_steps", "idle_steps") if c in iv.columns]
     if len(kinds) < 3:
         return None
@@ -298,7 +299,7 @@ def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[i
     for use in (kinds, [k for k in kinds if k != "idle_steps"]):
         n = iv[use].fillna(0).sum(axis=1).round().astype(int).to_numpy()
         before = n_steps - int(n.sum())
-        if 0 <= before <= max(5, n_steps // 20):
+        if 0 <= before <= n_steps // 2:
             ends = before + np.cumsum(n)
             return list(zip((ends - n).tolist(), ends.tolist()))
     return None
