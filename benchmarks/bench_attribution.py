@@ -83,7 +83,24 @@ def run_scenario(name: str, out: Path, run_args: list[str], timeout_s: float) ->
 
 
 def tier_timeline(tier: str, run: Path) -> tuple[Timeline | None, str | None]:
-    """The Timeline a tier sees, or the reason it cannot be built."""
+    """The Timeline a tier sees, or the reason it cannot be built. Multi-instance runs keep each
+    engine's side files under ``instances/<engine>/``; their views are named ``<engine>@<view>``."""
+    inst_dir = run / "instances"
+    if tier != "a" and inst_dir.is_dir():
+        from mixdiag.collectors import rename_instances
+        parts, whys = [], []
+        for d in sorted(p for p in inst_dir.iterdir() if p.is_dir()):
+            tl, why = tier_timeline(tier, d)
+            if tl is None:
+                whys.append(f"{d.name}: {why}")
+                continue
+            parts.append(rename_instances(tl, {i: f"{d.name}@{i}" for i in tl.instances}))
+        if not parts:
+            return None, "; ".join(whys) or "no instances/"
+        try:
+            return Timeline.concat(parts), None
+        except Exception as e:
+            return None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
     try:
         if tier == "a":
             return Timeline.load(run), None

@@ -391,13 +391,13 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
         thr = (cfg.interval_ratio - 1.0) * iv["baseline_s"]
         for idx in iv.index[(excess > thr).to_numpy()]:
             r = iv.loc[idx]
-            key = (inst, int(r["step"]))
-            if key in have or r.get("preempted_reqs", 0) or r.get("kv_transfer_bytes", 0):
+            row_key = (inst, int(r["step"]))
+            if row_key in have or r.get("preempted_reqs", 0) or r.get("kv_transfer_bytes", 0):
                 continue
             ev = {"granularity": "interval", "host_gap_per_request_s": float(g[idx]),
                   "host_gap_excess_s": float(excess[idx]), "baseline_s": float(r["baseline_s"]),
                   "reason": "ITL time in the interval exceeds the time its steps took: requests waited between steps"}
-            out.append({"instance": inst, "step": key[1], "t_s": float(r["t_end_s"]),
+            out.append({"instance": inst, "step": row_key[1], "t_s": float(r["t_end_s"]),
                         "itl_s": float(r["latency_s"]) if pd.notna(r["latency_s"]) else float(r["baseline_s"] + excess[idx]),
                         "baseline_s": float(r["baseline_s"]), "cause": "host_stall",
                         "confidence": round(0.6 * cfg.attribution.interval_factor, 3), "evidence": ev,

@@ -123,3 +123,15 @@ def test_a_30_step_ep_hotspot_window_is_found_end_to_end():
     got = d.spikes.set_index("step")["cause"]
     assert set(range(50, 80)) <= set(got.index)
     assert (got.loc[50:79] == "ep_hotspot").all()
+
+
+def test_two_engines_each_seen_through_a_log_and_scrapes():
+    views = []
+    for eng, seed in (("engine0", 0), ("engine1", 1)):
+        tl = build(faults={40: dict(kind="mixed", prefill_tokens=512, prefill_reqs=1, dur=0.110),
+                           100: dict(gap=0.150)}, seed=seed)
+        views += [_log_view(tl, f"{eng}@log"), _scrape_view(tl, f"{eng}@scrapes")]
+    d = diagnose(Timeline(pd.concat(views, ignore_index=True), None, meta={}))
+    for eng in ("engine0", "engine1"):
+        sp = d.spikes[d.spikes["instance"].str.startswith(eng)]
+        assert "mixing" in set(sp["cause"]) and "host_stall" in set(sp["cause"])
