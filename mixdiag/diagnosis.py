@@ -524,8 +524,8 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         tokens = timeline.tokens[timeline.tokens["instance"] == inst]
         if not len(rows):
             continue
-        quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
         rows = _gauge_columns(rows, timeline.series[timeline.series["instance"] == inst])
+        quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
         step_rows = rows[rows["granularity"] == "step"]
         if len(step_rows):
             sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst))
