@@ -106,6 +106,9 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
         sig["gap_excess_s"] = np.nan
     if has_tokens:
         visible = sig["itl_events"] > 0
+        # a request that already had tokens waited through this prefill-only step: decodes were
+        # running even if no step before held decode rows (a burst of prompts at start-up)
+        sig["decodes_before"] |= sig["has_prefill"] & ~sig["has_decode"] & visible
     elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
         visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_before"])
     else:
