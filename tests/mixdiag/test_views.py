@@ -1,4 +1,4 @@
-"""Diagnosis with partial sources: log step rows, scrape intervals, both fused, request stalls."""
+"""Diagnosis through partial and fused views (mixdiag/views.py): log step rows, scrape intervals, both fused, request stalls."""
 import sys
 from pathlib import Path
 
