@@ -171,3 +171,20 @@ def test_spec_decoding_rows_and_ratio_invariance():
     faults = {k: {**v, **({"dur": v["dur"] * 3} if "dur" in v else {})} for k, v in FAULTS.items()}
     d = diagnose(build(faults=faults, spec_k=2))
     assert set(d.spikes["step"]) >= set(EXPECTED)
+
+
+def test_start_up_burst_of_prefills_stalls_the_first_decoder():
+    # r0 got its first token at step 0; steps 1-4 prefill other prompts while r0 waits.
+    rows, toks, t = [], [], 0.0
+    for n in range(40):
+        pre = n <= 4
+        dur = 0.100 if pre else 0.020 * (1 + 0.03 * ((n * 7) % 5 - 2))
+        rows.append(dict(instance="e", step=n, t_start_s=t, t_end_s=t + dur, granularity="step",
+                         kind="prefill" if pre else "decode", prefill_tokens=512.0 if pre else 0.0,
+                         decode_rows=0.0 if pre else 8.0, decode_reqs=0.0 if pre else 8.0, graph_mode="FULL"))
+        t += dur
+        emit = ["r0"] if n == 0 else ([] if pre else [f"r{q}" for q in range(8)])
+        toks += [dict(instance="e", request_id=r, t_s=t, n_tokens=1, step=float(n)) for r in emit]
+    d = diagnose(Timeline(pd.DataFrame(rows), pd.DataFrame(toks), meta={}))
+    got = dict(zip(d.spikes["step"], d.spikes["cause"]))
+    assert {n: got.get(n) for n in range(1, 5)} == {n: "prefill_stall" for n in range(1, 5)}
