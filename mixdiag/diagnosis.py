@@ -231,6 +231,8 @@ def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = 
         parts = ", ".join(f"{n} {c}" for c, n in ranked)
         return f"{n_spikes} TPOT spikes in {unit} have several causes: {parts}."
     tail = f"; the rest: {rest}" if rest else ""
+    if top == "unknown":
+        return f"{n_top} of {n_spikes} TPOT spikes in {unit} have no cause the available signals support (unknown){tail}."
     return f"{n_top} of {n_spikes} TPOT spikes in {unit} are caused by {lead}{tail}."
 
 
