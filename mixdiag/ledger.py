@@ -24,7 +24,6 @@ Rows (``scope`` says what one figure covers):
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
@@ -132,6 +131,12 @@ def load_config(path: str | Path) -> ModelConfig:
         raise UserError(f"no such model config file: {p}")
     text = p.read_bytes()
     try:
+        import tomllib  # Python >= 3.11; JSON configs work everywhere
+    except ImportError:  # pragma: no cover - Python 3.10
+        tomllib = None
+    if tomllib is None and p.suffix.lower() == ".toml":
+        raise UserError(f"{p}: TOML model configs need Python 3.11+; write the config as JSON")
+    try:
         if p.suffix.lower() == ".toml":
             data = tomllib.loads(text.decode())
         elif p.suffix.lower() == ".json":
@@ -140,6 +145,8 @@ def load_config(path: str | Path) -> ModelConfig:
             try:
                 data = json.loads(text)
             except ValueError:
+                if tomllib is None:
+                    raise
                 data = tomllib.loads(text.decode())
     except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"{p}: not a JSON or TOML model config ({str(e).splitlines()[0]})") from None
