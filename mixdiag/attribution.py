@@ -85,7 +85,7 @@ def attribute(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = Att
     ev: dict = {"kind": row.get("kind"), "granularity": row.get("granularity"),
                 "latency_s": lat, "baseline_s": base,
                 "height_x": (lat / base) if lat and base else None}
-    for col in ("prefill_tokens", "decode_rows", "decode_reqs", "graph_mode", "sm_active", "expert_imbalance",
+    for col in ("prefill_tokens", "prefill_reqs", "decode_rows", "decode_reqs", "graph_mode", "sm_active", "expert_imbalance",
                 "kv_transfer_bytes", "kv_transfer_s", "preempted_reqs", "gap_before_s"):
         v = row.get(col)
         if isinstance(v, str):

@@ -95,11 +95,21 @@ def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[i
     return None
 
 
+def _extend_only(ev: dict) -> bool:
+    """A mixed step whose context requests scheduled one token each: 1-token EXTENDs of requests
+    whose KV was installed from a prefill worker (PD), not a prompt chunk mixed into decode."""
+    tok, reqs = ev.get("prefill_tokens"), ev.get("prefill_reqs")
+    return tok is not None and reqs is not None and np.isfinite(tok) and np.isfinite(reqs) and 0 < tok <= reqs
+
+
 def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig) -> list[dict]:
     """A step spike the step view left ``unknown`` (log lines carry no imbalance, transfers or
     preemptions) takes the evidence of the scrape interval that holds it: imbalance well above
     the intervals' median -> ep_hotspot; decode-only steps dispatched off the FULL graph ->
-    graph_fallback; a KV transfer -> pd_transfer; a preemption -> kv_pressure. Interval evidence is coarser than the step's, so confidence is scaled twice."""
+    graph_fallback; a KV transfer -> pd_transfer; a preemption -> kv_pressure. A step the step
+    view called mixing whose context requests scheduled one token each (the 1-token EXTENDs a PD
+    install schedules) is pd_transfer when its interval counted a KV transfer. Interval evidence
+    is coarser than the step's, so confidence is scaled twice."""
     ivs = {}
     for f in frames:
         iv = f[f["granularity"] == "interval"]
@@ -112,16 +122,24 @@ def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisCo
     out = []
     for sp in spikes:
         eng = key(sp["instance"])
-        if sp["cause"] != "unknown" or sp["granularity"] != "step" or eng not in ivs:
+        pd_install = sp["cause"] == "mixing" and _extend_only(sp["evidence"])
+        if (sp["cause"] != "unknown" and not pd_install) or sp["granularity"] != "step" or eng not in ivs:
             out.append(sp)
             continue
         inst, iv = ivs[eng]
         pos = int(sp["evidence"].get("_position", -1))
         hit = [k for (i, k), (lo, hi) in ranges.items() if i == inst and lo <= pos < hi]
-        if not hit or sp["evidence"].get("kind") != "decode":
+        if not hit or sp["evidence"].get("kind") != ("mixed" if pd_install else "decode"):
             out.append(sp)
             continue
         r = iv.loc[hit[0]]
+        if pd_install:  # only a transfer can explain it; with none counted, mixing stands
+            if (r.get("kv_transfer_bytes") or 0) > 0:
+                ev = dict(sp["evidence"]) | {"interval": int(hit[0]),
+                                             "interval_kv_transfer_bytes": float(r["kv_transfer_bytes"])}
+                sp = sp | {"cause": "pd_transfer", "evidence": ev, "confidence": round(0.6 * a.interval_factor, 3)}
+            out.append(sp)
+            continue
         imb = r.get("expert_imbalance")
         med = float(iv["expert_imbalance"].median()) if iv["expert_imbalance"].notna().any() else np.nan
         ev = dict(sp["evidence"]) | {"interval": int(hit[0])}

@@ -37,6 +37,7 @@ def _scrape_view(tl: Timeline, instance="engine0@scrapes", period=1.0) -> pd.Dat
         rows.append(dict(instance=instance, step=i, t_start_s=a, t_end_s=b, granularity="interval",
                          kind="unknown", prefill_tokens=float(s["prefill_tokens"].sum()),
                          decode_rows=float(s["decode_rows"].sum()), preempted_reqs=float(s["preempted_reqs"].sum()),
+                         kv_transfer_bytes=float(s["kv_transfer_bytes"].sum()),
                          itl_count=float(len(x)), itl_mean_s=float(x.mean()) if len(x) else np.nan,
                          itl_p50_s=float(x.quantile(0.5)) if len(x) else np.nan,
                          itl_p99_s=float(x.quantile(0.99)) if len(x) else np.nan,
@@ -95,6 +96,25 @@ def test_fused_log_and_scrapes():
     hit = iv[(iv["t_start_s"] < t100) & (iv["t_end_s"] >= t100)]
     assert list(hit["cause"]) == ["host_stall"]
     assert hit["evidence"].iloc[0]["slow_steps_in_interval"] == 0 or "host_gap_excess_s" in hit["evidence"].iloc[0]
+
+
+@pytest.mark.parametrize("prefill_tokens, prefill_reqs, xfer_bytes, expect", [
+    (2, 2, 2.5e6, "pd_transfer"),  # two PD requests installed: one EXTEND token each
+    (1, 1, 2.5e6, "pd_transfer"),
+    (512, 1, 2.5e6, "mixing"),  # a real prompt chunk: the transfer beside it does not explain it
+    (1, 1, 0.0, "mixing"),  # no transfer counted in the interval: nothing to name instead
+])
+def test_a_pd_install_step_in_the_log_takes_the_scrapes_kv_transfer(prefill_tokens, prefill_reqs, xfer_bytes, expect):
+    # the log calls the install step mixed (its 1-token EXTENDs are context tokens); only the
+    # scrapes' kv_transfer_bytes counter shows the KV that arrived in its interval
+    tl = build(faults={100: dict(kind="mixed", prefill_tokens=float(prefill_tokens), prefill_reqs=float(prefill_reqs),
+                                 kv_transfer_bytes=xfer_bytes, kv_transfer_s=0.08 if xfer_bytes else 0.0, dur=0.110)})
+    steps = pd.concat([_log_view(tl), _scrape_view(tl)], ignore_index=True)
+    sp = diagnose(Timeline(steps, None, meta={})).spikes
+    got = sp[(sp["granularity"] == "step") & (sp["step"] == 100)]
+    assert list(got["cause"]) == [expect]
+    if expect == "pd_transfer":
+        assert got["evidence"].iloc[0]["interval_kv_transfer_bytes"] == xfer_bytes
 
 
 def test_request_stall_of_a_preempted_request_is_kv_pressure():
