@@ -102,7 +102,15 @@ def _extend_only(ev: dict) -> bool:
     return tok is not None and reqs is not None and np.isfinite(tok) and np.isfinite(reqs) and 0 < tok <= reqs
 
 
-def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig) -> list[dict]:
+def install_steps(st: pd.DataFrame) -> pd.Series:
+    """Step rows that are PD installs by their shape: mixed, every context request one token."""
+    if "prefill_reqs" not in st.columns:
+        return pd.Series(False, index=st.index)
+    tok, reqs = st["prefill_tokens"], st["prefill_reqs"]
+    return (st["kind"] == "mixed") & (tok > 0) & (tok <= reqs)
+
+
+def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig, step_views) -> list[dict]:
     """A step spike the step view left ``unknown`` (log lines carry no imbalance, transfers or
     preemptions) takes the evidence of the scrape interval that holds it: imbalance well above
     the intervals' median -> ep_hotspot; decode-only steps dispatched off the FULL graph ->
@@ -119,6 +127,13 @@ def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisCo
     if not ivs or not ranges:
         return spikes
     a = cfg.attribution
+    # intervals whose KV transfer a step of their own installed (1-token EXTENDs): the transfer
+    # is that step's, not evidence for the decode steps beside it
+    installs = {}
+    for (i, k), (lo, hi) in ranges.items():
+        st = step_views.get(key(i))
+        if st is not None:
+            installs[(i, k)] = bool(install_steps(st.iloc[lo:hi]).any())
     out = []
     for sp in spikes:
         eng = key(sp["instance"])
@@ -148,7 +163,7 @@ def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisCo
             cause, ev["interval_expert_imbalance"] = "ep_hotspot", float(imb)
         elif (r.get("graph_off_decode_steps") or 0) > 0:
             cause, ev["interval_graph_off_decode_steps"] = "graph_fallback", float(r["graph_off_decode_steps"])
-        elif (r.get("kv_transfer_bytes") or 0) > 0:
+        elif (r.get("kv_transfer_bytes") or 0) > 0 and not installs.get((inst, hit[0]), False):
             cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", float(r["kv_transfer_bytes"])
         elif (r.get("preempted_reqs") or 0) > 0:
             cause, ev["interval_preempted_reqs"] = "kv_pressure", float(r["preempted_reqs"])
@@ -171,6 +186,28 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
     """
     have = {(sp["instance"], int(sp["step"])) for sp in kept if sp["granularity"] == "interval"}
     out = []
+    for inst, iv, g, excess, thr in _host_gaps(frames, step_views, ranges, cfg, key):
+        for idx in iv.index[(excess > thr).to_numpy()]:
+            r = iv.loc[idx]
+            row_key = (inst, int(r["step"]))
+            if row_key in have or r.get("preempted_reqs", 0) or r.get("kv_transfer_bytes", 0):
+                continue
+            ev = {"granularity": "interval", "host_gap_per_request_s": float(g[idx]),
+                  "host_gap_excess_s": float(excess[idx]), "baseline_s": float(r["baseline_s"]),
+                  "reason": "ITL time in the interval exceeds the time its steps took: requests waited between steps"}
+            out.append({"instance": inst, "step": row_key[1], "t_s": float(r["t_end_s"]),
+                        "itl_s": float(r["latency_s"]) if pd.notna(r["latency_s"]) else float(r["baseline_s"] + excess[idx]),
+                        "baseline_s": float(r["baseline_s"]), "cause": "host_stall",
+                        "confidence": round(0.6 * cfg.attribution.interval_factor, 3), "evidence": ev,
+                        "missing_signals": [], "t_start_s": float(r["t_start_s"]), "t_end_s": float(r["t_end_s"]),
+                        "granularity": "interval"})
+    return out
+
+
+def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
+    """Per interval view: (instance, interval rows, host gap per waiting request, its excess over
+    the rolling median, the threshold) - see :func:`_host_gap_spikes`. NaN where the step view
+    does not cover the interval or the scrapes carry no ITL sum."""
     for f in frames:
         iv = f[f["granularity"] == "interval"].sort_values("step")
         if not len(iv):
@@ -197,21 +234,7 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
         g = pd.Series(gap, index=iv.index)
         excess = g - g.rolling(cfg.spikes.window_intervals, center=True, min_periods=1).median()
         thr = (cfg.interval_ratio - 1.0) * iv["baseline_s"]
-        for idx in iv.index[(excess > thr).to_numpy()]:
-            r = iv.loc[idx]
-            row_key = (inst, int(r["step"]))
-            if row_key in have or r.get("preempted_reqs", 0) or r.get("kv_transfer_bytes", 0):
-                continue
-            ev = {"granularity": "interval", "host_gap_per_request_s": float(g[idx]),
-                  "host_gap_excess_s": float(excess[idx]), "baseline_s": float(r["baseline_s"]),
-                  "reason": "ITL time in the interval exceeds the time its steps took: requests waited between steps"}
-            out.append({"instance": inst, "step": row_key[1], "t_s": float(r["t_end_s"]),
-                        "itl_s": float(r["latency_s"]) if pd.notna(r["latency_s"]) else float(r["baseline_s"] + excess[idx]),
-                        "baseline_s": float(r["baseline_s"]), "cause": "host_stall",
-                        "confidence": round(0.6 * cfg.attribution.interval_factor, 3), "evidence": ev,
-                        "missing_signals": [], "t_start_s": float(r["t_start_s"]), "t_end_s": float(r["t_end_s"]),
-                        "granularity": "interval"})
-    return out
+        yield inst, iv, g, excess, thr
 
 
 def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisConfig) -> list[dict]:
@@ -220,7 +243,9 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
     The step view says which step was slow and why, so an interval spike that holds a step
     spike of the same engine adds nothing and is dropped. An interval spike with no slow step
     inside (while the step view covers the interval) means the ITL excess happened *between*
-    steps: a KV transfer or preemption if the interval counted one, else a host stall.
+    steps: a KV transfer or preemption if the interval counted one, else a host stall - unless
+    the ITL sum shows no time between steps either (then ``unknown``: a bucketed P99 or an ITL
+    that began in the previous interval, not a stall).
     Intervals are matched to steps by the scrapes' step counters when they add up to the step
     view's steps, else by time (log lines stamped in whole seconds: 1 s of slack).
     """
@@ -240,6 +265,10 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
             r = _interval_step_ranges(iv, step_views[eng])
             if r is not None:
                 ranges.update({(str(f["instance"].iloc[0]), int(k)): ab for k, ab in zip(iv["step"], r)})
+    # (instance, interval) -> (excess, threshold, host gap per waiting request); see _host_gaps
+    gaps = {(inst, int(k)): (float(e), float(t), float(gg))
+            for inst, iv, g, excess, thr in _host_gaps(frames, step_views, ranges, cfg, key)
+            for k, e, t, gg in zip(iv["step"], excess, thr, g)}
     out = []
     for sp in spikes:
         eng = key(sp["instance"])
@@ -268,9 +297,16 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
         else:
             cause, conf = "host_stall", 0.6
             ev["reason"] = "ITL spiked but no step in the interval was slow: the time went between steps"
+            _, thr, gap = gaps.get((sp["instance"], int(sp["step"])), (np.nan, np.nan, np.nan))
+            if np.isfinite(gap) and np.isfinite(thr):
+                ev["host_gap_per_request_s"] = gap
+                if gap <= thr:  # the ITL sum says requests did not wait between steps either
+                    cause = "unknown"
+                    ev["reason"] = ("ITL P99 spiked, but no step was slow and the ITL sum leaves no time between "
+                                    "steps (a histogram-bucket or interval-edge effect)")
         out.append(sp | {"cause": cause, "confidence": round(conf * cfg.attribution.interval_factor, 3),
                          "evidence": ev})
-    out = _interval_evidence(out, frames, ranges, key, cfg)
+    out = _interval_evidence(out, frames, ranges, key, cfg, step_views)
     out += _host_gap_spikes(frames, step_views, ranges, out, cfg, key)
     # keep the steps frame in line with the spikes that remain
     kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in out if sp["granularity"] == "interval"}
@@ -313,10 +349,14 @@ def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[s
         med = imb.median() if imb.notna().any() else np.nan
         goff = iv["graph_off_decode_steps"].fillna(0) > 0 if "graph_off_decode_steps" in iv else False
         bad = (((imb >= a.imbalance_abs) & (imb >= a.imbalance_rel * med)).fillna(False) | goff
-               | (iv["kv_transfer_bytes"].fillna(0) > 0) | (iv["preempted_reqs"].fillna(0) > 0)).to_numpy(dtype=bool)
+               | (iv["preempted_reqs"].fillna(0) > 0)).to_numpy(dtype=bool)
+        xfer = (iv["kv_transfer_bytes"].fillna(0) > 0).to_numpy(dtype=bool)
+        inst_mask = install_steps(st).to_numpy(dtype=bool)
         mask = np.zeros(len(st), dtype=bool)
-        for (lo, hi), b in zip(ranges, bad):
+        for (lo, hi), b, x in zip(ranges, bad, xfer):
             if b:
                 mask[lo:hi] = True
+            elif x:  # the install step took the transfer when the log shows one; else any step may have
+                mask[lo:hi] |= inst_mask[lo:hi] if inst_mask[lo:hi].any() else True
         out[s_inst] = mask
     return out

@@ -117,6 +117,19 @@ def test_a_pd_install_step_in_the_log_takes_the_scrapes_kv_transfer(prefill_toke
         assert got["evidence"].iloc[0]["interval_kv_transfer_bytes"] == xfer_bytes
 
 
+@pytest.mark.parametrize("install_step, expect", [
+    (True, "unknown"),  # the interval's transfer is the install step's: no evidence for step 99
+    (False, "pd_transfer"),  # no install step in the log: the transfer may be this step's
+])
+def test_a_slow_decode_step_beside_a_pd_install_takes_no_transfer_evidence(install_step, expect):
+    install = dict(kind="mixed", prefill_tokens=1.0, prefill_reqs=1.0, dur=0.110) if install_step else dict(dur=0.110)
+    tl = build(faults={99: dict(dur=0.060), 100: install | dict(kv_transfer_bytes=2.5e6, kv_transfer_s=0.08)})
+    steps = pd.concat([_log_view(tl), _scrape_view(tl)], ignore_index=True)
+    sp = diagnose(Timeline(steps, None, meta={})).spikes
+    got = sp[(sp["granularity"] == "step") & (sp["step"] == 99)]
+    assert list(got["cause"]) == [expect]
+
+
 def test_request_stall_of_a_preempted_request_is_kv_pressure():
     # request r7 is preempted at step 50 and resumes at step 80: no step is slow, r7's ITL is
     tl = build(faults={50: dict(preempted_reqs=1, kv_usage=0.99)})
