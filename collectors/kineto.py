@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, graph_counts,
-                                            graph_modes, parse_step_messages, split_on_gaps)
+from mixdiag.collectors.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS,
+                                            attach_step_stats, graph_counts, graph_modes, parse_step_messages,
+                                            split_on_gaps)
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -195,6 +196,14 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
         steps["graph_mode"] = (graph_modes(steps["graph_launches"], steps["eager_between"])
                                if cuda_traced else steps["graph_planned"])
         steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float) if cuda_traced else np.nan
+    stats_fields: set[str] = set()
+    if step_source == "kineto-mixdiag":
+        extra = ann[ann["name"].str.startswith(STEP_STATS + " ") | (ann["name"] == "kv_transfer")]
+        steps, stats_fields = attach_step_stats(steps, extra.rename(columns={"name": "text", "pid": "group"}),
+                                                "tid", "t0_us", "t1_us")
+        if "kv_transfer_dur" in steps.columns:
+            dur = steps.pop("kv_transfer_dur").to_numpy() / 1e6
+            steps["kv_transfer_s"] = np.where(np.isnan(dur), steps["kv_transfer_s"], dur)
 
     names: list[str] = []
     if len(steps):
@@ -213,7 +222,10 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
                    "prefill_tokens": "measured" if ours else "absent",
                    "decode_rows": "measured" if ours else "absent",
                    "graph_mode": "measured" if cuda_traced else ("estimated" if ours else "absent"),
-                   "sm_active": "absent"} for n in names}
+                   "sm_active": "absent",
+                   "expert_imbalance": "measured" if "expert_imbalance" in stats_fields else "absent",
+                   "kv_transfer": "measured" if "kv_transfer_bytes" in stats_fields else "absent",
+                   "preemption": "measured" if "preempted_reqs" in stats_fields else "absent"} for n in names}
     entry = source_entry(FORMAT, path, total=events.count, parsed=events.count - bad - ignored, skipped=bad,
                          lines_ignored=ignored,
                          examples=examples, partial=partial, notes=notes, step_source=step_source,
@@ -226,7 +238,8 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
 
 _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",
                  "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "schedule_s", "prepare_s",
-                 "forward_s", "kv_transfer_s", "gpu_kernels", "gpu_kernel_s", "graph_launches", "cpu_ops"]
+                 "forward_s", "kv_transfer_s", "kv_transfer_bytes", "expert_imbalance", "preempted_reqs", "gpu_kernels",
+                 "gpu_kernel_s", "graph_launches", "cpu_ops"]
 
 
 def _annotated_steps(ann: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:

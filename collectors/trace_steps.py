@@ -103,6 +103,95 @@ def parse_step_messages(texts) -> "pd.DataFrame":
     return out
 
 
+#: The ``step_stats`` range (contracts §2): values known only after a step's forward.
+STEP_STATS = "step_stats"
+#: step_stats fields -> steps column (all float; NaN where a message lacks the field).
+STATS_COLUMNS: dict[str, str] = {
+    "expert_imbalance": "expert_imbalance",
+    "preempted_reqs": "preempted_reqs",
+    "kv_transfer_bytes": "kv_transfer_bytes",
+}
+_NUM = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf)"
+
+
+def parse_step_stats(texts) -> "pd.DataFrame":
+    """``step_stats <n> key=value ...`` messages, vectorised; aligned with ``texts``.
+
+    Returns ``step`` (NaN where not a step_stats message), one float column per
+    :data:`STATS_COLUMNS` field (NaN where absent or malformed) and ``per_rank_tokens`` (the raw
+    comma list, or None).
+    """
+    import pandas as pd
+
+    s = pd.Series(texts, dtype="string").str.strip()
+    out = pd.DataFrame(index=s.index)
+    out["step"] = pd.to_numeric(s.str.extract(rf"^{STEP_STATS}\s+(\d+)(?:\s|$)", expand=False),
+                                errors="coerce").astype("float64")
+    tail = s.str.replace(rf"^{STEP_STATS}\s+\d+", "", regex=True)
+    for key, col in STATS_COLUMNS.items():
+        raw = tail.str.extract(rf"(?:^|\s){key}={_NUM}(?:\s|$)", expand=False)
+        out[col] = pd.to_numeric(raw, errors="coerce").astype("float64")
+    prt = tail.str.extract(r"(?:^|\s)per_rank_tokens=(\d+(?:,\d+)*)(?:\s|$)", expand=False)
+    out["per_rank_tokens"] = prt.astype(object).where(prt.notna(), None)
+    return out
+
+
+def attach_step_stats(steps, stats, tid: str, t0: str, t1: str):
+    """Fill the :data:`STATS_COLUMNS` and ``kv_transfer_s`` of ``steps`` from trace ranges.
+
+    ``steps`` has columns ``group`` (process key), ``step`` and the thread/time columns named by
+    ``tid``/``t0``/``t1``; ``stats`` holds the candidate ranges (``name`` or message text in
+    column ``text``, same group/time columns). A ``step_stats <n>`` range fills step ``n`` of its
+    process; a ``kv_transfer`` range counts toward the first step range starting at or after its
+    end on the same thread (the engine receives KV before it schedules); their summed duration
+    lands in ``kv_transfer_dur`` (units of ``t0``/``t1``; 0 on steps whose stats say no bytes
+    arrived, since the range then timed only the engine's per-step poll).
+    Steps without a step_stats range keep NaN: nothing is invented. Returns ``(steps, fields)``
+    where ``fields`` is the set of step_stats fields the trace carried.
+    """
+    import pandas as pd
+
+    steps = steps.copy()
+    for col in STATS_COLUMNS.values():
+        steps[col] = np.nan
+    fields: set[str] = set()
+    if stats is None or stats.empty or steps.empty:
+        return steps, fields
+    parsed = parse_step_stats(stats["text"].to_numpy())
+    ok = parsed["step"].notna().to_numpy()
+    if ok.any():
+        p = parsed[ok].reset_index(drop=True)
+        p["group"] = stats["group"].to_numpy()[ok]
+        p["step"] = p["step"].astype("int64")
+        p = p.drop_duplicates(["group", "step"], keep="first").drop(columns="per_rank_tokens")
+        for key, col in STATS_COLUMNS.items():
+            if p[col].notna().any():
+                fields.add(key)
+        merged = steps[["group", "step"]].merge(p, on=["group", "step"], how="left")
+        for col in STATS_COLUMNS.values():
+            steps[col] = merged[col].to_numpy()
+        # kv_transfer_s: 0 on steps whose stats say they were measured, plus each kv_transfer range.
+        has = merged["kv_transfer_bytes"].notna().to_numpy()
+        kv = np.where(has, 0.0, np.nan)
+        xfer = stats[stats["text"].to_numpy() == "kv_transfer"]
+        for (g, th), x in xfer.groupby(["group", tid]):
+            sel = np.flatnonzero((steps["group"].to_numpy() == g) & (steps[tid].to_numpy() == th))
+            if not len(sel):
+                continue
+            order = sel[np.argsort(steps[t0].to_numpy()[sel], kind="stable")]
+            starts = steps[t0].to_numpy()[order]
+            pos = np.searchsorted(starts, x[t1].to_numpy(), side="left")
+            hit = pos < len(order)
+            dur = (x[t1] - x[t0]).to_numpy(dtype="float64")
+            for i, d in zip(order[pos[hit]], dur[hit]):
+                kv[i] = (0.0 if np.isnan(kv[i]) else kv[i]) + d
+        # The engine polls its connector every step: a kv_transfer range on a step that received
+        # no bytes timed the poll, not a transfer.
+        bytes_ = merged["kv_transfer_bytes"].to_numpy(dtype="float64")
+        steps["kv_transfer_dur"] = np.where(bytes_ > 0, kv, np.where(bytes_ == 0, 0.0, np.nan))
+    return steps, fields
+
+
 def is_engine_step_range(text: str | None) -> bool:
     """True for a range name that some engine puts around one step (heuristic path)."""
     return bool(text) and text.strip() in ENGINE_STEP_RANGES

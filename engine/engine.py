@@ -29,6 +29,7 @@ from .drafter import DrafterConfig, NgramDrafter
 from .graph_dispatch import plan_graph
 from .hooks import NULL_TRACER, Tracer
 from .input_batch import prepare_inputs
+from .nvtx_tracer import step_stats_message
 from .kv_cache import KVCacheManager, allocate_kv_cache
 from .model import Model, build_model
 from .prefix_cache import PrefixCachingKVManager
@@ -229,6 +230,11 @@ class Engine:
         self.step_no += 1
         for obs in self.observers:
             obs(rec)
+        # Values known only after the forward (and after observers such as the EP injector filled
+        # them) ride on a short step_stats range; its text is built only when a range is recorded.
+        if not out.is_empty and tr.recording():
+            with tr.range("step_stats", step_stats_message(rec)):
+                pass
         return rec
 
     def _prefix_and_microbatch(self, out, rec: StepRecord) -> None:

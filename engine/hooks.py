@@ -19,12 +19,19 @@ class Tracer(Protocol):
 
     def range(self, name: str, message: str | None = None, payload: Any = None) -> ContextManager: ...
 
+    def recording(self) -> bool:
+        """True when a range opened now is recorded (callers skip building costly messages otherwise)."""
+        ...
+
 
 class NullTracer:
     """The default tracer: every range is the same no-op context manager."""
 
     def range(self, name: str, message: str | None = None, payload: Any = None) -> ContextManager:
         return _NULL
+
+    def recording(self) -> bool:
+        return False
 
 
 class RecordingTracer:
@@ -36,6 +43,9 @@ class RecordingTracer:
     def range(self, name: str, message: str | None = None, payload: Any = None) -> ContextManager:
         self.ranges.append((name, message, payload))
         return _NULL
+
+    def recording(self) -> bool:
+        return True
 
 
 NULL_TRACER = NullTracer()

@@ -33,6 +33,7 @@ CATEGORIES: dict[str, str] = {
     "attn": "forward",
     "moe": "forward",
     "kv_transfer": "transfer",
+    "step_stats": "step",
 }
 
 #: ARGB colours per category, so Nsight's timeline separates phases at a glance.
@@ -60,6 +61,19 @@ def step_message(step: int, kind: str, prefill_tokens: int, decode_reqs: int, de
             f"decode_rows={int(decode_rows)} graph={graph}")
     for k, v in extra.items():
         text += f" {k}={v}"
+    return text
+
+
+def step_stats_message(rec) -> str:
+    """The ``step_stats`` range message of contracts §2 for a finished :class:`StepRecord`.
+
+    ``expert_imbalance``/``per_rank_tokens`` only when the step measured them (EP active).
+    """
+    text = (f"step_stats {int(rec.step)} preempted_reqs={int(rec.preempted_reqs)} "
+            f"kv_transfer_bytes={int(rec.kv_transfer_bytes)}")
+    if rec.per_rank_tokens is not None:
+        text += (f" expert_imbalance={float(rec.expert_imbalance):.4g} "
+                 f"per_rank_tokens={','.join(str(int(v)) for v in rec.per_rank_tokens)}")
     return text
 
 
@@ -112,6 +126,10 @@ class NvtxTracer:
         """True when an NVTX tool (e.g. Nsight Systems) receives the ranges."""
         return self._domain is not None
 
+    def recording(self) -> bool:
+        """True when a range opened now reaches an NVTX tool or an active PyTorch profiler."""
+        return self._domain is not None or (self.kineto and _profiler_enabled())
+
     def range(self, name: str, message: str | None = None, payload: int | None = None):
         """Context manager around one phase; see the module docstring for the naming."""
         kineto = self.kineto and _profiler_enabled()
@@ -136,7 +154,7 @@ class NvtxTracer:
 
 def message_is_fixed(name: str, text: str) -> bool:
     """Texts that repeat every step (phase names, ``attn L3``) are cached; step messages are not."""
-    return name != "step"
+    return name not in ("step", "step_stats")
 
 
 def _is_dummy(domain) -> bool:

@@ -4,6 +4,7 @@ import gzip
 import json
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -191,3 +192,85 @@ def test_engine_step_names_are_a_marked_heuristic(tmp_path):
     assert src["step_source"] == "kineto-engine-naming" and src["heuristic"] is True
     assert list(tl.steps["step"]) == [0, 1, 2] and set(tl.steps["kind"]) == {"unknown"}
     assert list(tl.steps["gpu_kernels"]) == [1, 1, 1] and set(tl.steps["graph_mode"]) == {"NONE"}
+
+
+#: A tiny run that shows all three post-forward signals within 14 steps: a remote-prefilled prompt
+#: whose KV arrives (sync PD) at step 0, a 2-rank EP router skewed in steps 4..9, a 24-block KV pool.
+_SIGNALS_SCENARIO = """
+name = "trace-signals"
+seed = 7
+max_steps = 14
+[engine]
+num_threads = 1
+[model]
+preset = "tiny"
+num_layers = 2
+first_k_dense = 0
+[cache]
+block_size = 16
+num_blocks = 24
+[scheduler]
+policy = "token_budget"
+max_num_batched_tokens = 256
+[workload]
+time_unit = "step"
+[[workload.groups]]
+name = "chat"
+count = 6
+arrival = "burst"
+start = 1
+prompt_len = { dist = "uniform", low = 40, high = 60 }
+output_len = { dist = "uniform", low = 40, high = 60 }
+[[workload.groups]]
+name = "remote"
+count = 1
+arrival = "fixed"
+start = 0
+interval = 10
+prompt_len = { dist = "fixed", value = 64 }
+output_len = { dist = "fixed", value = 4 }
+[faults.ep_hotspot]
+world_size = 2
+hot_rank = 1
+strength = 8.0
+windows = [[4, 10]]
+[faults.pd_transfer]
+mode = "sync"
+groups = ["remote"]
+"""
+
+
+def test_engine_trace_carries_expert_imbalance_kv_transfer_and_preemption(tmp_path):
+    """The step_stats and kv_transfer ranges of a real engine trace give the same post-forward
+    values as the engine's records; the last recorded step (profiler stopped before its stats)
+    stays NaN rather than invented."""
+    import subprocess
+    import sys
+
+    from mixdiag.collectors import engine_run
+
+    scen, run = tmp_path / "s.toml", tmp_path / "run"
+    scen.write_text(_SIGNALS_SCENARIO)
+    p = subprocess.run([sys.executable, "-m", "mixdiag", "run", "--scenario", str(scen), "--profile", "0:14",
+                        "--out", str(run), "-q"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-500:]
+    tl = kineto.read(run / "trace.json")
+    trace = tl.steps.set_index("step")
+    records = engine_run.read(run).steps.set_index("step").loc[trace.index]
+    sig = tl.meta["signals"][tl.instances[0]]
+    assert (sig["expert_imbalance"], sig["kv_transfer"], sig["preemption"]) == ("measured",) * 3
+    have = trace["preempted_reqs"].notna()
+    assert have.sum() == len(trace) - 1 and not have.iloc[-1]
+    t, r = trace[have], records[have]
+    assert t["preempted_reqs"].tolist() == r["preempted_reqs"].tolist() and t["preempted_reqs"].sum() > 0
+    assert t["kv_transfer_bytes"].tolist() == r["kv_transfer_bytes"].tolist() and t["kv_transfer_bytes"].sum() > 0
+    np.testing.assert_allclose(t["expert_imbalance"], r["expert_imbalance"], rtol=1e-3)
+    assert t["expert_imbalance"].max() >= 1.9          # the skewed window
+    xfer = t["kv_transfer_bytes"] > 0
+    assert (t.loc[xfer, "kv_transfer_s"] > 0).all() and (t.loc[~xfer, "kv_transfer_s"] == 0).all()
+
+
+def test_trace_without_step_stats_reports_those_signals_absent(recorded):
+    sig = kineto.read(recorded).meta["signals"]
+    for s in sig.values():
+        assert (s["expert_imbalance"], s["kv_transfer"], s["preemption"]) == ("absent",) * 3

@@ -1,9 +1,11 @@
 """Step messages, graph-mode rule and gap splitting shared by the trace collectors."""
 import numpy as np
+import pandas as pd
 import pytest
 
-from mixdiag.collectors.trace_steps import (graph_counts, graph_mode, graph_modes, is_engine_step_range,
-                                            parse_step_message, parse_step_messages, split_on_gaps)
+from mixdiag.collectors.trace_steps import (attach_step_stats, graph_counts, graph_mode, graph_modes,
+                                            is_engine_step_range, parse_step_message, parse_step_messages,
+                                            parse_step_stats, split_on_gaps)
 
 
 @pytest.mark.parametrize("text,step,kind,pre,rows,graph,extra", [
@@ -64,3 +66,42 @@ def test_graph_counts_distinct_launches_and_eager_between():
 
 def test_engine_step_range_names():
     assert is_engine_step_range("execute_model") and not is_engine_step_range("aten::mm")
+
+
+@pytest.mark.parametrize("text,step,imb,pre,kvb,ranks", [
+    ("step_stats 4 preempted_reqs=1 kv_transfer_bytes=64512 expert_imbalance=2 per_rank_tokens=0,24",
+     4, 2.0, 1.0, 64512.0, "0,24"),
+    ("step_stats 5 preempted_reqs=0 kv_transfer_bytes=0", 5, np.nan, 0.0, 0.0, None),          # no EP
+    ("step_stats 6 kv_transfer_bytes=7 expert_imbalance=1.5e0 extra=x preempted_reqs=2", 6, 1.5, 2.0, 7.0, None),
+    ("step_stats 7 preempted_reqs=x expert_imbalance=", 7, np.nan, np.nan, np.nan, None),     # malformed -> NaN
+    ("step 7 kind=decode", np.nan, np.nan, np.nan, np.nan, None),                               # a step range
+    ("step_stats", np.nan, np.nan, np.nan, np.nan, None),
+])
+def test_parse_step_stats(text, step, imb, pre, kvb, ranks):
+    r = parse_step_stats([text]).iloc[0]
+    np.testing.assert_equal([r["step"], r["expert_imbalance"], r["preempted_reqs"], r["kv_transfer_bytes"]],
+                            [step, imb, pre, kvb])
+    assert r["per_rank_tokens"] == ranks
+
+
+def test_attach_step_stats_by_step_number_and_kv_ranges_to_the_next_step():
+    steps = pd.DataFrame({"group": ["p"] * 3, "tid": ["t"] * 3, "step": [0, 1, 2],
+                          "t0": [10.0, 30.0, 50.0], "t1": [20.0, 40.0, 60.0]})
+    stats = pd.DataFrame({"group": ["p"] * 6, "tid": ["t"] * 6, "text": [
+        "kv_transfer", "step_stats 0 preempted_reqs=0 kv_transfer_bytes=100 expert_imbalance=3",
+        "kv_transfer", "step_stats 1 preempted_reqs=2 kv_transfer_bytes=0 expert_imbalance=1",
+        "kv_transfer", "step_stats 9 preempted_reqs=5 kv_transfer_bytes=0"],     # step 9: no such step
+        "t0": [2.0, 21.0, 25.0, 41.0, 45.0, 61.0], "t1": [7.0, 22.0, 28.0, 42.0, 49.0, 62.0]})
+    out, fields = attach_step_stats(steps, stats, "tid", "t0", "t1")
+    assert fields == {"expert_imbalance", "preempted_reqs", "kv_transfer_bytes"}
+    np.testing.assert_equal(out["expert_imbalance"].to_numpy(), [3.0, 1.0, np.nan])
+    np.testing.assert_equal(out["preempted_reqs"].to_numpy(), [0.0, 2.0, np.nan])
+    # step 0 received bytes: its kv_transfer range counts; step 1's range only polled; step 2 has no stats.
+    np.testing.assert_equal(out["kv_transfer_dur"].to_numpy(), [5.0, 0.0, np.nan])
+
+
+def test_attach_step_stats_without_stats_leaves_nan_and_no_fields():
+    steps = pd.DataFrame({"group": ["p"], "tid": ["t"], "step": [0], "t0": [0.0], "t1": [1.0]})
+    out, fields = attach_step_stats(steps, pd.DataFrame(columns=["group", "tid", "text", "t0", "t1"]),
+                                    "tid", "t0", "t1")
+    assert fields == set() and out["expert_imbalance"].isna().all() and out["preempted_reqs"].isna().all()

@@ -119,6 +119,32 @@ def test_hooks_observers_and_tracer_ranges():
     assert steps[0] == ("step 0 kind=prefill prefill_tokens=3 decode_reqs=0 decode_rows=0 graph=PIECEWISE", 3)
     assert steps[1] == ("step 1 kind=decode prefill_tokens=0 decode_reqs=1 decode_rows=1 graph=FULL", 1)
     assert "sample" in names
+    # post-forward values ride on a step_stats range after each step's observers
+    stats = [m for n, m, _ in tr.ranges if n == "step_stats"]
+    assert stats == ["step_stats 0 preempted_reqs=0 kv_transfer_bytes=0",
+                     "step_stats 1 preempted_reqs=0 kv_transfer_bytes=0"]
+    assert names[-1] == "step_stats" and names.index("step_stats") > names.index("sample")
+
+
+class _QuietTracer(RecordingTracer):
+    """Records ranges but says nothing is recording: step_stats must not even be formatted."""
+
+    def recording(self) -> bool:
+        return False
+
+
+def test_step_stats_not_built_when_nothing_records(monkeypatch):
+    from mixdiag.engine import engine as engine_mod
+
+    def boom(rec):
+        raise AssertionError("step_stats message built with no recorder attached")
+
+    monkeypatch.setattr(engine_mod, "step_stats_message", boom)
+    e = engine()
+    e.tracer = tr = _QuietTracer()
+    e.add_request([1, 2, 3], SamplingParams(max_tokens=2, ignore_eos=True))
+    e.run()
+    assert "step_stats" not in [n for n, _, _ in tr.ranges] and "step" in [n for n, _, _ in tr.ranges]
 
 
 def test_abort_frees_blocks():

@@ -7,7 +7,8 @@ import torch
 
 from mixdiag.engine import nvtx_tracer
 from mixdiag.engine.hooks import Tracer
-from mixdiag.engine.nvtx_tracer import CATEGORIES, NvtxTracer, step_message
+from mixdiag.engine.nvtx_tracer import CATEGORIES, NvtxTracer, step_message, step_stats_message
+from mixdiag.engine.records import StepRecord
 
 STEP_RE = re.compile(r"^step (?P<n>\d+) kind=(?P<kind>prefill|decode|mixed|idle) prefill_tokens=(?P<p>\d+) "
                      r"decode_reqs=(?P<dr>\d+) decode_rows=(?P<rows>\d+) graph=(?P<g>FULL|PIECEWISE|NONE)"
@@ -45,6 +46,31 @@ def test_step_message_follows_contract(kw, extra, expected):
     assert msg == expected
     m = STEP_RE.match(msg)
     assert m and int(m["n"]) == kw["step"] and m["kind"] == kw["kind"]
+
+
+@pytest.mark.parametrize("fields,expected", [
+    (dict(preempted_reqs=2, kv_transfer_bytes=64512.0), "step_stats 5 preempted_reqs=2 kv_transfer_bytes=64512"),
+    (dict(per_rank_tokens=[0, 24], expert_imbalance=2.0),
+     "step_stats 5 preempted_reqs=0 kv_transfer_bytes=0 expert_imbalance=2 per_rank_tokens=0,24"),
+    (dict(per_rank_tokens=[7, 3, 2], expert_imbalance=7 / 4),
+     "step_stats 5 preempted_reqs=0 kv_transfer_bytes=0 expert_imbalance=1.75 per_rank_tokens=7,3,2"),
+])
+def test_step_stats_message_follows_contract(fields, expected):
+    rec = StepRecord(step=5, t_start_s=0.0, t_end_s=0.0, kind="decode", **fields)
+    assert step_stats_message(rec) == expected
+
+
+def test_recording_only_with_a_tool_or_an_active_profiler():
+    t = NvtxTracer()
+    assert not t.recording()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert t.recording() and not NvtxTracer(kineto=False).recording()
+    assert not t.recording()
+
+
+def test_step_stats_texts_are_not_cached_as_fixed():
+    assert not nvtx_tracer.message_is_fixed("step_stats", "step_stats 1 preempted_reqs=0")
+    assert nvtx_tracer.message_is_fixed("schedule", "schedule")
 
 
 def test_no_tool_no_profiler_is_the_shared_noop():
