@@ -38,12 +38,22 @@ arrival = "burst"
 start = 0
 prompt_len = {{ dist = "uniform", low = 40, high = 200 }}
 output_len = {{ dist = "uniform", low = {out_low}, high = {out_high} }}
+{extra}"""
+
+# Paces a run with real host pauses (40 ms before every step) so that it lasts several seconds
+# however fast the machine is: Prometheus (scraping every 0.25 s) must see it mid-run.
+PACED = """
+[faults.host_stall]
+windows = [[0, 100000]]
+every = 1
+how = "sleep"
+stall_s = 0.04
 """
 
 
-def scenario(tmp_path, count=6, out_low=8, out_high=16):
+def scenario(tmp_path, count=6, out_low=8, out_high=16, extra=""):
     p = tmp_path / "instr-small.toml"
-    p.write_text(SCENARIO.format(count=count, out_low=out_low, out_high=out_high))
+    p.write_text(SCENARIO.format(count=count, out_low=out_low, out_high=out_high, extra=extra))
     return p
 
 
@@ -89,7 +99,7 @@ def test_prometheus_scrapes_mixdiag_run_serve(tmp_path, prometheus_server):
     prom = prometheus_server([f"127.0.0.1:{port}"], scrape_interval_s=0.25)
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "mixdiag", "run", "--scenario",
-                             str(scenario(tmp_path, count=8, out_low=120, out_high=160)), "--out", str(out), "-q",
+                             str(scenario(tmp_path, count=8, out_low=120, out_high=160, extra=PACED)), "--out", str(out), "-q",
                              "--serve", str(port), "--linger", "6"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
