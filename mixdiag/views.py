@@ -186,7 +186,7 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
     """
     have = {(sp["instance"], int(sp["step"])) for sp in kept if sp["granularity"] == "interval"}
     out = []
-    for inst, iv, g, excess, thr in _host_gaps(frames, step_views, ranges, cfg, key):
+    for inst, iv, g, excess, thr, _ in _host_gaps(frames, step_views, ranges, cfg, key):
         for idx in iv.index[(excess > thr).to_numpy()]:
             r = iv.loc[idx]
             row_key = (inst, int(r["step"]))
@@ -206,7 +206,8 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
 
 def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
     """Per interval view: (instance, interval rows, host gap per waiting request, its excess over
-    the rolling median, the threshold) - see :func:`_host_gap_spikes`. NaN where the step view
+    the rolling median, the threshold, the gap beyond the usual per-step gap x steps) - see
+    :func:`_host_gap_spikes`. NaN where the step view
     does not cover the interval or the scrapes carry no ITL sum."""
     for f in frames:
         iv = f[f["granularity"] == "interval"].sort_values("step")
@@ -222,7 +223,7 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
         d = d.where(st["has_decode"]).ffill().where(st["has_decode"] | st["decodes_before"], d)
         dreq = d.fillna(0).to_numpy()
         lat = st["latency_s"].to_numpy()
-        gap = np.full(len(iv), np.nan)
+        gap, n_steps = np.full(len(iv), np.nan), np.full(len(iv), np.nan)
         for j, (k, n, mean) in enumerate(zip(iv["step"], iv["itl_count"], iv["itl_mean_s"])):
             ab = ranges.get((inst, int(k)))
             if ab is None or not n or not np.isfinite(mean) or ab[1] <= ab[0]:
@@ -231,10 +232,16 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
             if d.sum() <= 0:
                 continue
             gap[j] = (n * mean - float((d * lat[ab[0]:ab[1]]).sum())) / float(d.mean())
+            n_steps[j] = ab[1] - ab[0]
         g = pd.Series(gap, index=iv.index)
         excess = g - g.rolling(cfg.spikes.window_intervals, center=True, min_periods=1).median()
+        # the ordinary host time between steps grows with the steps an interval holds: what is
+        # left after the usual per-step gap x its steps is the unusual part. Usual = the lower
+        # quartile over the view's intervals, so stalls in up to 3/4 of them do not raise it.
+        per_step = np.nanpercentile(gap / n_steps, 25) if np.isfinite(gap / n_steps).any() else np.nan
+        unusual = g - n_steps * per_step
         thr = (cfg.interval_ratio - 1.0) * iv["baseline_s"]
-        yield inst, iv, g, excess, thr
+        yield inst, iv, g, excess, thr, unusual
 
 
 def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisConfig) -> list[dict]:
@@ -265,10 +272,10 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
             r = _interval_step_ranges(iv, step_views[eng])
             if r is not None:
                 ranges.update({(str(f["instance"].iloc[0]), int(k)): ab for k, ab in zip(iv["step"], r)})
-    # (instance, interval) -> (excess, threshold, host gap per waiting request); see _host_gaps
-    gaps = {(inst, int(k)): (float(e), float(t), float(gg))
-            for inst, iv, g, excess, thr in _host_gaps(frames, step_views, ranges, cfg, key)
-            for k, e, t, gg in zip(iv["step"], excess, thr, g)}
+    # (instance, interval) -> (excess, threshold, unusual host gap per waiting request); see _host_gaps
+    gaps = {(inst, int(k)): (float(e), float(t), float(u))
+            for inst, iv, _, excess, thr, unusual in _host_gaps(frames, step_views, ranges, cfg, key)
+            for k, e, t, u in zip(iv["step"], excess, thr, unusual)}
     out = []
     for sp in spikes:
         eng = key(sp["instance"])
@@ -299,7 +306,7 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
             ev["reason"] = "ITL spiked but no step in the interval was slow: the time went between steps"
             _, thr, gap = gaps.get((sp["instance"], int(sp["step"])), (np.nan, np.nan, np.nan))
             if np.isfinite(gap) and np.isfinite(thr):
-                ev["host_gap_per_request_s"] = gap
+                ev["host_gap_unusual_s"] = gap
                 if gap <= thr:  # the ITL sum says requests did not wait between steps either
                     cause = "unknown"
                     ev["reason"] = ("ITL P99 spiked, but no step was slow and the ITL sum leaves no time between "

@@ -130,6 +130,21 @@ def test_a_slow_decode_step_beside_a_pd_install_takes_no_transfer_evidence(insta
     assert list(got["cause"]) == [expect]
 
 
+@pytest.mark.parametrize("gap_s, p99_bump_x, expect", [
+    (0.150, 1.0, "host_stall"),  # a real gap: the ITL sum holds time no step took
+    (0.0, 4.0, "unknown"),  # a P99 jump (histogram bucket edge) the ITL sum does not back
+])
+def test_an_interval_spike_without_a_slow_step_needs_time_between_steps(gap_s, p99_bump_x, expect):
+    tl = build(faults={100: dict(gap=gap_s)} if gap_s else {})
+    iv = _scrape_view(tl)
+    t100 = tl.steps.set_index("step").loc[100, "t_end_s"]
+    j = iv.index[(iv["t_start_s"] < t100) & (iv["t_end_s"] >= t100)][0]
+    iv.loc[j, "itl_p99_s"] *= p99_bump_x
+    sp = diagnose(Timeline(pd.concat([_log_view(tl), iv], ignore_index=True), None, meta={})).spikes
+    hit = sp[(sp["granularity"] == "interval") & (sp["step"] == iv.loc[j, "step"])]
+    assert list(hit["cause"]) == [expect]
+
+
 def test_request_stall_of_a_preempted_request_is_kv_pressure():
     # request r7 is preempted at step 50 and resumes at step 80: no step is slow, r7's ITL is
     tl = build(faults={50: dict(preempted_reqs=1, kv_usage=0.99)})
