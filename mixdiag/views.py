@@ -204,6 +204,35 @@ def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: Diagnosi
     return out
 
 
+def _preemption_spikes(frames, kept: list[dict], cfg: DiagnosisConfig) -> list[dict]:
+    """Intervals that counted preemptions, as kv_pressure spikes when no spike there says so.
+
+    A recompute preemption evicts a running request until it is re-admitted and re-prefilled:
+    its next token comes steps later, a stall its user feels even when no step is slow (tier (a)
+    sees it as a request stall). Log lines do not show the victims; the counter places the
+    stall's start to the interval.
+    """
+    have = {(sp["instance"], int(sp["step"])) for sp in kept if sp["granularity"] == "interval"}
+    out = []
+    for f in frames:
+        iv = f[f["granularity"] == "interval"]
+        if not len(iv) or "preempted_reqs" not in iv.columns:
+            continue
+        for r in iv[iv["preempted_reqs"].fillna(0) > 0].itertuples(index=False):
+            row_key = (str(r.instance), int(r.step))
+            if row_key in have:
+                continue
+            ev = {"granularity": "interval", "preempted_reqs": float(r.preempted_reqs),
+                  "reason": "requests were preempted in the interval: each waits to be re-admitted and re-prefilled"}
+            base = float(r.baseline_s) if pd.notna(r.baseline_s) else np.nan
+            out.append({"instance": row_key[0], "step": row_key[1], "t_s": float(r.t_end_s),
+                        "itl_s": float(r.latency_s) if pd.notna(r.latency_s) else base, "baseline_s": base,
+                        "cause": "kv_pressure", "confidence": round(0.8 * cfg.attribution.interval_factor, 3),
+                        "evidence": ev, "missing_signals": [], "t_start_s": float(r.t_start_s),
+                        "t_end_s": float(r.t_end_s), "granularity": "interval"})
+    return out
+
+
 def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
     """Per interval view: (instance, interval rows, host gap per waiting request, its excess over
     the rolling median, the threshold, the gap beyond the usual per-step gap x steps) - see
@@ -315,6 +344,7 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
                          "evidence": ev})
     out = _interval_evidence(out, frames, ranges, key, cfg, step_views)
     out += _host_gap_spikes(frames, step_views, ranges, out, cfg, key)
+    out += _preemption_spikes(frames, out, cfg)
     # keep the steps frame in line with the spikes that remain
     kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in out if sp["granularity"] == "interval"}
     for f in frames:

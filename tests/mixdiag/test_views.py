@@ -145,6 +145,23 @@ def test_an_interval_spike_without_a_slow_step_needs_time_between_steps(gap_s, p
     assert list(hit["cause"]) == [expect]
 
 
+@pytest.mark.parametrize("faults, n_kv_pressure", [
+    ({160: dict(preempted_reqs=2)}, 1),  # no step is slow; the counter shows requests evicted
+    ({160: dict(preempted_reqs=1), 161: dict(preempted_reqs=1)}, 1),  # one interval, one spike
+    ({}, 0),
+])
+def test_an_interval_that_counted_preemptions_is_kv_pressure(faults, n_kv_pressure):
+    tl = build(faults=faults)
+    d = diagnose(Timeline(pd.concat([_log_view(tl), _scrape_view(tl)], ignore_index=True), None, meta={}))
+    sp = d.spikes[d.spikes["cause"] == "kv_pressure"]
+    assert len(sp) == n_kv_pressure
+    if n_kv_pressure:
+        t160 = tl.steps.set_index("step").loc[160, "t_end_s"]
+        assert (sp["granularity"] == "interval").all()
+        assert ((sp["t_start_s"] < t160) & (sp["t_end_s"] >= t160)).all()
+        assert sp["evidence"].iloc[0]["preempted_reqs"] == 2
+
+
 def test_request_stall_of_a_preempted_request_is_kv_pressure():
     # request r7 is preempted at step 50 and resumes at step 80: no step is slow, r7's ITL is
     tl = build(faults={50: dict(preempted_reqs=1, kv_usage=0.99)})
