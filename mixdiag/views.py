@@ -110,6 +110,21 @@ def install_steps(st: pd.DataFrame) -> pd.Series:
     return (st["kind"] == "mixed") & (tok > 0) & (tok <= reqs)
 
 
+def _among_largest_batches(st: pd.DataFrame | None, ab: tuple[int, int] | None, pos: int, n_off: int) -> bool:
+    """Whether the decode-only step at position ``pos`` is among the ``n_off`` largest decode
+    batches of its interval (ties included). Decode leaves the FULL graph when its batch exceeds
+    the largest captured size (smaller ones are padded up to a captured size), so the off-FULL
+    dispatches an interval counted are its largest batches. True when the log gives no sizes."""
+    if st is None or ab is None or "decode_reqs" not in st.columns:
+        return True
+    win = st.iloc[ab[0]:ab[1]]
+    sizes = win.loc[win["kind"] == "decode", "decode_reqs"].dropna().sort_values(ascending=False)
+    me = st["decode_reqs"].iloc[pos] if 0 <= pos < len(st) else np.nan
+    if not len(sizes) or not np.isfinite(me):
+        return True
+    return bool(me >= sizes.iloc[min(n_off, len(sizes)) - 1])
+
+
 def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig, step_views) -> list[dict]:
     """A step spike the step view left ``unknown`` (log lines carry no imbalance, transfers or
     preemptions) takes the evidence of the scrape interval that holds it: imbalance well above
@@ -161,7 +176,8 @@ def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisCo
         cause = None
         if pd.notna(imb) and imb >= a.imbalance_abs and np.isfinite(med) and imb >= a.imbalance_rel * med:
             cause, ev["interval_expert_imbalance"] = "ep_hotspot", float(imb)
-        elif (r.get("graph_off_decode_steps") or 0) > 0:
+        elif (r.get("graph_off_decode_steps") or 0) > 0 and _among_largest_batches(
+                step_views.get(eng), ranges.get((inst, hit[0])), pos, int(r["graph_off_decode_steps"])):
             cause, ev["interval_graph_off_decode_steps"] = "graph_fallback", float(r["graph_off_decode_steps"])
         elif (r.get("kv_transfer_bytes") or 0) > 0 and not installs.get((inst, hit[0]), False):
             cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", float(r["kv_transfer_bytes"])

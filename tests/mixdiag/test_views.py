@@ -162,6 +162,25 @@ def test_an_interval_that_counted_preemptions_is_kv_pressure(faults, n_kv_pressu
         assert sp["evidence"].iloc[0]["preempted_reqs"] == 2
 
 
+@pytest.mark.parametrize("step, batch, expect", [
+    (102, 9, "graph_fallback"),  # the interval's off-FULL decode dispatches are its 9-request batches
+    (106, 8, "unknown"),  # an 8-request batch in that interval replayed FULL: a slow step, no cause
+])
+def test_interval_graph_fallback_goes_to_the_largest_decode_batches(step, batch, expect):
+    faults = {n: dict(decode_reqs=9.0, graph_mode="NONE", dur=0.035) for n in range(100, 105)}
+    faults[106] = dict(dur=0.035)
+    tl = build(faults=faults)
+    iv = _scrape_view(tl)
+    st = tl.steps
+    iv["graph_off_decode_steps"] = [
+        float(((st["t_end_s"] > a) & (st["t_end_s"] <= b) & (st["kind"] == "decode") & (st["graph_mode"] != "FULL")).sum())
+        for a, b in zip(iv["t_start_s"], iv["t_end_s"])]
+    sp = diagnose(Timeline(pd.concat([_log_view(tl), iv], ignore_index=True), None, meta={})).spikes
+    got = sp[(sp["granularity"] == "step") & (sp["step"] == step)]
+    assert st.set_index("step").loc[step, "decode_reqs"] == batch
+    assert list(got["cause"]) == [expect]
+
+
 def test_request_stall_of_a_preempted_request_is_kv_pressure():
     # request r7 is preempted at step 50 and resumes at step 80: no step is slow, r7's ITL is
     tl = build(faults={50: dict(preempted_reqs=1, kv_usage=0.99)})
