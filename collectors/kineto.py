@@ -23,7 +23,7 @@ import pandas as pd
 
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS,
-                                            attach_step_stats, graph_counts, graph_modes, parse_step_messages,
+                                            attach_step_stats, graph_counts, leading_phases, graph_modes, parse_step_messages,
                                             split_on_gaps)
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
@@ -204,6 +204,12 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
         if "kv_transfer_dur" in steps.columns:
             dur = steps.pop("kv_transfer_dur").to_numpy() / 1e6
             steps["kv_transfer_s"] = np.where(np.isnan(dur), steps["kv_transfer_s"], dur)
+        # The step's own kv_transfer and schedule ranges precede its step range: the step starts
+        # there (as the engine's records do), so that host work is not read as a gap between steps.
+        lead = ann[ann["name"].isin(["kv_transfer", "schedule"])].rename(columns={"name": "text", "pid": "group"})
+        t0, sched = leading_phases(steps, lead, "tid", "t0_us", "t1_us")
+        steps["t0_us"] = t0
+        steps["schedule_s"] = np.where(np.isnan(sched), steps["schedule_s"], sched / 1e6)
 
     names: list[str] = []
     if len(steps):

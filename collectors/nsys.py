@@ -104,7 +104,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
     if unattributed > 0 and step_source:
         examples.append(f"{unattributed} of {kernels_total} kernels launched outside any step range "
                         f"or without a matching runtime call")
-    signals = {inst: _signals(step_source, cuda_traced, sm_name) for inst in names}
+    signals = {inst: _signals(step_source, cuda_traced, sm_name, nv.stats_fields) for inst in names}
     # "Lines" are rows: candidate NVTX ranges, kernels, graph-trace rows. Ignored = read but not
     # step material themselves (phase ranges folded into their steps, graph rows of NVTX steps).
     total = nv.rows_read + kernels_total + graph_rows
@@ -124,8 +124,8 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
 
 _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",
                  "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "sm_active", "schedule_s",
-                 "prepare_s", "forward_s", "kv_transfer_s", "gpu_kernels", "gpu_kernel_s", "graph_launches",
-                 "scheduled_tokens"]
+                 "prepare_s", "forward_s", "kv_transfer_s", "kv_transfer_bytes", "expert_imbalance",
+                 "preempted_reqs", "gpu_kernels", "gpu_kernel_s", "graph_launches", "scheduled_tokens"]
 
 
 def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> pd.DataFrame:
@@ -195,8 +195,9 @@ def _series(samples: pd.DataFrame, steps: pd.DataFrame, base: str, offset_s: flo
     })
 
 
-def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None) -> dict:
+def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, stats_fields=frozenset()) -> dict:
     mixdiag = step_source == "nvtx-mixdiag"
+    stats = stats_fields if mixdiag else frozenset()
     return {
         "steps": "measured" if mixdiag else ("inferred" if step_source else "absent"),
         "kind": "measured" if mixdiag else "absent",
@@ -205,4 +206,8 @@ def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None) ->
         "decode_rows": "measured" if mixdiag else "absent",
         "graph_mode": "measured" if cuda_traced else ("estimated" if mixdiag else "absent"),
         "sm_active": "measured" if sm_name else "absent",
+        # from the step_stats ranges (contracts §2), when the export has them
+        "expert_imbalance": "measured" if "expert_imbalance" in stats else "absent",
+        "kv_transfer": "measured" if "kv_transfer_bytes" in stats else "absent",
+        "preemption": "measured" if "preempted_reqs" in stats else "absent",
     }

@@ -2,6 +2,7 @@
 
 Only range rows are read (push/pop and start/end: event types 59/60, 70/71, looked up by name
 when ``ENUM_NSYS_EVENT_TYPE`` is there), and only those whose message can matter: ``step ...``,
+``step_stats ...``,
 the phase names of docs/contracts.md §2 and the engine step names of
 :data:`~mixdiag.collectors.trace_steps.ENGINE_STEP_RANGES`. The filter runs inside SQLite, so a
 table of millions of ``aten::`` ranges is scanned, not loaded. Message = ``text``, else the
@@ -15,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.nsys_db import NVTX, PID_MASK, STRINGS, NsysDb
-from mixdiag.collectors.trace_steps import ENGINE_STEP_RANGES, PHASE_COLUMNS, parse_step_messages
+from mixdiag.collectors.trace_steps import (ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS, attach_step_stats,
+                                            leading_phases, parse_step_messages)
 
 RANGE_TYPE_NAMES = ("NvtxPushPopRange", "NvtxStartEndRange", "NvtxtPushPopRange", "NvtxtStartEndRange")
 RANGE_TYPE_IDS = (59, 60, 70, 71)
@@ -37,6 +39,7 @@ class NvtxSteps:
     skipped: int = 0
     examples: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    stats_fields: set = field(default_factory=set)   # step_stats fields the export carried
 
 
 def _range_types(db: NsysDb) -> tuple[int, ...]:
@@ -78,7 +81,8 @@ def read_ranges(db: NsysDb) -> pd.DataFrame:
     names = PHASES + ENGINE_STEP_RANGES
     sql = (f'SELECT n.start, n."end", n.globalTid, {dom}, {msg} AS msg, {ipay} FROM {NVTX} n {join} '
            f"WHERE n.eventType IN ({','.join('?' * len(types))}) "
-           f"AND (msg LIKE 'step %' OR msg IN ({','.join('?' * len(names))}))")
+           f"AND (msg LIKE 'step %' OR msg LIKE '{STEP_STATS.replace('_', '!_')} %' ESCAPE '!' "
+           f"OR msg IN ({','.join('?' * len(names))}))")
     rows = db.conn.execute(sql, (*types, *names)).fetchall()
     return pd.DataFrame(rows, columns=["start_ns", "end_ns", "tid", "domain", "msg", "payload"])
 
@@ -111,6 +115,20 @@ def find_steps(db: NsysDb) -> NvtxSteps:
                              + ", ".join(sorted(set(steps["msg"]))) + "; kinds unknown")
     if len(steps):
         steps = _attach_phases(steps, rows[rows["msg"].isin(PHASES)])
+    if out.source == "nvtx-mixdiag":
+        extra = rows[rows["msg"].str.startswith(STEP_STATS + " ", na=False) | (rows["msg"] == "kv_transfer")]
+        steps, out.stats_fields = attach_step_stats(
+            steps.assign(group=steps["gpid"]), extra.rename(columns={"msg": "text", "gpid": "group"}),
+            "tid", "start_ns", "end_ns")
+        dur = steps.pop("kv_transfer_dur").to_numpy() if "kv_transfer_dur" in steps.columns else None
+        if dur is not None:
+            steps["kv_transfer_ns"] = np.where(np.isnan(dur), steps["kv_transfer_ns"], dur)
+        # the step's own kv_transfer/schedule ranges precede its step range: it starts there
+        lead = rows[rows["msg"].isin(["kv_transfer", "schedule"])].rename(columns={"msg": "text", "gpid": "group"})
+        start, sched = leading_phases(steps, lead, "tid", "start_ns", "end_ns")
+        steps["start_ns"] = start.astype("int64")
+        steps["schedule_ns"] = np.where(np.isnan(sched), steps["schedule_ns"], sched)
+        steps = steps.drop(columns="group")
     out.ranges = steps.reset_index(drop=True) if len(steps) else empty
     return out
 

@@ -192,6 +192,51 @@ def attach_step_stats(steps, stats, tid: str, t0: str, t1: str):
     return steps, fields
 
 
+#: Phases the engine opens before a step's ``step`` range (in this order): they belong to it.
+LEADING_PHASES = ("kv_transfer", "schedule")
+
+
+def leading_phases(steps, phases, tid: str, t0: str, t1: str):
+    """Start of each step including its leading phases, and the ``schedule`` duration.
+
+    The engine runs ``kv_transfer`` (PD only) then ``schedule`` before it opens the ``step`` range,
+    so a step's own host work precedes its range. Per process/thread: the last ``schedule`` range
+    ending by the step's start (and starting after the previous step ended) is the step's; the
+    last ``kv_transfer`` range ending by that schedule's start (same bound) precedes it. Returns
+    ``(start[n], schedule_dur[n])`` in the units of ``t0``/``t1``; start is the step range's own
+    start and schedule_dur NaN where no such range exists.
+    """
+    n = len(steps)
+    start = steps[t0].to_numpy(dtype="float64").copy()
+    sched = np.full(n, np.nan)
+    if n == 0 or phases is None or phases.empty:
+        return start, sched
+    names = phases["text"].to_numpy()
+    for (g, th), idx in steps.groupby(["group", tid]).groups.items():
+        pos = steps.index.get_indexer(idx)
+        pos = pos[np.argsort(start[pos], kind="stable")]
+        s0 = steps[t0].to_numpy(dtype="float64")[pos]
+        prev_end = np.concatenate([[-np.inf], steps[t1].to_numpy(dtype="float64")[pos][:-1]])
+        mine = (phases["group"].to_numpy() == g) & (phases[tid].to_numpy() == th)
+        lead = s0.copy()
+        for name in reversed(LEADING_PHASES):   # schedule first, then the kv_transfer before it
+            sel = mine & (names == name)
+            if not sel.any():
+                continue
+            p0, p1 = phases[t0].to_numpy(dtype="float64")[sel], phases[t1].to_numpy(dtype="float64")[sel]
+            order = np.argsort(p1, kind="stable")
+            p0, p1 = p0[order], p1[order]
+            k = np.searchsorted(p1, lead, side="right") - 1
+            ok = (k >= 0) & (p0[np.clip(k, 0, None)] >= prev_end)
+            if name == "schedule":
+                sched[pos[ok]] = (p1 - p0)[k[ok]]
+                lead = np.where(ok, p0[np.clip(k, 0, None)], lead)
+            else:
+                lead = np.where(ok & ~np.isnan(sched[pos]), p0[np.clip(k, 0, None)], lead)
+        start[pos] = lead
+    return start, sched
+
+
 def is_engine_step_range(text: str | None) -> bool:
     """True for a range name that some engine puts around one step (heuristic path)."""
     return bool(text) and text.strip() in ENGINE_STEP_RANGES

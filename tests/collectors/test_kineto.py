@@ -268,6 +268,10 @@ def test_engine_trace_carries_expert_imbalance_kv_transfer_and_preemption(tmp_pa
     assert t["expert_imbalance"].max() >= 1.9          # the skewed window
     xfer = t["kv_transfer_bytes"] > 0
     assert (t.loc[xfer, "kv_transfer_s"] > 0).all() and (t.loc[~xfer, "kv_transfer_s"] == 0).all()
+    # a step starts at its own kv_transfer/schedule ranges, as the engine's records do, so the
+    # transfer is not read as host time between steps
+    assert (trace["t_start_s"] - records["t_start_s"]).abs().max() < 0.002
+    assert trace["schedule_s"].notna().all() and (trace["schedule_s"] > 0).all()
 
 
 def test_trace_without_step_stats_reports_those_signals_absent(recorded):

@@ -304,3 +304,39 @@ def test_arrow_failure_falls_back_to_sqlite3(monkeypatch):
 
     monkeypatch.setattr(nsys_kernels, "_fetch_arrow", refuse)
     assert nsys.read(FIX / "mock.sqlite").steps.equals(want.steps)
+
+
+def test_step_stats_and_kv_transfer_ranges_fill_post_forward_signals(tmp_path):
+    e = NsysExport(tmp_path / "stats.sqlite", ("StringIds", "NVTX_EVENTS", "TARGET_INFO_SESSION_START_TIME"))
+    e.domain(1, "mixdiag", TID)
+    ranges = [(0, 1, "kv_transfer"),                                    # KV received before step 0 schedules
+              (1, 2, "schedule"),
+              (2, 5, "step 0 kind=prefill prefill_tokens=64 decode_reqs=0 decode_rows=0 graph=NONE"),
+              (6, 6, "step_stats 0 preempted_reqs=0 kv_transfer_bytes=4096 expert_imbalance=2 per_rank_tokens=0,8"),
+              (7, 7.5, "kv_transfer"),                                  # a poll: no bytes arrived
+              (7.5, 8, "schedule"),
+              (8, 9, "step 1 kind=decode prefill_tokens=0 decode_reqs=1 decode_rows=1 graph=FULL"),
+              (10, 10, "step_stats 1 preempted_reqs=1 kv_transfer_bytes=0 expert_imbalance=1.25 per_rank_tokens=4,6"),
+              (12, 13, "step 2 kind=decode prefill_tokens=0 decode_reqs=1 decode_rows=1 graph=FULL")]  # no stats
+    for a, b, m in ranges:
+        e.nvtx(T0 + int(a * MS), T0 + int(b * MS), m, TID, registered=True, domain=1)
+    tl = nsys.read(e.close())
+    s = tl.steps.set_index("step")
+    assert list(s.index) == [0, 1, 2]
+    np.testing.assert_equal(s["expert_imbalance"].to_numpy(), [2.0, 1.25, np.nan])
+    np.testing.assert_equal(s["preempted_reqs"].to_numpy(), [0.0, 1.0, np.nan])
+    np.testing.assert_equal(s["kv_transfer_bytes"].to_numpy(), [4096.0, 0.0, np.nan])
+    assert s.loc[0, "kv_transfer_s"] == pytest.approx(0.001) and s.loc[1, "kv_transfer_s"] == 0.0
+    assert np.isnan(s.loc[2, "kv_transfer_s"])
+    # step 0 starts at its kv_transfer range (the engine's order: kv_transfer, schedule, step)
+    assert s.loc[1, "t_start_s"] - s.loc[0, "t_start_s"] == pytest.approx(0.007, abs=1e-6)
+    assert s.loc[2, "t_start_s"] - s.loc[0, "t_start_s"] == pytest.approx(0.012, abs=1e-6)   # no own phases
+    assert list(s["schedule_s"].round(6))[:2] == [0.001, 0.0005] and np.isnan(s.loc[2, "schedule_s"])
+    sig = tl.meta["signals"][tl.instances[0]]
+    assert (sig["expert_imbalance"], sig["kv_transfer"], sig["preemption"]) == ("measured",) * 3
+
+
+def test_export_without_step_stats_reports_those_signals_absent(tmp_path):
+    sig = nsys.read(_nvtx_export(tmp_path / "run.sqlite")).meta["signals"]
+    for s in sig.values():
+        assert (s["expert_imbalance"], s["kv_transfer"], s["preemption"]) == ("absent",) * 3

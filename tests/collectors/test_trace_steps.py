@@ -5,7 +5,7 @@ import pytest
 
 from mixdiag.collectors.trace_steps import (attach_step_stats, graph_counts, graph_mode, graph_modes,
                                             is_engine_step_range, parse_step_message, parse_step_messages,
-                                            parse_step_stats, split_on_gaps)
+                                            leading_phases, parse_step_stats, split_on_gaps)
 
 
 @pytest.mark.parametrize("text,step,kind,pre,rows,graph,extra", [
@@ -105,3 +105,18 @@ def test_attach_step_stats_without_stats_leaves_nan_and_no_fields():
     out, fields = attach_step_stats(steps, pd.DataFrame(columns=["group", "tid", "text", "t0", "t1"]),
                                     "tid", "t0", "t1")
     assert fields == set() and out["expert_imbalance"].isna().all() and out["preempted_reqs"].isna().all()
+
+
+def test_leading_phases_start_a_step_at_its_own_kv_transfer_and_schedule():
+    steps = pd.DataFrame({"group": ["p"] * 3, "tid": ["t"] * 3, "step": [0, 1, 2],
+                          "t0": [10.0, 30.0, 50.0], "t1": [20.0, 40.0, 60.0]})
+    phases = pd.DataFrame({"group": ["p"] * 6, "tid": ["t"] * 5 + ["other"], "text": [
+        "kv_transfer", "schedule",      # step 0: transfer then schedule
+        "schedule",                     # step 1: schedule only
+        "kv_transfer",                  # before step 2 but not followed by a schedule: not step 2's lead
+        "schedule",                     # inside step 1's range (a nested one): belongs to no later step
+        "schedule"],                    # another thread
+        "t0": [2.0, 8.0, 25.0, 43.0, 35.0, 45.0], "t1": [7.0, 9.0, 28.0, 44.0, 36.0, 49.0]})
+    start, sched = leading_phases(steps, phases, "tid", "t0", "t1")
+    np.testing.assert_equal(start, [2.0, 25.0, 50.0])
+    np.testing.assert_equal(sched, [1.0, 3.0, np.nan])

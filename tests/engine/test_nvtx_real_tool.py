@@ -51,7 +51,7 @@ def test_a_real_nvtx_tool_receives_the_contract(recorder, tmp_path):
 
     assert ["domain", "mixdiag"] in events
     categories = {int(e[2]): e[3] for e in events if e[0] == "category" and e[1] == "mixdiag"}
-    stack, step_ranges, inside = [], [], {}
+    stack, step_ranges, stats_ranges, inside = [], [], [], {}
     for e in events:
         if e[0] == "push":
             assert e[1] == "mixdiag"
@@ -59,6 +59,9 @@ def test_a_real_nvtx_tool_receives_the_contract(recorder, tmp_path):
             if msg.startswith("step "):
                 assert categories[int(cat)] == "step" and ptype == "2"  # NVTX_PAYLOAD_TYPE_INT64
                 step_ranges.append((msg, int(payload)))
+            elif msg.startswith("step_stats "):   # post-forward values, after the step range
+                assert categories[int(cat)] == "step" and ptype == "0" and not stack
+                stats_ranges.append(msg)
             else:
                 name = msg.split()[0]
                 assert categories[int(cat)] == {"schedule": "host", "prepare_inputs": "host", "sample": "host",
@@ -76,6 +79,8 @@ def test_a_real_nvtx_tool_receives_the_contract(recorder, tmp_path):
     for (msg, payload), s in zip(step_ranges, busy):
         m = STEP_RE.match(msg)
         assert m and int(m["n"]) == s["step"] and m["kind"] == s["kind"] and payload == s["total"]
+    assert [int(m.split()[1]) for m in stats_ranges] == [s["step"] for s in busy]
+    assert all(" preempted_reqs=" in m and " kv_transfer_bytes=" in m for m in stats_ranges)
     # nesting: schedule outside step; prepare_inputs/forward/sample in step; attn/moe in forward
     assert inside["schedule"] == {None}
     assert inside["prepare_inputs"] == inside["forward"] == inside["sample"] == {"step"}
