@@ -40,8 +40,8 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
     db = NsysDb(path)
     try:
         return _read(db, path, instance or path.stem.split(".")[0], float(step_gap_s))
-    except sqlite3.DatabaseError as e:
-        raise UserError(f"{path}: truncated or corrupt SQLite export ({str(e).splitlines()[0]})") from None
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: truncated or corrupt SQLite export ({' '.join(str(e).split())[:200]})") from None
     finally:
         db.close()
 

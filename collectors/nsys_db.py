@@ -39,8 +39,9 @@ class NsysDb:
         try:
             self.conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True)
             rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
-        except sqlite3.DatabaseError as e:
-            raise UserError(f"{self.path}: not a readable SQLite database ({e})") from None
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # corrupt names decode as garbage
+            # sqlite quotes the broken schema text, newlines included: keep the error one line
+            raise UserError(f"{self.path}: not a readable SQLite database ({' '.join(str(e).split())})") from None
         self.tables = {r[0] for r in rows}
         self._columns: dict[str, set[str]] = {}
         self._arrow = None

@@ -25,6 +25,7 @@ def test_prom_http_reads_back_the_engines_counts(prometheus_server, tmp_path):
     prom = prometheus_server([target], scrape_interval_s=SCRAPE_S)
     prom.wait_until(f'up{{instance="{target}"}}', lambda r: r and r[0]["value"][1] == "0")
     t0 = time.time() - SCRAPE_S
+    time.sleep(3 * SCRAPE_S)  # several down scrapes inside the window, however fast the engine then starts
 
     eng = Engine(EngineConfig(num_threads=1))
     for i in range(6):
