@@ -78,3 +78,14 @@ def test_json_nan_becomes_null(capsys):
     from mixdiag.console import Console
     Console(json_mode=True).result("ignored", {"x": float("nan"), "y": [1.5, float("inf")]})
     assert json.loads(capsys.readouterr().out) == {"x": None, "y": [1.5, None]}
+
+
+def test_closed_stdout_is_quiet():
+    """`mixdiag ... | head` must not print an internal error when the reader goes away."""
+    code = ("import sys, mixdiag.commands.schema as v\n"
+            "def gone(args, console): raise BrokenPipeError(32, 'Broken pipe')\n"
+            "v.run = gone\n"
+            "from mixdiag.cli import main\n"
+            "sys.exit(main(['schema']))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 141 and p.stderr == ""
