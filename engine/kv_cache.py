@@ -59,7 +59,11 @@ class BlockPool:
                 raise ValueError(f"block {b} freed twice")
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self._free.append(b)
+                self._released(b)
+
+    def _released(self, block: int) -> None:
+        """A block's last reference went away: it is free again (a caching pool may keep it)."""
+        self._free.append(block)
 
 
 class KVCacheManager:

@@ -233,13 +233,10 @@ class CachingBlockPool(BlockPool):
         for b in blocks:
             self.ref_counts[b] += 1
 
-    def free(self, blocks: list[int]) -> None:
-        for b in blocks:
-            if self.ref_counts[b] <= 0:
-                raise ValueError(f"block {b} freed twice")
-            self.ref_counts[b] -= 1
-            if self.ref_counts[b] == 0 and not self.cache.on_release(b):
-                self._free.append(b)
+    def _released(self, block: int) -> None:
+        # a full, hashed block stays in the cache (evictable) instead of the free list
+        if not self.cache.on_release(block):
+            self._free.append(block)
 
 
 class PrefixCachingKVManager(KVCacheManager):

@@ -8,6 +8,7 @@ preemption) or decoding (:attr:`Request.is_decode`). KV blocks come from ``kv_ma
 """
 from __future__ import annotations
 
+import abc
 import enum
 from collections import deque
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ class UpdateResult:
     finished: list[Request] = field(default_factory=list)
 
 
-class Scheduler:
+class Scheduler(abc.ABC):
     """Shared state and bookkeeping; policies implement :meth:`_schedule`."""
 
     policy = "base"
@@ -154,8 +155,9 @@ class Scheduler:
         self.step_no += 1
         return out
 
+    @abc.abstractmethod
     def _schedule(self) -> SchedulerOutput:
-        raise NotImplementedError
+        """The policy: which requests run this step and how many tokens each."""
 
     def _output(self, scheduled: list[tuple[Request, int]], budget: int, mode: ForwardMode | None = None,
                 skipped: list[Request] = ()) -> SchedulerOutput:

@@ -35,7 +35,7 @@ print(json.dumps([dict(step=r.step, kind=r.kind, total=r.total_tokens, layers=en
 def recorder(tmp_path_factory):
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
-        pytest.skip("no C compiler to build the NVTX recorder tool")
+        pytest.fail("no C compiler (gcc/cc) to build the NVTX recorder tool; install gcc")
     so = tmp_path_factory.mktemp("nvtx") / "nvtx_recorder.so"
     subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(so), str(HERE / "nvtx_recorder.c")], check=True)
     return so

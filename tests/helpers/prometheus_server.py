@@ -195,7 +195,8 @@ def serve_registry(registry) -> tuple[str, Callable[[], None]]:
 def prometheus_server(tmp_path_factory):
     """Factory fixture: ``prometheus_server(targets, **kw)`` -> a started :class:`PrometheusServer`."""
     if shutil.which(PROMETHEUS_BINARY) is None:
-        pytest.skip("Debian package 'prometheus' not installed (scripts/setup_system.sh installs it)")
+        pytest.fail("Debian package 'prometheus' not installed: run `make test` (scripts/setup_system.sh "
+                    "installs it) or deselect with -m 'not prometheus'")
     started: list[PrometheusServer] = []
 
     def make(targets: Sequence[str], **kw) -> PrometheusServer:
