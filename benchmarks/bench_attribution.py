@@ -12,7 +12,7 @@ Runs are capped at 200 steps (``--max-steps``; every scenario's faults start bef
 the suite fits in about an hour on a busy 2-core machine; ``--run-args`` changes that.
 Prints precision / recall / F1 per cause and macro-F1 per tier against the targets (0.95 / 0.90 /
 0.80) and the share of non-mixing spikes called mixing (target < 2 %). Scoring rules:
-mixdiag/evaluation.py. Tiers or scenarios that cannot be evaluated (a missing verb, file or
+mixdiag/diagnosis/evaluation.py. Tiers or scenarios that cannot be evaluated (a missing verb, file or
 collector) are reported with the reason, never silently dropped. ``--json`` ends with one JSON line.
 
     .venv/bin/python benchmarks/bench_attribution.py [--cache DIR] [--scenarios a,b] [--json]
@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from mixdiag.diagnosis import diagnose
-from mixdiag.evaluation import SCORED, score, visible_truth
+from mixdiag.diagnosis.evaluation import SCORED, score, visible_truth
 from mixdiag.schema import Timeline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ EXPECTED = {"mixed-default": "mixing", "prefill-first": "prefill_stall", "ep-hot
             "pd-transfer": "pd_transfer", "graph-miss": "graph_fallback", "kv-pressure": "kv_pressure",
             "host-stall": "host_stall"}
 TARGETS = {"a": 0.95, "b": 0.90, "c": 0.80}
-#: the signal each cause cannot be told without (mixdiag/attribution.py)
+#: the signal each cause cannot be told without (mixdiag/diagnosis/attribution.py)
 CAUSE_SIGNAL = {"mixing": "token_allocation", "prefill_stall": "token_allocation", "ep_hotspot": "expert_imbalance",
                 "pd_transfer": "kv_transfer", "graph_fallback": "graph_mode", "kv_pressure": "preemption",
                 "host_stall": "host_time"}

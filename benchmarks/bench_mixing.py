@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.runner import run_workload, summarize
-from mixdiag.engine.workload import LengthDist, RequestGroup, Workload, generate
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.testbed.runner import run_workload, summarize
+from mixdiag.engine.testbed.workload import LengthDist, RequestGroup, Workload, generate
 
 POLICIES = ("prefill_first", "token_budget", "mix_running")
 ITL_TARGET = 0.35
@@ -97,7 +97,7 @@ def run_policy(policy: str, args) -> dict:
 
 def step_cost_ratio(threads: int, repeats: int = 7) -> dict:
     """Median forward time of a 512-token prefill chunk over that of a 32-request decode step (tiny model)."""
-    from mixdiag.engine.request import SamplingParams
+    from mixdiag.engine.core.request import SamplingParams
 
     eng = Engine(EngineConfig(num_threads=threads))
     for i in range(32):

@@ -50,7 +50,7 @@ if mode == "scan":
     dt = time.perf_counter() - t
 else:
     from mixdiag.collectors import load
-    from mixdiag.collectors.nsys_db import NsysDb
+    from mixdiag.collectors.traces.nsys_db import NsysDb
     if mode == "ingest-sqlite3":
         NsysDb.arrow_connection = lambda self: None
     c0, t = cpu(), time.perf_counter()

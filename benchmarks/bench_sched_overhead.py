@@ -14,9 +14,9 @@ import json
 import statistics
 import sys
 
-from mixdiag.engine.config import EngineConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.request import SamplingParams
+from mixdiag.engine.core.config import EngineConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.core.request import SamplingParams
 
 TARGET = 0.10
 

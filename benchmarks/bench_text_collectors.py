@@ -16,9 +16,11 @@ import re
 import time
 from pathlib import Path
 
-from mixdiag.collectors import prom_text, sglang_log, vllm_log
+from mixdiag.collectors import vllm_log  FIX
 
-FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logs"
+from mixdiag.collectors.prometheus import prom_text
+
+from mixdiag.collectors.logs import sglang_log= Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logs"
 
 
 def _body(name: str) -> list[str]:

@@ -56,7 +56,7 @@ def read(source, *, instance: str | None = None, **options) -> Timeline:
 
 def from_records(records: Iterable, *, instance: str = "engine0", meta: dict | None = None) -> Timeline:
     """In-process: the engine's ``StepRecord`` objects -> Timeline (the engine's own converter)."""
-    from mixdiag.engine.records import to_timeline
+    from mixdiag.engine.core.records import to_timeline
 
     records = list(records)
     tl = to_timeline(records, instance=instance, meta=meta)

@@ -31,14 +31,14 @@ class Collector:
 
 COLLECTORS: tuple[Collector, ...] = (
     Collector("mixdiag-run", "engine_run", (), "run directory of the reference engine (mixdiag run/demo)"),
-    Collector("nsys-sqlite", "nsys", (".sqlite", ".sqlite3", ".db"), "Nsight Systems SQLite export"),
-    Collector("kineto-json", "kineto", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
-    Collector("dcgm", "dcgm", (".prom", ".txt"), "DCGM exporter scrape"),
-    Collector("nvml-csv", "nvml", (".csv",), "CSV written by mixdiag's NVML sampler"),
-    Collector("prom-text", "prom_text", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
-    Collector("vllm-log", "vllm_log", (".log", ".txt"), "vLLM server log"),
-    Collector("sglang-log", "sglang_log", (".log", ".txt"), "SGLang server log"),
-    Collector("prom-http", "prom_http", (), "Prometheus server HTTP API (URL)"),
+    Collector("nsys-sqlite", "traces.nsys", (".sqlite", ".sqlite3", ".db"), "Nsight Systems SQLite export"),
+    Collector("kineto-json", "traces.kineto", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
+    Collector("dcgm", "gpu.dcgm", (".prom", ".txt"), "DCGM exporter scrape"),
+    Collector("nvml-csv", "gpu.nvml", (".csv",), "CSV written by mixdiag's NVML sampler"),
+    Collector("prom-text", "prometheus.prom_text", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
+    Collector("vllm-log", "logs.vllm_log", (".log", ".txt"), "vLLM server log"),
+    Collector("sglang-log", "logs.sglang_log", (".log", ".txt"), "SGLang server log"),
+    Collector("prom-http", "prometheus.prom_http", (), "Prometheus server HTTP API (URL)"),
 )
 BY_FORMAT = {c.format: c for c in COLLECTORS}
 _cache: dict[str, ModuleType | Exception] = {}

@@ -15,7 +15,7 @@ def __getattr__(name):  # lazy: the exporter and figure builders must not pay fo
 
         return getattr(app, name)
     if name == "DashboardConfig":
-        from mixdiag.dashboard.config import DashboardConfig
+        from mixdiag.dashboard.settings import DashboardConfig
 
         return DashboardConfig
     raise AttributeError(f"module 'mixdiag.dashboard' has no attribute {name!r}")

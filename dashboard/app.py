@@ -13,7 +13,7 @@ import dash
 from flask import Response
 
 from mixdiag.dashboard import callbacks, layout
-from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.store import DataStore
 from mixdiag.errors import UserError
 from mixdiag.exporter import CONTENT_TYPE_LATEST, DiagnosisExporter
@@ -27,7 +27,7 @@ def create_app(config: DashboardConfig, store: DataStore | None = None,
     ``app.mixdiag_live`` for the CLI and tests. Loading errors of the initial data raise
     :class:`~mixdiag.errors.UserError` before anything is served.
     """
-    from mixdiag.dashboard.live import LiveFollower
+    from mixdiag.collectors.prometheus.live import LiveFollower
 
     exporter = exporter or DiagnosisExporter()
     store = store or DataStore(config, exporter)

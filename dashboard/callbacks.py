@@ -15,7 +15,7 @@ from dash.exceptions import PreventUpdate
 from mixdiag.dashboard import figures, layout
 from mixdiag.dashboard.stats import signals_frame, sources_frame
 from mixdiag.dashboard.store import DataStore, fmt_seconds
-from mixdiag.dashboard.views import LedgerChoice, default_instance, spike_detail
+from mixdiag.dashboard.page_data import LedgerChoice, default_instance, spike_detail
 from mixdiag.errors import UserError
 
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range\[(0|1)\]$")

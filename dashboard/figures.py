@@ -12,14 +12,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS, bucket_first_of_each, minmax_indices
-from mixdiag.dashboard.stats import CAUSES
-from mixdiag.dashboard.views import SpikeDetail, TimelineView
+from mixdiag.causes import CAUSE_COLORS, CAUSES, GRAPH_MODE_COLORS
+from mixdiag.dashboard.page_data import SpikeDetail, TimelineView
 
-#: One colour per cause, the same on every page (colour-blind-safe Okabe-Ito order, grey = unknown).
-CAUSE_COLORS = {"mixing": "#D55E00", "prefill_stall": "#E69F00", "ep_hotspot": "#CC79A7",
-                "pd_transfer": "#0072B2", "graph_fallback": "#009E73", "kv_pressure": "#56B4E9",
-                "host_stall": "#8B4513", "unknown": "#7F7F7F"}
-GRAPH_MODE_COLORS = {"FULL": "#009E73", "PIECEWISE": "#E69F00", "NONE": "#D55E00", "unknown": "#BBBBBB"}
 #: Graph-mode band, bottom to top.
 GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]
 #: Panel ids in the order they are stacked; the browser tests look for these titles.

@@ -10,7 +10,7 @@ import math
 import pandas as pd
 from dash import dcc, html
 
-from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.stats import Headline
 from mixdiag.dashboard.store import fmt_seconds
 

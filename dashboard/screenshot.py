@@ -93,7 +93,7 @@ def capture(app, out: Path, tab: str = "Timeline", wait_s: float = 30.0) -> Path
 
 def main(argv=None) -> int:
     from mixdiag.dashboard.app import create_app
-    from mixdiag.dashboard.config import DashboardConfig
+    from mixdiag.dashboard.settings import DashboardConfig
 
     p = argparse.ArgumentParser(prog="python -m mixdiag.dashboard.screenshot", description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="run directory to show")

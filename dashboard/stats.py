@@ -2,7 +2,7 @@
 
 Everything here returns plain frames or frozen dataclasses; rendering (figures, HTML) lives in
 :mod:`mixdiag.dashboard.figures` and :mod:`mixdiag.dashboard.layout`. A *diagnosis* is the object
-``mixdiag.diagnosis.diagnose(timeline)`` returns (docs/contracts.md section 5): ``spikes``,
+``mixdiag.diagnosis.pipeline.diagnose(timeline)`` returns (docs/contracts.md section 5): ``spikes``,
 ``steps``, ``by_cause``, ``verdict``.
 """
 from __future__ import annotations
@@ -15,16 +15,9 @@ import pandas as pd
 
 from mixdiag.schema import Timeline
 
-#: The closed set of causes (docs/contracts.md section 1), in display order.
-CAUSES = ("mixing", "prefill_stall", "ep_hotspot", "pd_transfer", "graph_fallback", "kv_pressure",
-          "host_stall", "unknown")
+from mixdiag.causes import CAUSES, SIGNAL_COLUMNS
 #: Step kinds that count as work when computing the share of mixed steps.
 WORK_KINDS = ("prefill", "decode", "mixed")
-#: Signals the four-signal picture needs, with the Timeline column that carries each.
-SIGNAL_COLUMNS = {"itl": ("tokens",), "token_allocation": ("prefill_tokens", "decode_rows"),
-                  "sm_active": ("sm_active",), "graph_mode": ("graph_mode",),
-                  "expert_imbalance": ("expert_imbalance",), "kv_transfer": ("kv_transfer_bytes",),
-                  "preemptions": ("preempted_reqs",)}
 
 
 def _f(v) -> float:
@@ -151,12 +144,12 @@ def signals_frame(timeline: Timeline, diagnosis=None) -> pd.DataFrame:
             if sig in declared:
                 row[sig] = str(declared[sig])
                 continue
-            if cols == ("tokens",):
+            if sig == "itl":
                 has = bool((tokens["instance"] == inst).any()) or bool(st["itl_p99_s"].notna().any())
             elif cols == ("graph_mode",):
                 has = bool((st["graph_mode"] != "unknown").any())
             else:
-                has = all(bool(st[c].notna().any()) for c in cols)
+                has = bool(cols) and all(bool(st[c].notna().any()) for c in cols if c in st)
             row[sig] = "present" if has else "absent"
         rows.append(row)
     return pd.DataFrame(rows, columns=["instance", *SIGNAL_COLUMNS])

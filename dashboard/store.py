@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.isolate import parse_isolated
 from mixdiag.dashboard.stats import Headline, headline
 from mixdiag.errors import UserError
@@ -63,7 +63,7 @@ def is_scrape_dir(path: Path) -> bool:
 
 
 def diagnose_timed(timeline: Timeline):
-    """``mixdiag.diagnosis.diagnose(timeline)`` and the seconds it took."""
+    """``mixdiag.diagnosis.pipeline.diagnose(timeline)`` and the seconds it took."""
     from mixdiag.diagnosis import diagnose
 
     t = time.perf_counter()
@@ -210,7 +210,7 @@ class DataStore:
 
     def view(self, ds: Dataset, instance: str):
         """The cached :class:`~.views.TimelineView` of ``instance`` in ``ds``."""
-        from mixdiag.dashboard.views import timeline_view
+        from mixdiag.dashboard.page_data import timeline_view
 
         v = ds.views.get(instance)
         if v is None:

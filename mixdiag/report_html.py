@@ -17,13 +17,11 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from mixdiag.device_model import DeviceModel, predict
-from mixdiag.ledger import BatchShape, ModelConfig
+from mixdiag.ledger.device_model import DeviceModel, predict
+from mixdiag.ledger.shapes import BatchShape, ModelConfig
+from mixdiag.causes import CAUSE_COLORS
 from mixdiag.report import spikes_table
 
-CAUSE_COLORS = {"mixing": "#d62728", "prefill_stall": "#ff7f0e", "ep_hotspot": "#9467bd", "pd_transfer": "#1f77b4",
-                "graph_fallback": "#8c564b", "kv_pressure": "#e377c2", "host_stall": "#7f7f7f",
-                "unknown": "#bcbd22"}
 GRAPH_LEVEL = {"FULL": 2, "PIECEWISE": 1, "NONE": 0}
 MAX_POINTS = 20000  # per trace; larger runs are decimated (spikes are always drawn)
 
@@ -147,7 +145,7 @@ max {fmt(itl.get('max_s'))}</p>
 <h2>Top spikes: measured vs predicted height</h2>
 <p>Predicted height: the shape ledger's bytes and FLOPs for the spike step's batch shape (prefill tokens,
 decode rows, context {context_len}) on model <b>{html.escape(model.name)}</b> and device
-<b>{html.escape(device.name)}</b> (roofline, mixdiag.device_model): how tall a spike that shape would make on
+<b>{html.escape(device.name)}</b> (roofline, mixdiag.ledger.device_model): how tall a spike that shape would make on
 that deployment if the prefill chunk were the cause. Steps without prefill tokens have no prediction.</p>
 {_table(top_sp, t0)}
 </body></html>"""

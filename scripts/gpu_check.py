@@ -51,8 +51,8 @@ def _attention_case(gen, q_lens, ctx_lens, hq, hkv, d, block_size, dtype, device
 
 
 def check_kernel(device) -> dict:
-    from mixdiag.engine.attention import paged_attention_ref
-    from mixdiag.engine.triton_attention import paged_attention
+    from mixdiag.engine.model.attention import paged_attention_ref
+    from mixdiag.engine.model.triton_attention import paged_attention
 
     cases = [
         ("decode-32", [1] * 32, [1000 + 37 * i for i in range(32)], 16, 4, 64, 16),
@@ -82,9 +82,9 @@ def check_kernel(device) -> dict:
 
 # ---- shared model / batch setup ------------------------------------------------------------------
 def _model_and_cache(device, dtype: str, num_blocks: int):
-    from mixdiag.engine.config import CacheConfig, ModelConfig
-    from mixdiag.engine.kv_cache import allocate_kv_cache
-    from mixdiag.engine.model import build_model
+    from mixdiag.engine.core.config import CacheConfig, ModelConfig
+    from mixdiag.engine.core.kv_cache import allocate_kv_cache
+    from mixdiag.engine.model.model import build_model
 
     cfg = ModelConfig.preset("small", dtype=dtype)
     model = build_model(cfg, device)
@@ -95,7 +95,7 @@ def _model_and_cache(device, dtype: str, num_blocks: int):
 
 def _batch(gen, cfg, q_lens, ctx_lens, block_size, device, all_rows_sample=False):
     """A ForwardBatch over contiguous block ranges: request b owns blocks [b*per, (b+1)*per)."""
-    from mixdiag.engine.input_batch import ForwardBatch
+    from mixdiag.engine.core.input_batch import ForwardBatch
 
     per = max(math.ceil((c + q) / block_size) for c, q in zip(ctx_lens, q_lens))
     ids, pos, slots, last = [], [], [], []
@@ -120,8 +120,8 @@ def _batch(gen, cfg, q_lens, ctx_lens, block_size, device, all_rows_sample=False
 
 
 def _runner(model, kv, sizes, full=True, piecewise=True):
-    from mixdiag.engine.cuda_graphs import CudaGraphRunner
-    from mixdiag.engine.triton_attention import paged_attention
+    from mixdiag.engine.model.cuda_graphs import CudaGraphRunner
+    from mixdiag.engine.model.triton_attention import paged_attention
 
     r = CudaGraphRunner(model, kv, capture_sizes=sizes, pad_block=kv.shape[2] - 1,
                         max_blocks_per_req=model.config.max_model_len // kv.shape[3] + 1,
@@ -168,9 +168,9 @@ def check_runner_modes(device) -> dict:
 
 def check_engine_modes(device) -> dict:
     """The engine end to end under each cudagraph_mode: identical greedy outputs, replays counted."""
-    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from mixdiag.engine.engine import Engine
-    from mixdiag.engine.request import SamplingParams
+    from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from mixdiag.engine.core.engine import Engine
+    from mixdiag.engine.core.request import SamplingParams
 
     gen = torch.Generator().manual_seed(2)
     cfg = ModelConfig.preset("small", dtype="float32")

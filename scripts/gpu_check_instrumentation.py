@@ -28,10 +28,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
-    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig
-    from mixdiag.engine.engine import Engine
-    from mixdiag.engine.instrumentation import Instrumentation, InstrumentationConfig
-    from mixdiag.engine.request import SamplingParams
+    from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig
+    from mixdiag.engine.core.engine import Engine
+    from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
+    from mixdiag.engine.core.request import SamplingParams
     from mixdiag.errors import UserError
 
     out = Path(args.out or tempfile.mkdtemp(prefix="gpu-check-"))

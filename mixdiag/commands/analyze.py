@@ -60,8 +60,8 @@ def run(args, console):
     console.note(f"loaded {tl!r}", level=1)
     d = diagnose(tl)
     if args.html:
-        from mixdiag.device_model import device
-        from mixdiag.ledger import resolve
+        from mixdiag.ledger.device_model import device
+        from mixdiag.ledger.shapes import resolve
         from mixdiag.report_html import write_html
 
         write_html(d, args.html, model=resolve(args.model, args.model_config), device=device(args.device),

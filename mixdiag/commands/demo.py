@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mixdiag.commands.dashboard import add_serve_flags
+from mixdiag.commands.serve_dashboard import add_serve_flags
 from mixdiag.errors import UserError
 
 DEFAULT_SCENARIO = "demo-mix"
@@ -83,7 +83,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run(args, console):
-    from mixdiag.dashboard.config import DashboardConfig
+    from mixdiag.dashboard.settings import DashboardConfig
     from mixdiag.schema import Timeline
 
     out = Path(args.out)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from mixdiag.collectors import nvml
+from mixdiag.collectors.gpu import nvml
 from mixdiag.errors import UserError
 
 

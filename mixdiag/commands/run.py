@@ -15,7 +15,7 @@ from mixdiag.errors import UserError
 
 
 def register(sub, common):
-    from mixdiag.engine.instrumentation import add_arguments
+    from mixdiag.engine.telemetry.instrumentation import add_arguments
 
     p = sub.add_parser("run", parents=[common], help="run the reference engine on a scenario, write a run directory",
                        description="Run the reference mixed-batch engine on a scenario (a shipped name or a TOML "
@@ -40,14 +40,14 @@ def _check_out(out: Path) -> None:
 
 
 def run(args, console):
-    from mixdiag.engine import scenario as scen
-    from mixdiag.engine.engine import Engine
-    from mixdiag.engine.faults import FaultInjector, FaultsConfig
-    from mixdiag.engine.instrumentation import Instrumentation, config_from_args
-    from mixdiag.engine.records import to_timeline
-    from mixdiag.engine.runner import run_workload, summarize
-    from mixdiag.engine.truth import TruthRecorder, write_truth
-    from mixdiag.engine.workload import generate
+    from mixdiag.engine.testbed import scenario as scen
+    from mixdiag.engine.core.engine import Engine
+    from mixdiag.engine.testbed.faults import FaultInjector, FaultsConfig
+    from mixdiag.engine.telemetry.instrumentation import Instrumentation, config_from_args
+    from mixdiag.engine.core.records import to_timeline
+    from mixdiag.engine.testbed.runner import run_workload, summarize
+    from mixdiag.engine.testbed.truth import TruthRecorder, write_truth
+    from mixdiag.engine.testbed.workload import generate
 
     sc = scen.load(args.scenario)
     if args.seed is not None:
@@ -57,9 +57,9 @@ def run(args, console):
     max_steps = args.max_steps or sc.max_steps
     out = Path(args.out)
     _check_out(out)
-    if sc.instances > 1 and args.instance is None:   # several engines at once, merged (engine/multi_instance.py)
-        from mixdiag.engine.instrumentation import cli_args
-        from mixdiag.engine.multi_instance import run_instances
+    if sc.instances > 1 and args.instance is None:   # several engines at once, merged (engine/testbed/multi_instance.py)
+        from mixdiag.engine.telemetry.instrumentation import cli_args
+        from mixdiag.engine.testbed.multi_instance import run_instances
 
         summary = run_instances(args.scenario, sc.instances, out, seed=sc.seed, max_steps=args.max_steps,
                                 child_args=cli_args(config_from_args(args)), console=console)
@@ -75,7 +75,7 @@ def run(args, console):
     t0 = time.perf_counter()
     model = None
     if sc.checkpoint is not None:
-        from mixdiag.engine.checkpoint import load_checkpoint
+        from mixdiag.engine.model.checkpoint import load_checkpoint
 
         model = load_checkpoint(sc.checkpoint, config.device, config.model.dtype)
     engine = Engine(config, model=model)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 
-from mixdiag.commands.dashboard import add_serve_flags
+from mixdiag.commands.serve_dashboard import add_serve_flags
 from mixdiag.errors import UserError
 
 
@@ -32,8 +32,8 @@ def register(sub, common):
 def run(args, console):
     from prometheus_client import start_http_server
 
-    from mixdiag.dashboard.config import DashboardConfig
-    from mixdiag.dashboard.live import LiveFollower
+    from mixdiag.dashboard.settings import DashboardConfig
+    from mixdiag.collectors.prometheus.live import LiveFollower
     from mixdiag.dashboard.store import diagnose_timed
     from mixdiag.exporter import DiagnosisExporter
 

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from mixdiag.collectors import dcgm
+from mixdiag.collectors.gpu import dcgm
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 

@@ -2,11 +2,14 @@
 formats and timed /metrics scrapes; what they read back matches the engine's own step records."""
 import pytest
 
-from mixdiag.collectors import prom_text, sglang_log, vllm_log
-from mixdiag.engine.config import EngineConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.instrumentation import Instrumentation, InstrumentationConfig
-from mixdiag.engine.request import SamplingParams
+from mixdiag.collectors import vllm_log from mixdiag
+
+from mixdiag.collectors.prometheus import prom_text
+
+from mixdiag.collectors.logs import sglang_log.engine.config import EngineConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
+from mixdiag.engine.core.request import SamplingParams
 
 KINDS = ("prefill", "decode", "mixed", "idle")
 

@@ -2,7 +2,7 @@
 import pytest
 
 from mixdiag.collectors import engine_run
-from mixdiag.engine.records import StepRecord, TokenEvent, to_timeline
+from mixdiag.engine.core.records import StepRecord, TokenEvent, to_timeline
 from mixdiag.errors import UserError
 
 

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from mixdiag.collectors import load, nsys
-from mixdiag.engine.records import StepRecord, to_timeline
+from mixdiag.collectors import load
+from mixdiag.collectors.traces import nsys
+from mixdiag.engine.core.records import StepRecord, to_timeline
 from mixdiag.errors import UserError
 
 NSYS = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"

@@ -1,7 +1,7 @@
 """log_lines: container prefixes, clocks, numbers and field names shared by the log readers."""
 import pytest
 
-from mixdiag.collectors.log_lines import naive_to_unix, parse_number, rfc3339_to_unix, slug, strip_container_prefix
+from mixdiag.collectors.logs.log_lines import naive_to_unix, parse_number, rfc3339_to_unix, slug, strip_container_prefix
 
 
 @pytest.mark.parametrize("line,rest,t", [

@@ -10,7 +10,7 @@ import types
 import pandas as pd
 import pytest
 
-from mixdiag.collectors import nvml
+from mixdiag.collectors.gpu import nvml
 from mixdiag.errors import UserError
 
 CSV = """t_s,gpu_index,gpu_uuid,metric,value

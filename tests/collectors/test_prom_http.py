@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mixdiag.cli import main
-from mixdiag.collectors import prom_http
+from mixdiag.collectors.prometheus import prom_http
 from mixdiag.errors import UserError
 
 

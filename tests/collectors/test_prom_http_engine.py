@@ -6,11 +6,11 @@ import time
 import pytest
 
 from helpers.prometheus_server import free_port
-from mixdiag.collectors import prom_http
-from mixdiag.engine.config import EngineConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.instrumentation import Instrumentation, InstrumentationConfig
-from mixdiag.engine.request import SamplingParams
+from mixdiag.collectors.prometheus import prom_http
+from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
+from mixdiag.engine.core.request import SamplingParams
 
 pytestmark = pytest.mark.prometheus
 SCRAPE_S = 0.25

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixdiag.collectors import prom_text
-from mixdiag.collectors.prom_intervals import bucket_quantile, counter_increase, histogram_increase
+from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus.prom_intervals import bucket_quantile, counter_increase, histogram_increase
 
 A, B = (("k", "a"),), (("k", "b"),)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from mixdiag.collectors import prom_text
+from mixdiag.collectors.prometheus import prom_text
 from mixdiag.errors import UserError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"

@@ -33,7 +33,7 @@ def test_detect_by_content(path, fmt):
 def test_detect_run_directories_and_traces(tmp_path):
     import gzip
 
-    from mixdiag.engine.records import StepRecord, to_timeline
+    from mixdiag.engine.core.records import StepRecord, to_timeline
 
     to_timeline([StepRecord(step=0, t_start_s=1.8e9, t_end_s=1.8e9 + 1, kind="idle")]).save(tmp_path / "run")
     trace = b'{"schemaVersion": 1, "traceEvents": []}'

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mixdiag.collectors import sglang_log
+from mixdiag.collectors.logs import sglang_log
 from mixdiag.errors import UserError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"

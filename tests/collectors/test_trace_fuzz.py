@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixdiag.collectors import kineto, nsys
-from mixdiag.errors import UserError
+from mixdiag.collectors import nsys from mixdiag
+
+from mixdiag.collectors.traces import kineto.errors import UserError
 from mixdiag.schema import SchemaError, Timeline
 
 MOCK = Path(__file__).resolve().parents[1] / "fixtures" / "nsys" / "mock.sqlite"
@@ -76,7 +77,7 @@ def test_sqlite_file_is_never_modified(tmp_path):
 
 
 def test_text_where_integers_belong_is_a_user_error(tmp_path, monkeypatch):
-    from mixdiag.collectors.nsys_db import NsysDb
+    from mixdiag.collectors.traces.nsys_db import NsysDb
 
     p = tmp_path / "drift.sqlite"
     p.write_bytes(MOCK.read_bytes())

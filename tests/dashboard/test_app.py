@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mixdiag.cli import main as cli_main
 from mixdiag.dashboard.app import create_app
-from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.errors import UserError
 
 

@@ -13,7 +13,7 @@ from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from mixdiag.dashboard.app import create_app  # noqa: E402
-from mixdiag.dashboard.config import DashboardConfig  # noqa: E402
+from mixdiag.dashboard.settings import DashboardConfig  # noqa: E402
 from mixdiag.dashboard.figures import PANEL_TITLES  # noqa: E402
 from mixdiag.dashboard.screenshot import ThreadedServer, chrome, chrome_options  # noqa: E402
 

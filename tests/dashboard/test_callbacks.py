@@ -4,7 +4,7 @@ from dash import no_update
 from dash.exceptions import PreventUpdate
 
 from mixdiag.dashboard import callbacks
-from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.store import DataStore
 from mixdiag.exporter import DiagnosisExporter
 
@@ -95,7 +95,7 @@ def test_spike_page_without_a_choice_explains_what_to_do(store, key):
 
 
 def test_live_toggle_validates_input():
-    from mixdiag.dashboard.live import LiveFollower
+    from mixdiag.collectors.prometheus.live import LiveFollower
 
     live = LiveFollower()
     assert callbacks.on_live_toggle(live, "live-btn", "file:///etc/passwd", 5)[2].startswith("error: live URL must be")

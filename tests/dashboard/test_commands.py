@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mixdiag.cli import main as cli_main
 from mixdiag.commands.demo import pick_run_dir
-from mixdiag.engine.metrics import EngineMetrics
-from mixdiag.engine.metrics_server import MetricsServer
+from mixdiag.engine.telemetry.metrics import EngineMetrics
+from mixdiag.engine.telemetry.metrics_server import MetricsServer
 from mixdiag.errors import UserError
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.stats import CAUSES
-from mixdiag.dashboard.views import SpikeDetail, TimelineView, spike_detail, timeline_view
+from mixdiag.dashboard.page_data import SpikeDetail, TimelineView, spike_detail, timeline_view
 from mixdiag.diagnosis import diagnose
 
 N = 200_000

@@ -1,10 +1,10 @@
 """Live mode against a real engine /metrics endpoint (the engine's metrics registry and server)."""
 import pytest
 
-from mixdiag.dashboard.live import LiveFollower, url_kind
+from mixdiag.collectors.prometheus.live import LiveFollower, url_kind
 from mixdiag.diagnosis import diagnose
-from mixdiag.engine.metrics import EngineMetrics
-from mixdiag.engine.metrics_server import MetricsServer
+from mixdiag.engine.telemetry.metrics import EngineMetrics
+from mixdiag.engine.telemetry.metrics_server import MetricsServer
 from mixdiag.errors import UserError
 from mixdiag.exporter import DiagnosisExporter
 
@@ -104,7 +104,7 @@ def test_following_a_real_prometheus_server(make_timeline, prometheus_server, me
 
 def test_dashboard_live_tick_shows_the_latest_window(make_timeline, tmp_path):
     from mixdiag.dashboard import callbacks
-    from mixdiag.dashboard.config import DashboardConfig
+    from mixdiag.dashboard.settings import DashboardConfig
     from mixdiag.dashboard.store import DataStore
 
     tl = make_timeline(n_steps=100, period=0)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from mixdiag.dashboard.config import DashboardConfig
+from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.isolate import parse_isolated
 from mixdiag.dashboard.store import DataStore
 from mixdiag.errors import UserError
@@ -25,7 +25,7 @@ def data_dir(tmp_path, make_timeline):
     # timed scrapes of the engine's real metrics registry while it runs 3 x 40 steps
     from prometheus_client import generate_latest
 
-    from mixdiag.engine.metrics import EngineMetrics
+    from mixdiag.engine.telemetry.metrics import EngineMetrics
 
     metrics, tl = EngineMetrics(), make_timeline(n_steps=120)
     (d / "scrapes").mkdir()

@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.dashboard.views import LedgerChoice, default_instance, ledger_height, spike_detail, timeline_view
-from mixdiag.device_model import device, predict
+from mixdiag.dashboard.page_data import LedgerChoice, default_instance, ledger_height, spike_detail, timeline_view
+from mixdiag.ledger.device_model import device, predict
 from mixdiag.diagnosis import diagnose
-from mixdiag.ledger import BatchShape, resolve
+from mixdiag.ledger.shapes import BatchShape, resolve
 from mixdiag.schema import Timeline
 
 

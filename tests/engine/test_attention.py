@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mixdiag.engine.attention import SHORT_QUERY, paged_attention_ref
+from mixdiag.engine.model.attention import SHORT_QUERY, paged_attention_ref
 
 
 def naive(q, k_cache, v_cache, qsl, seq_lens, block_tables, scale):

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from mixdiag.engine.attention import paged_attention_ref
-from mixdiag.engine.config import ModelConfig
-from mixdiag.engine.cuda_graphs import CudaGraphRunner, StaticInputs, dense_experts
-from mixdiag.engine.input_batch import ForwardBatch
-from mixdiag.engine.model import build_model
+from mixdiag.engine.model.attention import paged_attention_ref
+from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.model.cuda_graphs import CudaGraphRunner, StaticInputs, dense_experts
+from mixdiag.engine.core.input_batch import ForwardBatch
+from mixdiag.engine.model.model import build_model
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2,
                   head_dim=8, intermediate_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,

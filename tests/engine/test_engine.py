@@ -4,11 +4,11 @@ import math
 import pytest
 import torch
 
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.hooks import RecordingTracer
-from mixdiag.engine.model import build_model
-from mixdiag.engine.request import InvalidRequest, SamplingParams, Status
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.core.hooks import RecordingTracer
+from mixdiag.engine.model.model import build_model
+from mixdiag.engine.core.request import InvalidRequest, SamplingParams, Status
 from mixdiag.errors import UserError
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2,
@@ -134,9 +134,7 @@ class _QuietTracer(RecordingTracer):
 
 
 def test_step_stats_not_built_when_nothing_records(monkeypatch):
-    from mixdiag.engine import engine as engine_mod
-
-    def boom(rec):
+    from mixdiag.engine.core import engine as engine_mod      def boom(rec):
         raise AssertionError("step_stats message built with no recorder attached")
 
     monkeypatch.setattr(engine_mod, "step_stats_message", boom)

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from mixdiag.engine.expert_parallel import (EPConfig, ExpertParallel, ExpertWeights, check_shardable,
+from mixdiag.engine.testbed.expert_parallel import (EPConfig, ExpertParallel, ExpertWeights, check_shardable,
                                             expert_range, hotspot_bias, imbalance, local_experts)
 
 E, H, I, W = 6, 32, 48, 3
@@ -64,8 +64,8 @@ def test_imbalance(counts, expected):
 
 def test_attach_routes_model_moe_through_ranks():
     """A real model's MoE layers give the same output through EP as in-process, and detach cleanly."""
-    from mixdiag.engine.config import ModelConfig
-    from mixdiag.engine.model import build_model
+    from mixdiag.engine.core.config import ModelConfig
+    from mixdiag.engine.model.model import build_model
 
     cfg = ModelConfig(hidden_size=32, num_layers=3, first_k_dense=1, num_heads=4, num_kv_heads=2, head_dim=8,
                       intermediate_size=48, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,

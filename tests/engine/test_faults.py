@@ -4,11 +4,11 @@ import time
 import pytest
 import torch
 
-from mixdiag.engine.config import ConfigError, EngineConfig, ModelConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.faults import FaultInjector, FaultsConfig
-from mixdiag.engine.request import SamplingParams
-from mixdiag.engine.truth import TruthRecorder
+from mixdiag.engine.core.config import ConfigError, EngineConfig, ModelConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.testbed.faults import FaultInjector, FaultsConfig
+from mixdiag.engine.core.request import SamplingParams
+from mixdiag.engine.testbed.truth import TruthRecorder
 
 SMALL = ModelConfig(hidden_size=64, num_layers=3, first_k_dense=1, num_heads=4, num_kv_heads=2, head_dim=16,
                     intermediate_size=96, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,

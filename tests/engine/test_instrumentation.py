@@ -8,15 +8,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.prometheus_server import free_port
 
-from mixdiag.engine.config import EngineConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.hooks import NULL_TRACER
-from mixdiag.engine.instrumentation import (Instrumentation, InstrumentationConfig, add_arguments, cli_args,
+from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.core.hooks import NULL_TRACER
+from mixdiag.engine.telemetry.instrumentation import (Instrumentation, InstrumentationConfig, add_arguments, cli_args,
                                             config_from_args)
-from mixdiag.engine.metrics import EngineMetrics
-from mixdiag.engine.nvtx_tracer import NvtxTracer
-from mixdiag.engine.request import SamplingParams
-from mixdiag.engine.sm_activity import SmEstimator
+from mixdiag.engine.telemetry.metrics import EngineMetrics
+from mixdiag.engine.telemetry.nvtx_tracer import NvtxTracer
+from mixdiag.engine.core.request import SamplingParams
+from mixdiag.engine.telemetry.sm_activity import SmEstimator
 from mixdiag.errors import UserError
 
 

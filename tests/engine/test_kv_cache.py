@@ -3,8 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from mixdiag.engine.config import CacheConfig
-from mixdiag.engine.kv_cache import BlockPool, KVCacheManager, OutOfBlocks
+from mixdiag.engine.core.config import CacheConfig
+from mixdiag.engine.core.kv_cache import BlockPool, KVCacheManager, OutOfBlocks
 
 
 def test_pool_allocate_free_refcount():

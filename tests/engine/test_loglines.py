@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixdiag.engine.loglines import LogLineConfig, LogLineWriter, parse_formats
-from mixdiag.engine.records import StepRecord
+from mixdiag.engine.telemetry.loglines import LogLineConfig, LogLineWriter, parse_formats
+from mixdiag.engine.core.records import StepRecord
 from mixdiag.errors import UserError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"  # real public lines (see SOURCES.md)
@@ -164,7 +164,7 @@ def test_writer_file_and_errors(tmp_path):
     ("prefill_first", dict(enforce_eager=True), False, 512, "None"),
 ])
 def test_sglang_server_args_line_tells_readers_about_mixing(policy, extra, mixed, chunk, max_bs):
-    from mixdiag.engine.config import SchedulerConfig
+    from mixdiag.engine.core.config import SchedulerConfig
 
     out = io.StringIO()
     w = LogLineWriter(out, LogLineConfig(formats=("sglang",), decode_log_interval=7))

@@ -5,8 +5,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mixdiag.engine.metrics import ITL_BUCKETS_S, TTFT_BUCKETS_S, EngineMetrics
-from mixdiag.engine.records import StepRecord, TokenEvent
+from mixdiag.engine.telemetry.metrics import ITL_BUCKETS_S, TTFT_BUCKETS_S, EngineMetrics
+from mixdiag.engine.core.records import StepRecord, TokenEvent
 
 CONTRACT = {  # docs/contracts.md §3: family name -> (type, label names)
     "mixdiag_engine_steps": ("counter", {"kind"}),
@@ -153,7 +153,7 @@ def test_missing_values_are_not_invented():
 def test_batch_histogram_matches_prometheus_client(values):
     from prometheus_client import Histogram
 
-    from mixdiag.engine.metrics import BatchHistogram
+    from mixdiag.engine.telemetry.metrics import BatchHistogram
 
     ours, ref = CollectorRegistry(), CollectorRegistry()
     BatchHistogram("x_seconds", "x", ITL_BUCKETS_S, ours).observe_many(values)

@@ -7,10 +7,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from mixdiag.engine.metrics import EngineMetrics
-from mixdiag.engine.metrics_server import MetricsServer
-from mixdiag.engine.records import StepRecord
-from mixdiag.engine.scrape_writer import ScrapeWriter, write_exposition
+from mixdiag.engine.telemetry.metrics import EngineMetrics
+from mixdiag.engine.telemetry.metrics_server import MetricsServer
+from mixdiag.engine.core.records import StepRecord
+from mixdiag.engine.telemetry.scrape_writer import ScrapeWriter, write_exposition
 from mixdiag.errors import UserError
 
 

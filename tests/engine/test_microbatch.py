@@ -1,8 +1,8 @@
 """Micro-batching gate: vLLM's reader rule, reasons, split point."""
 import pytest
 
-from mixdiag.engine.microbatch import REASONS, MicroBatchConfig, decide
-from mixdiag.engine.prefix_cache import PrefixCache, chain_keys
+from mixdiag.engine.model.microbatch import REASONS, MicroBatchConfig, decide
+from mixdiag.engine.core.prefix_cache import PrefixCache, chain_keys
 
 ON = MicroBatchConfig(enabled=True, min_tokens=8)
 

@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from mixdiag.engine.checkpoint import load_checkpoint
-from mixdiag.engine.config import CacheConfig, ModelConfig
-from mixdiag.engine.hooks import RecordingTracer
-from mixdiag.engine.input_batch import ForwardBatch
-from mixdiag.engine.kv_cache import allocate_kv_cache
-from mixdiag.engine.model import build_model
+from mixdiag.engine.model.checkpoint import load_checkpoint
+from mixdiag.engine.core.config import CacheConfig, ModelConfig
+from mixdiag.engine.core.hooks import RecordingTracer
+from mixdiag.engine.core.input_batch import ForwardBatch
+from mixdiag.engine.core.kv_cache import allocate_kv_cache
+from mixdiag.engine.model.model import build_model
 from mixdiag.errors import UserError
 
 CFG = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, first_k_dense=1, num_heads=4, num_kv_heads=2,

@@ -16,10 +16,10 @@ HERE = Path(__file__).resolve().parent
 
 ENGINE_RUN = """
 import json
-from mixdiag.engine.config import EngineConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.nvtx_tracer import NvtxTracer
-from mixdiag.engine.request import SamplingParams
+from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.telemetry.nvtx_tracer import NvtxTracer
+from mixdiag.engine.core.request import SamplingParams
 eng = Engine(EngineConfig(num_threads=1))
 eng.tracer = NvtxTracer()
 assert eng.tracer.nvtx_active, "the injected tool did not enable the domain"

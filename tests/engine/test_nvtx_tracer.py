@@ -5,10 +5,10 @@ import re
 import pytest
 import torch
 
-from mixdiag.engine import nvtx_tracer
-from mixdiag.engine.hooks import Tracer
-from mixdiag.engine.nvtx_tracer import CATEGORIES, NvtxTracer, step_message, step_stats_message
-from mixdiag.engine.records import StepRecord
+from mixdiag.engine.telemetry import nvtx_tracer
+from mixdiag.engine.core.hooks import Tracer
+from mixdiag.engine.telemetry.nvtx_tracer import CATEGORIES, NvtxTracer, step_message, step_stats_message
+from mixdiag.engine.core.records import StepRecord
 
 STEP_RE = re.compile(r"^step (?P<n>\d+) kind=(?P<kind>prefill|decode|mixed|idle) prefill_tokens=(?P<p>\d+) "
                      r"decode_reqs=(?P<dr>\d+) decode_rows=(?P<rows>\d+) graph=(?P<g>FULL|PIECEWISE|NONE)"

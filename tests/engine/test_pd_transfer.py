@@ -4,9 +4,9 @@ import time
 import pytest
 import torch
 
-from mixdiag.engine.config import ModelConfig
-from mixdiag.engine.model import build_model
-from mixdiag.engine.pd_transfer import (PDConfig, PDTransfer, compute_prompt_kv, expected_transfer_bytes, install_kv,
+from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.model.model import build_model
+from mixdiag.engine.testbed.pd_transfer import (PDConfig, PDTransfer, compute_prompt_kv, expected_transfer_bytes, install_kv,
                                         kv_nbytes)
 
 CFG = ModelConfig(hidden_size=32, num_layers=3, first_k_dense=1, num_heads=4, num_kv_heads=2, head_dim=8,

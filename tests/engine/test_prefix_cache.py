@@ -1,7 +1,7 @@
 """Prefix cache: chain keys, the in-flight-block rule, LRU eviction, hit accounting."""
 import pytest
 
-from mixdiag.engine.prefix_cache import PrefixCache, chain_keys
+from mixdiag.engine.core.prefix_cache import PrefixCache, chain_keys
 
 BS = 4
 
@@ -158,9 +158,9 @@ def test_register_duplicate_key_and_recycled_block():
 
 
 # ---- the prefix-caching KV manager -----------------------------------------------------------
-from mixdiag.engine.config import CacheConfig  # noqa: E402
-from mixdiag.engine.prefix_cache import PrefixCachingKVManager  # noqa: E402
-from mixdiag.engine.request import Request, SamplingParams  # noqa: E402
+from mixdiag.engine.core.config import CacheConfig  # noqa: E402
+from mixdiag.engine.core.prefix_cache import PrefixCachingKVManager  # noqa: E402
+from mixdiag.engine.core.request import Request, SamplingParams  # noqa: E402
 
 
 def _req(rid, prompt):

@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from mixdiag.engine.nvtx_tracer import NvtxTracer, step_message
-from mixdiag.engine.profiler import ProfileWindow, parse_window
-from mixdiag.engine.records import StepRecord
+from mixdiag.engine.telemetry.nvtx_tracer import NvtxTracer, step_message
+from mixdiag.engine.telemetry.profiler import ProfileWindow, parse_window
+from mixdiag.engine.core.records import StepRecord
 from mixdiag.errors import UserError
 
 

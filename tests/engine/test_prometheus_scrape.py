@@ -3,10 +3,10 @@ import time
 
 import pytest
 
-from mixdiag.engine.config import EngineConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.instrumentation import Instrumentation, InstrumentationConfig
-from mixdiag.engine.request import SamplingParams
+from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
+from mixdiag.engine.core.request import SamplingParams
 
 pytestmark = pytest.mark.prometheus
 

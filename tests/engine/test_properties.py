@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 import pytest
 
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.model import build_model
-from mixdiag.engine.request import SamplingParams, Status
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.model.model import build_model
+from mixdiag.engine.core.request import SamplingParams, Status
 
 TINY = ModelConfig(vocab_size=61, hidden_size=16, num_layers=2, first_k_dense=1, num_heads=2, num_kv_heads=1,
                    head_dim=8, intermediate_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,

@@ -1,9 +1,9 @@
 """run_workload: arrivals on the step clock, jumps over idle gaps, the submit seam; summarize."""
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.model import build_model
-from mixdiag.engine.runner import run_workload, summarize
-from mixdiag.engine.workload import LengthDist, RequestGroup, Workload, generate
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.model.model import build_model
+from mixdiag.engine.testbed.runner import run_workload, summarize
+from mixdiag.engine.testbed.workload import LengthDist, RequestGroup, Workload, generate
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2,
                    head_dim=8, intermediate_size=48, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,

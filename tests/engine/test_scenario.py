@@ -1,7 +1,7 @@
 """Scenario files: the shipped ones load; bad files fail with one clear line."""
 import pytest
 
-from mixdiag.engine import scenario
+from mixdiag.engine.testbed import scenario
 from mixdiag.errors import UserError
 
 

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 
 from mixdiag.cli import main
-from mixdiag.engine import scenario as scen
-from mixdiag.engine.truth import read_truth
-from mixdiag.engine.workload import generate
+from mixdiag.engine.testbed import scenario as scen
+from mixdiag.engine.testbed.truth import read_truth
+from mixdiag.engine.testbed.workload import generate
 
 #: scenario -> {instance: causes truth.csv must name}
 EXPECTED = {

@@ -1,11 +1,11 @@
 """Policy-specific behaviour of the three schedulers."""
 import pytest
 
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.model import build_model
-from mixdiag.engine.request import SamplingParams
-from mixdiag.engine.schedulers import ForwardMode
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.model.model import build_model
+from mixdiag.engine.core.request import SamplingParams
+from mixdiag.engine.core.schedulers import ForwardMode
 
 TINY = ModelConfig(vocab_size=97, hidden_size=32, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2,
                    head_dim=8, intermediate_size=48, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,

@@ -3,9 +3,9 @@ import sys
 
 import pytest
 
-from mixdiag.engine.config import ModelConfig
-from mixdiag.engine.records import StepRecord
-from mixdiag.engine.sm_activity import DeviceModel, NvmlSmSampler, SmEstimator, make_sm_source
+from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.core.records import StepRecord
+from mixdiag.engine.telemetry.sm_activity import DeviceModel, NvmlSmSampler, SmEstimator, make_sm_source
 from mixdiag.errors import UserError
 
 SMALL = ModelConfig.preset("small")

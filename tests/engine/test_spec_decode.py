@@ -4,8 +4,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mixdiag.engine.drafter import DrafterConfig, NgramDrafter
-from mixdiag.engine.spec_decode import (draft_token_counts, rollback, verify_greedy, verify_sampling)
+from mixdiag.engine.model.drafter import DrafterConfig, NgramDrafter
+from mixdiag.engine.model.spec_decode import (draft_token_counts, rollback, verify_greedy, verify_sampling)
 
 
 @pytest.mark.parametrize("context,k,want", [
@@ -116,10 +116,10 @@ def test_drafter_pads_to_k_like_an_mtp_head():
 
 def test_engine_step_draft_counts_mark_prefill_rows_minus_one():
     """In a mixed step with k = 2: the chunked prefill is -1, decodes with drafts are 2."""
-    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-    from mixdiag.engine.engine import Engine
-    from mixdiag.engine.request import SamplingParams
-    from mixdiag.engine.spec_decode import SpecDecoder
+    from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from mixdiag.engine.core.engine import Engine
+    from mixdiag.engine.core.request import SamplingParams
+    from mixdiag.engine.model.spec_decode import SpecDecoder
 
     cfg = ModelConfig(vocab_size=31, hidden_size=16, num_layers=1, first_k_dense=1, num_heads=2, num_kv_heads=1,
                       head_dim=8, intermediate_size=16, max_model_len=128)

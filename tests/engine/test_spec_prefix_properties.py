@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.model import build_model
-from mixdiag.engine.request import SamplingParams
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.model.model import build_model
+from mixdiag.engine.core.request import SamplingParams
 
 TINY = ModelConfig(vocab_size=23, hidden_size=16, num_layers=2, first_k_dense=1, num_heads=2, num_kv_heads=1,
                    head_dim=8, intermediate_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
@@ -156,8 +156,8 @@ def test_sampling_with_spec_runs_and_counts_acceptance():
 
 
 def test_spec_decode_scenario_rows_and_graph_modes():
-    from mixdiag.engine.scenario import load
-    from mixdiag.engine.workload import generate
+    from mixdiag.engine.testbed.scenario import load
+    from mixdiag.engine.testbed.workload import generate
 
     sc = load("spec-decode")
     assert sc.engine.scheduler.num_spec_tokens == 5

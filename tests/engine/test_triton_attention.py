@@ -92,8 +92,8 @@ def random_cases(n=6, seed=1234):
 
 def run_all() -> dict:
     """Child process (TRITON_INTERPRET=1 from the start): every case through the kernel."""
-    from mixdiag.engine.attention import paged_attention_ref
-    from mixdiag.engine.triton_attention import paged_attention
+    from mixdiag.engine.model.attention import paged_attention_ref
+    from mixdiag.engine.model.triton_attention import paged_attention
 
     res = {}
     for name, q_lens, ctx_lens, hq, hkv, d, block_size in CASES + random_cases():
@@ -136,10 +136,10 @@ def test_rejects_bad_head_ratio(results):
 
 ENGINE_SCRIPT = r"""
 import json, sys
-from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.attention import paged_attention_ref
-from mixdiag.engine.request import SamplingParams
+from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.model.attention import paged_attention_ref
+from mixdiag.engine.core.request import SamplingParams
 cfg = ModelConfig(vocab_size=29, hidden_size=16, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2,
                   head_dim=16, intermediate_size=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                   max_model_len=64)

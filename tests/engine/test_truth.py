@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from mixdiag.engine.config import EngineConfig, ModelConfig, SchedulerConfig
-from mixdiag.engine.engine import Engine
-from mixdiag.engine.request import SamplingParams
-from mixdiag.engine.truth import CAUSES, TruthRecorder, read_truth, write_truth
+from mixdiag.engine.core.config import EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.core.engine import Engine
+from mixdiag.engine.core.request import SamplingParams
+from mixdiag.engine.testbed.truth import CAUSES, TruthRecorder, read_truth, write_truth
 
 SMALL = ModelConfig(hidden_size=64, num_layers=2, first_k_dense=1, num_heads=4, num_kv_heads=2, head_dim=16,
                     intermediate_size=96, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from mixdiag.engine.config import ConfigError
-from mixdiag.engine.workload import LengthDist, RequestGroup, Workload, generate
+from mixdiag.engine.core.config import ConfigError
+from mixdiag.engine.testbed.workload import LengthDist, RequestGroup, Workload, generate
 
 
 def gen(*groups, seed=0, unit="step"):

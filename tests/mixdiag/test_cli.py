@@ -43,7 +43,7 @@ def test_schema_json_is_pure():
 ])
 def test_error_mapping(monkeypatch, capsys, exc, code):
     """Errors raised by a verb become one line on stderr and the documented exit code."""
-    import mixdiag.commands.schema as verb
+    import mixdiag.commands.show_schema as verb
     from mixdiag.errors import UserError
 
     def boom(args, console):
@@ -63,7 +63,7 @@ def test_error_mapping(monkeypatch, capsys, exc, code):
 
 
 def test_debug_shows_traceback(monkeypatch, capsys):
-    import mixdiag.commands.schema as verb
+    import mixdiag.commands.show_schema as verb
     from mixdiag.errors import UserError
 
     def boom(args, console):
@@ -82,7 +82,7 @@ def test_json_nan_becomes_null(capsys):
 
 def test_closed_stdout_is_quiet():
     """`mixdiag ... | head` must not print an internal error when the reader goes away."""
-    code = ("import sys, mixdiag.commands.schema as v\n"
+    code = ("import sys, mixdiag.commands.show_schema as v\n"
             "def gone(args, console): raise BrokenPipeError(32, 'Broken pipe')\n"
             "v.run = gone\n"
             "from mixdiag.cli import main\n"

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from mixdiag.diagnosis import diagnose
-from mixdiag.evaluation import score, visible_truth
+from mixdiag.diagnosis.evaluation import score, visible_truth
 
 sys.path.insert(0, str(Path(__file__).parent))
 from diag_cases import EXPECTED, FAULTS, build  # noqa: E402

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from mixdiag.cli import main
-from mixdiag.device_model import DEVICES, predict
+from mixdiag.ledger.device_model import DEVICES, predict
 from mixdiag.errors import UserError
-from mixdiag.ledger import PRESETS, BatchShape, config_dict, ledger, load_config
+from mixdiag.ledger.shapes import PRESETS, BatchShape, config_dict, ledger, load_config
 
 ARTICLE = BatchShape(prefill_tokens=8192, decode_reqs=32, spec_tokens=5, context_len=131072)
 KEYS = ("dp_gather_bytes", "moe_dispatch_bytes", "moe_combine_bytes", "moe_total_bytes_all_layers",

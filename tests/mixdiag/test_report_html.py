@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.device_model import DEVICES
+from mixdiag.ledger.device_model import DEVICES
 from mixdiag.diagnosis import diagnose
-from mixdiag.ledger import PRESETS
+from mixdiag.ledger.shapes import PRESETS
 from mixdiag.report_html import figure, predicted_heights, write_html
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,4 +1,4 @@
-"""Diagnosis through partial and fused views (mixdiag/views.py): log step rows, scrape intervals, both fused, request stalls."""
+"""Diagnosis through partial and fused views (mixdiag/diagnosis/fusion.py): log step rows, scrape intervals, both fused, request stalls."""
 import sys
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis import diagnose, engine_of
+from mixdiag.diagnosis.pipeline import diagnose, engine_of
 from mixdiag.schema import Timeline
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,142 @@
+"""What the vLLM and SGLang log readers share: container prefixes, clocks, rows -> Timeline.
+
+Log lines reach users through ``docker logs --timestamps`` / ``kubectl logs --timestamps``
+(an RFC 3339 time first), CRI files (``<time> stdout F <line>``), compose (``svc-1  | <line>``),
+or raw. :func:`strip_container_prefix` takes those off and returns the container's time, which
+is UTC with a year and sub-seconds, so it is preferred over the server's own timestamp.
+"""
+from __future__ import annotations
+
+import calendar
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import pandas as pd
+
+from mixdiag.schema import Timeline
+
+from mixdiag.collectors.text_input import LineStats
+
+_RFC3339 = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr) [FP] )?")
+_COMPOSE = re.compile(r"^[\w.-]+\s+\|\s")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def strip_container_prefix(line: str) -> tuple[str, float | None]:
+    """``(line without docker/CRI/compose prefix, container time as unix seconds or None)``.
+
+    ANSI colour codes (vLLM colours its level names on a terminal) are removed first.
+    """
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    t = None
+    m = _RFC3339.match(line)
+    if m:
+        t = rfc3339_to_unix(m.group(1), m.group(2))
+        line = line[m.end():]
+    m = _COMPOSE.match(line)
+    if m:
+        line = line[m.end():]
+    return line, t
+
+
+def rfc3339_to_unix(stamp: str, zone: str | None) -> float | None:
+    base, _, frac = stamp.partition(".")
+    try:
+        dt = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    secs = calendar.timegm(dt.timetuple()) + (float("0." + frac[:9]) if frac else 0.0)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "+" else 1  # local = UTC + offset
+        hh, mm = int(zone[1:3]), int(zone[-2:])
+        secs += sign * (hh * 3600 + mm * 60)
+    return secs
+
+
+@functools.lru_cache(maxsize=4096)  # log lines share their second
+def naive_to_unix(year: int, month: int, day: int, hms: str, frac: str | None = None) -> float | None:
+    """A log's naive wall time read as UTC (servers rarely print a zone); None if impossible."""
+    try:
+        h, m, s = (int(x) for x in hms.split(":"))
+        dt = datetime(year, month, day, h, m, s, tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    return dt.timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+def parse_number(text: str) -> float | None:
+    """``12``, ``0.5``, ``57.9%`` (kept as 57.9), ``True``/``False`` (1/0); None otherwise."""
+    t = text.strip().rstrip(".").strip()
+    if t in ("True", "False"):
+        return 1.0 if t == "True" else 0.0
+    if t.endswith("%"):
+        t = t[:-1].strip()
+    try:
+        v = float(t)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def slug(key: str) -> str:
+    """``#new-token`` -> ``new_token``; ``gen throughput (token/s)`` -> ``gen_throughput_token_per_s``."""
+    s = key.strip().lstrip("#").replace("/s", "_per_s").replace("(ms)", "ms").replace("%", "pct")
+    return re.sub(r"[^a-zA-Z0-9]+", "_", s).strip("_").lower()
+
+
+@dataclass
+class LogRows:
+    """Rows collected while reading one log: steps rows per instance, series rows, signals."""
+
+    stats: LineStats
+    steps: list[dict] = field(default_factory=list)
+    series: list[dict] = field(default_factory=list)
+    signals: dict[str, dict[str, str]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def add_series(self, instance: str, name: str, t_s: float, value: float, labels: str = "") -> None:
+        if value is not None and math.isfinite(value):
+            self.series.append({"instance": instance, "name": name, "labels": labels, "t_s": t_s, "value": value})
+
+    def signal(self, instance: str, column: str, quality: str) -> None:
+        sig = self.signals.setdefault(instance, {})
+        # never upgrade: once a column is estimated/inferred anywhere in the instance, say so
+        order = ("measured", "estimated", "inferred", "absent")
+        if column not in sig or order.index(quality) > order.index(sig[column]):
+            sig[column] = quality
+
+    def timeline(self, fmt: str, clock: str) -> Timeline:
+        """Number the step rows per instance in line order, keep time from going backwards."""
+        rows = []
+        last_t: dict[str, float] = {}
+        counter: dict[str, int] = {}
+        clamped = 0
+        for r in self.steps:
+            inst = r["instance"]
+            t0 = r["t_start_s"]
+            if inst in last_t and t0 < last_t[inst]:
+                # a line logged with an earlier time than the previous one (clock step, reordering)
+                shift = last_t[inst] - t0
+                r = dict(r, t_start_s=t0 + shift, t_end_s=r["t_end_s"] + shift)
+                clamped += 1
+            last_t[inst] = r["t_start_s"]
+            r = dict(r, step=counter.get(inst, 0))
+            counter[inst] = r["step"] + 1
+            rows.append(r)
+        if clamped:
+            self.stats.note(f"{clamped} row(s) logged earlier than the row before them: moved forward to keep time order")
+        steps = pd.DataFrame(rows) if rows else None
+        # series are samples: time order within each series (lines may be logged out of order)
+        series = pd.DataFrame(sorted(self.series, key=lambda r: r["t_s"])) if self.series else None
+        meta = {"source": fmt, "clock": clock, "sources": [self.stats.to_meta()], "signals": self.signals,
+                "partial": bool(self.stats.partial or self.stats.lines_skipped)}
+        meta.update(self.meta)
+        return Timeline(steps=steps, series=series, meta=meta)

@@ -1,0 +1,341 @@
+"""Timed Prometheus scrapes -> Timeline interval rows (shared by prom_text and prom_http).
+
+Between two consecutive scrapes of one instance an ``interval`` row gets:
+
+* counter increases (``v1 - v0``; a drop means the counter reset, so the increase is ``v1``; a
+  series that appears between the scrapes was born from zero), summed over labels;
+* histogram bucket increases -> ITL quantiles by linear interpolation inside the bucket, exactly as
+  PromQL ``histogram_quantile`` does (``itl_p50_s``/``itl_p90_s``/``itl_p99_s``), ``itl_mean_s``
+  = sum increase / count increase, ``itl_count``;
+* steps by kind where the source has them (``mixdiag_engine_steps_total{kind}``): ``kind`` is
+  ``mixed`` when any mixed step ran, the one kind when only one ran, ``idle`` when none ran, else
+  ``unknown``; the per-kind counts go to extra columns ``<kind>_steps`` and to ``series``;
+* gauges (running/waiting requests, KV usage) as of the interval's end; every gauge also as series.
+
+Which metric fed which column (new or old vLLM name, SGLang, mixdiag) is in
+``meta["metric_sources"]``; nothing is filled from a metric the scrape does not have.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.schema import Timeline
+
+from mixdiag.collectors.text_input import LineStats
+
+LabelKey = tuple[tuple[str, str], ...]
+View = dict[str, dict[LabelKey, float]]  # one instance's samples in one scrape
+
+#: Labels that split a target into several Timeline instances (vLLM DP engines, SGLang DP ranks).
+SPLIT_LABELS = ("engine", "dp_rank")
+
+# Per column: candidate (metric, label filter) in order of preference; the first present wins.
+COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
+    "prefill_tokens": [("mixdiag_engine_scheduled_tokens_total", {"segment": "prefill"}),
+                       ("vllm:prompt_tokens_by_source_total", {"source": "local_compute"}),
+                       ("sglang:realtime_tokens_total", {"mode": "prefill_compute"}),
+                       ("mixdiag_engine_prompt_tokens_total", {}), ("vllm:prompt_tokens_total", {}),
+                       ("sglang:prompt_tokens_total", {})],
+    "decode_rows": [("mixdiag_engine_scheduled_tokens_total", {"segment": "decode"}),
+                    ("sglang:realtime_tokens_total", {"mode": "decode"})],
+    "output_tokens": [("mixdiag_engine_generation_tokens_total", {}), ("vllm:generation_tokens_total", {}),
+                      ("sglang:generation_tokens_total", {})],
+    "prefix_hit_tokens": [("mixdiag_engine_prefix_cache_hits_total", {}), ("vllm:prefix_cache_hits_total", {}),
+                          ("vllm:gpu_prefix_cache_hits_total", {}),
+                          ("sglang:realtime_tokens_total", {"mode": "prefill_cache"}),
+                          ("sglang:cached_tokens_total", {})],
+    "preempted_reqs": [("mixdiag_engine_preemptions_total", {}), ("vllm:num_preemptions_total", {}),
+                       ("sglang:num_retracted_requests_total", {})],
+    "kv_transfer_bytes": [("mixdiag_engine_kv_transfer_bytes_total", {}), ("vllm:nixl_bytes_transferred_sum", {})],
+    "kv_transfer_s": [("mixdiag_engine_kv_transfer_seconds_total", {}), ("vllm:nixl_xfer_time_seconds_sum", {})],
+}
+# Gauges as of the interval end: (metric, how several series combine).
+GAUGE_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "running_reqs": [("mixdiag_engine_requests_running", "sum"), ("vllm:num_requests_running", "sum"),
+                     ("sglang:num_running_reqs", "sum")],
+    "waiting_reqs": [("mixdiag_engine_requests_waiting", "sum"), ("vllm:num_requests_waiting", "sum"),
+                     ("sglang:num_queue_reqs", "sum")],
+    "kv_usage": [("mixdiag_engine_kv_usage_ratio", "mean"), ("vllm:kv_cache_usage_perc", "mean"),
+                 ("vllm:gpu_cache_usage_perc", "mean"), ("sglang:token_usage", "mean")],
+}
+#: ITL histograms, preferred first (vLLM's TPOT histogram holds the same data under its old name).
+ITL_HISTOGRAMS = ("mixdiag_engine_inter_token_latency_seconds", "vllm:inter_token_latency_seconds",
+                  "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
+                  "sglang:time_per_output_token_seconds")
+STEPS_BY_KIND = ("mixdiag_engine_steps_total", "kind")
+KINDS = ("prefill", "decode", "mixed", "idle")
+#: Counters split by a bounded category label whose increases go to ``series`` as ``<name>:increase``.
+CATEGORY_COUNTERS = (("mixdiag_engine_steps_total", "kind"), ("mixdiag_engine_graph_dispatch_total", "mode"),
+                     ("mixdiag_engine_graph_replays_total", "mode"), ("sglang:cuda_graph_passes_total", "mode"),
+                     ("sglang:realtime_tokens_total", "mode"), ("vllm:prompt_tokens_by_source_total", "source"))
+QUANTILES = (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99))
+_NOT_GAUGE_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+
+
+@dataclass
+class TimedScrape:
+    """One parsed scrape (a ``prom_text.Scrape``), its time and its honesty counters."""
+
+    t_s: float
+    scrape: Any
+    stats: LineStats | None = None
+
+
+def _match(labels: LabelKey, want: dict) -> bool:
+    d = dict(labels)
+    return all(d.get(k) == v for k, v in want.items())
+
+
+def counter_increase(prev: dict[LabelKey, float] | None, cur: dict[LabelKey, float] | None,
+                     want: dict | None = None) -> float:
+    """Summed increase of the matching series between two scrapes; NaN when none is present now."""
+    if not cur:
+        return math.nan
+    prev = prev or {}
+    total, seen = 0.0, False
+    for labels, v1 in cur.items():
+        if want and not _match(labels, want):
+            continue
+        if not math.isfinite(v1):
+            continue
+        seen = True
+        v0 = prev.get(labels)
+        if v0 is None or not math.isfinite(v0):
+            total += v1  # born after the previous scrape, from zero
+        elif v1 >= v0:
+            total += v1 - v0
+        else:
+            total += v1  # reset (process restart): everything counted since is the increase
+    return total if seen else math.nan
+
+
+def bucket_quantile(q: float, upper: np.ndarray, cum: np.ndarray) -> float:
+    """PromQL ``histogram_quantile`` over cumulative ``cum`` counts at sorted ``upper`` bounds."""
+    if len(upper) < 2 or not math.isinf(upper[-1]) or cum[-1] <= 0:
+        return math.nan
+    rank = q * cum[-1]
+    b = int(np.searchsorted(cum[:-1], rank, side="left"))
+    if b >= len(upper) - 1:
+        return float(upper[-2])  # in the +Inf bucket: the highest finite bound is all we know
+    hi = float(upper[b])
+    if b == 0 and hi <= 0:
+        return hi
+    lo = float(upper[b - 1]) if b > 0 else 0.0
+    below = float(cum[b - 1]) if b > 0 else 0.0
+    n = float(cum[b]) - below
+    return hi if n <= 0 else lo + (hi - lo) * (rank - below) / n
+
+
+def _without_le(labels: LabelKey) -> LabelKey:
+    return tuple(kv for kv in labels if kv[0] != "le")
+
+
+def histogram_increase(prev: View, cur: View, base: str) -> dict[str, float] | None:
+    """ITL columns from the increase of histogram ``base`` between two scrapes; None if absent."""
+    cur_b = cur.get(base + "_bucket")
+    if not cur_b:
+        return None
+    prev_b = prev.get(base + "_bucket", {})
+    # A histogram resets as a whole (process restart): if any bucket of a label set went down,
+    # every bucket of that set counts from zero, even one that by chance ended higher than before.
+    reset = {_without_le(k) for k, v1 in cur_b.items() if k in prev_b and v1 < prev_b[k]}
+    by_le: dict[float, float] = {}
+    for labels, v1 in cur_b.items():
+        le = dict(labels).get("le")
+        try:
+            bound = float(le) if le is not None else math.nan
+        except ValueError:
+            continue
+        if math.isnan(bound):
+            continue
+        before = {} if _without_le(labels) in reset or labels not in prev_b else {labels: prev_b[labels]}
+        inc = counter_increase(before, {labels: v1})
+        if math.isfinite(inc):
+            by_le[bound] = by_le.get(bound, 0.0) + inc
+    if not by_le:
+        return None
+    upper = np.array(sorted(by_le), dtype="float64")
+    cum = np.maximum.accumulate(np.array([by_le[u] for u in upper], dtype="float64"))  # as PromQL fixes it
+    count = counter_increase(prev.get(base + "_count"), cur.get(base + "_count"))
+    if not math.isfinite(count):
+        count = float(cum[-1]) if math.isinf(upper[-1]) else math.nan
+    ssum = counter_increase(prev.get(base + "_sum"), cur.get(base + "_sum"))
+    out = {"itl_count": count, "itl_mean_s": ssum / count if count and count > 0 and math.isfinite(ssum) else math.nan}
+    for col, q in QUANTILES:
+        out[col] = bucket_quantile(q, upper, cum)
+    return out
+
+
+def _split(timed: list[TimedScrape], base: str) -> dict[str, list[tuple[float, View]]]:
+    """Per Timeline instance: ``(t_s, view)`` for every scrape where the instance had samples."""
+    values: dict[str, set[str]] = {k: set() for k in SPLIT_LABELS}
+    for ts in timed:
+        for series in ts.scrape.samples.values():
+            for labels in series:
+                for k, v in labels:
+                    if k in values:
+                        values[k].add(v)
+    splitting = ["instance"] + [k for k in SPLIT_LABELS if len(values[k]) > 1]
+    out: dict[str, list[tuple[float, View]]] = {}
+    for ts in timed:
+        views: dict[str, View] = {}
+        for name, series in ts.scrape.samples.items():
+            for labels, v in series.items():
+                d = dict(labels)
+                inst = d.get("instance", base)
+                for k in splitting[1:]:
+                    if k in d:
+                        inst += f"/{'engine' if k == 'engine' else 'dp'}{d[k]}"
+                rest = tuple((k, x) for k, x in labels if k not in splitting)
+                tgt = views.setdefault(inst, {}).setdefault(name, {})
+                tgt[rest] = tgt.get(rest, 0.0) + v
+        for inst, view in views.items():
+            out.setdefault(inst, []).append((ts.t_s, view))
+    return out
+
+
+def _first_present(cur: View, candidates, test: Callable[[dict[LabelKey, float], Any], bool]):
+    for cand in candidates:
+        series = cur.get(cand[0])
+        if series and test(series, cand):
+            return cand
+    return None
+
+
+def _gauge(series: dict[LabelKey, float], how: str) -> float:
+    vals = [v for v in series.values() if math.isfinite(v)]
+    if not vals:
+        return math.nan
+    return float(sum(vals) if how == "sum" else sum(vals) / len(vals))
+
+
+def _label_str(labels: LabelKey) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels)
+
+
+def _is_gauge(name: str, types: dict[str, str]) -> bool:
+    t = types.get(name)
+    if t is not None:
+        return t in ("gauge", "untyped", "unknown", "summary") and not name.endswith(_NOT_GAUGE_SUFFIXES)
+    return not name.endswith(_NOT_GAUGE_SUFFIXES)
+
+
+def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View,
+                  used: dict[str, str], series_rows: list[dict]) -> dict:
+    row: dict[str, Any] = {"instance": inst, "step": i, "t_start_s": t0, "t_end_s": t1, "granularity": "interval"}
+    for col, cands in COUNTER_COLUMNS.items():
+        c = _first_present(cur, cands, lambda s, c: True)
+        if c is not None:
+            v = counter_increase(prev.get(c[0]), cur[c[0]], c[1])
+            # The family is exposed but not this label value: client libraries create labelled
+            # children on first use, so nothing was counted under it yet.
+            row[col] = 0.0 if math.isnan(v) else v
+            used[col] = c[0] + ("{" + _label_str(tuple(c[1].items())) + "}" if c[1] else "")
+    for col, cands in GAUGE_COLUMNS.items():
+        c = _first_present(cur, cands, lambda s, c: True)
+        if c is not None:
+            v = _gauge(cur[c[0]], c[1])
+            row[col] = v if not (col == "kv_usage" and v > 1.0) else math.nan
+            used[col] = c[0]
+    for base in ITL_HISTOGRAMS:
+        h = histogram_increase(prev, cur, base)
+        if h is not None:
+            row.update(h)
+            used["itl"] = base
+            break
+    name, label = STEPS_BY_KIND
+    by_kind = {}
+    if name in cur:
+        by_kind = {k: counter_increase(prev.get(name), cur[name], {label: k}) for k in KINDS}
+        by_kind = {k: (0.0 if math.isnan(v) else v) for k, v in by_kind.items()}
+        for k, v in by_kind.items():
+            row[f"{k}_steps"] = v
+        ran = [k for k in ("prefill", "decode", "mixed") if by_kind[k] > 0]
+        row["kind"] = "mixed" if "mixed" in ran else (ran[0] if len(ran) == 1 else ("idle" if not ran else "unknown"))
+        used["kind"] = name
+    elif row.get("prefill_tokens") == 0 and row.get("output_tokens") == 0:
+        row["kind"] = "idle"  # no token at all was computed or emitted in the interval
+    else:
+        row["kind"] = "unknown"
+    gd = cur.get("mixdiag_engine_graph_dispatch_total")
+    if gd:
+        modes = {m: counter_increase(prev.get("mixdiag_engine_graph_dispatch_total"), gd, {"mode": m})
+                 for m in ("FULL", "PIECEWISE", "NONE")}
+        ran = [m for m, v in modes.items() if v > 0]
+        row["graph_mode"] = ran[0] if len(ran) == 1 else "unknown"
+        rp = counter_increase(prev.get("mixdiag_engine_graph_replays_total"),
+                              cur.get("mixdiag_engine_graph_replays_total"))
+        row["graph_replayed"] = (1.0 if rp > 0 else 0.0) if math.isfinite(rp) else math.nan
+        used["graph_mode"] = "mixdiag_engine_graph_dispatch_total"
+    for cname, label in CATEGORY_COUNTERS:
+        if cname not in cur:
+            continue
+        cats = {dict(k).get(label) for k in cur[cname]} - {None}
+        for cat in sorted(cats):
+            v = counter_increase(prev.get(cname), cur[cname], {label: cat})
+            if math.isfinite(v):
+                series_rows.append({"instance": inst, "name": cname + ":increase", "labels": f"{label}={cat}",
+                                    "t_s": t1, "value": v})
+    return row
+
+
+def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", fmt: str = "prom-text",
+                   types: dict[str, str] | None = None, sources: list[dict] | None = None) -> Timeline:
+    """Interval rows (two or more scrapes) and gauge series from timed scrapes of one or more targets."""
+    timed = sorted(timed, key=lambda s: s.t_s)
+    all_types: dict[str, str] = dict(types or {})
+    for ts in timed:
+        all_types.update(getattr(ts.scrape, "types", {}) or {})
+    rows: list[dict] = []
+    series_rows: list[dict] = []
+    metric_sources: dict[str, dict[str, str]] = {}
+    signals: dict[str, dict[str, str]] = {}
+    notes: list[str] = []
+    single = len(timed) == 1
+    for inst, seq in _split(timed, base).items():
+        used: dict[str, str] = {}
+        n_before = len(rows)
+        for t, view in seq:
+            for name, series in view.items():
+                if single or _is_gauge(name, all_types):  # one scrape: every sample is the data
+                    for labels, v in series.items():
+                        if math.isfinite(v):
+                            series_rows.append({"instance": inst, "name": name, "labels": _label_str(labels),
+                                                "t_s": t, "value": v})
+        down = 0
+        for i in range(1, len(seq)):
+            (t0, prev), (t1, cur) = seq[i - 1], seq[i]
+            if set(cur) <= {"up"}:  # the target was down at t1: nothing was scraped, no row
+                down += 1
+                continue
+            rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows))
+        if down:
+            notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
+        metric_sources[inst] = used
+        sig = {col: "measured" for col in used if col not in ("itl",)}
+        if "itl" in used:
+            sig.update({c: "measured" for c in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count")})
+        sm = seq[-1][1].get("mixdiag_engine_sm_active_ratio", {}) if seq else {}
+        for labels in sm:
+            src = dict(labels).get("source")
+            if src in ("measured", "estimated"):
+                sig["sm_active"] = src
+        signals[inst] = sig
+        if used.get("itl", "").startswith("sglang:"):
+            notes.append(f"{inst}: SGLang adds an n-token chunk as n ITL counts at interval/n but the full "
+                         "interval to _sum, so itl_mean_s overstates the per-token mean")
+        if used.get("prefill_tokens", "").endswith("prompt_tokens_total"):
+            notes.append(f"{inst}: prefill_tokens from a prompt-token counter (includes prefix-cache hits)")
+    if single:
+        notes.append("one scrape: no intervals (interval rows need two or more timed scrapes); values in series")
+    srcs = list(sources or []) + [ts.stats.to_meta() for ts in timed if ts.stats is not None]
+    steps = pd.DataFrame(rows) if rows else None
+    series = pd.DataFrame(series_rows) if series_rows else None
+    meta = {"source": fmt, "clock": clock, "sources": srcs, "signals": signals, "metric_sources": metric_sources,
+            "notes": notes, "partial": any(s.get("partial") for s in srcs)}
+    return Timeline(steps=steps, series=series, meta=meta)

@@ -1,0 +1,253 @@
+"""Prometheus text exposition: one ``/metrics`` scrape, or a directory of timed scrapes.
+
+Reads what vLLM (``vllm:`` colon names, old and new names, ``engine``/``model_name`` labels),
+SGLang (``sglang:`` and ``sglang_`` names) and mixdiag's engine (``mixdiag_engine_*``) expose.
+A single scrape gives gauges and raw counter values as ``series``; a sequence of scrapes (files
+named ``<unix_time_s>.prom`` in a directory, or ``(t_s, text)`` pairs via :func:`read_scrapes`)
+gives one ``interval`` row per pair of consecutive scrapes (see :mod:`.prom_intervals`).
+
+Lenient about format drift, strict about honesty: every line is parsed, ignored (comments,
+``# HELP``/``# TYPE``, ``*_created``) or skipped and counted (bad syntax, a bad value, a duplicate
+series, a last line cut mid-way).
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from mixdiag.errors import UserError
+from mixdiag.schema import Timeline
+
+from mixdiag.collectors.prometheus.prom_intervals import TimedScrape, build_timeline
+from mixdiag.collectors.text_input import LineStats, is_garbage, read_lines, source_name, split_lines
+
+FORMAT = "prom-text"
+
+LabelKey = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SAMPLE = re.compile(rf"^\s*({_NAME})\s*(\{{.*\}})?\s*([^\s#]+)(?:\s+(-?\d+(?:\.\d+)?))?\s*(?:#.*)?$")
+_VALUE = re.compile(r"^[+-]?(?:[Ii]nf(?:inity)?|NaN|nan|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)$")
+_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+_TYPE = re.compile(rf"^#\s*TYPE\s+({_NAME})\s+(\w+)")
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_SNIFF = re.compile(rb"^(?:# (?:HELP|TYPE) |(?:vllm|sglang|mixdiag_engine|DCGM_FI)[:_]\w*[{ ])", re.M)
+_SCRAPE_FILE = re.compile(r"^(\d+(?:\.\d+)?)\.prom$")
+
+
+def canonical_name(name: str) -> str:
+    """``sglang_x``/``vllm_x`` (underscore variants) -> ``sglang:x``/``vllm:x``; others unchanged."""
+    for prefix in ("sglang_", "vllm_"):
+        if name.startswith(prefix):
+            return prefix[:-1] + ":" + name[len(prefix):]
+    return name
+
+
+def _unescape(v: str) -> str:
+    return re.sub(r'\\[\\"n]', lambda m: _ESCAPES[m.group(0)], v)
+
+
+def parse_labels(body: str) -> LabelKey | None:
+    """``{a="x",b="y"}`` -> sorted pairs; None when the label set does not parse."""
+    inner = body.strip()[1:-1]
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(inner):
+        if not inner[pos:].strip():
+            break
+        m = _LABEL.match(inner, pos)
+        if m is None:
+            return None
+        out[m.group(1)] = _unescape(m.group(2))
+        pos = m.end()
+    return tuple(sorted(out.items()))
+
+
+def parse_value(text: str) -> float | None:
+    """A sample value (``1.5e3``, ``+Inf``, ``NaN``); None when it is not one."""
+    if not _VALUE.match(text):
+        return None
+    return float(text)
+
+
+@dataclass
+class Scrape:
+    """One exposition: ``samples[name][labels] = value`` plus the ``# TYPE`` of each family."""
+
+    samples: dict[str, dict[LabelKey, float]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+    timestamps_ms: set[int] = field(default_factory=set)
+
+    def add(self, name: str, labels: LabelKey, value: float) -> bool:
+        """Store a sample; False if that series is already present (a duplicate)."""
+        series = self.samples.setdefault(name, {})
+        if labels in series:
+            return False
+        series[labels] = value
+        return True
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.samples.values())
+
+
+def parse(text: str, stats: LineStats | None = None, *, final_newline: bool | None = None) -> Scrape:
+    """Parse one exposition text; every line is counted in ``stats`` (created when omitted)."""
+    lines, ends = split_lines(text)
+    if stats is None:
+        stats = LineStats(format=FORMAT, path="<text>", lines_total=len(lines))
+    return _parse_lines(lines, ends if final_newline is None else final_newline, stats)
+
+
+def _parse_lines(lines: Sequence[str], ends_with_newline: bool, stats: LineStats) -> Scrape:
+    scrape = Scrape()
+    last = len(lines) - 1
+    for i, raw in enumerate(lines):
+        line = raw.strip()
+        if not line:
+            stats.ignored()
+            continue
+        if is_garbage(raw):
+            stats.skipped(raw, "not text")
+            continue
+        if line.startswith("#"):
+            m = _TYPE.match(line)
+            if m:
+                scrape.types[canonical_name(m.group(1))] = m.group(2).lower()
+            stats.ignored()
+            continue
+        if i == last and not ends_with_newline:
+            # The exposition format ends every line with \n: a last line without one was cut.
+            stats.skipped(raw, "last line has no newline (cut mid-line?)")
+            stats.partial = True
+            stats.note("input ends mid-line: the last line was not used")
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            stats.skipped(raw, "not a sample line")
+            continue
+        name, body, vtext, ts = m.groups()
+        labels: LabelKey | None = ()
+        if body:
+            labels = parse_labels(body)
+            if labels is None:
+                stats.skipped(raw, "bad label set")
+                continue
+        value = parse_value(vtext)
+        if value is None:
+            stats.skipped(raw, "bad value")
+            continue
+        name = canonical_name(name)
+        if name.endswith("_created"):
+            stats.ignored()  # creation timestamps of counters, not data
+            continue
+        if ts is not None:
+            scrape.timestamps_ms.add(int(float(ts)))
+        if not scrape.add(name, labels, value):
+            stats.skipped(raw, "duplicate series")
+            continue
+        stats.parsed()
+    _normalise_counter_names(scrape)
+    return scrape
+
+
+def _normalise_counter_names(scrape: Scrape) -> None:
+    """Counters typed ``counter`` but exposed without ``_total`` (old clients) get the suffix."""
+    for fam, typ in scrape.types.items():
+        if typ == "counter" and not fam.endswith("_total") and fam in scrape.samples:
+            target = scrape.samples.setdefault(fam + "_total", {})
+            for k, v in scrape.samples.pop(fam).items():
+                target.setdefault(k, v)
+
+
+def sniff(head: bytes, name: str) -> bool:
+    """True for a text exposition (``# TYPE`` lines or known metric names) or a ``*.prom`` file."""
+    if name.endswith(".prom"):
+        return True
+    if os.path.isdir(name):
+        try:
+            return any(_SCRAPE_FILE.match(p.name) for p in Path(name).iterdir())
+        except OSError:
+            return False
+    return _SNIFF.search(head[:65536]) is not None
+
+
+def _scrape_time(scrape: Scrape, t_s: float | None, stats: LineStats) -> tuple[float, str]:
+    if t_s is not None:
+        return float(t_s), "unix"
+    if len(scrape.timestamps_ms) == 1:
+        return next(iter(scrape.timestamps_ms)) / 1000.0, "unix"
+    stats.note("scrape time unknown (no t_s given, no single sample timestamp): t = 0 on a relative clock")
+    return 0.0, "relative"
+
+
+def scrape_files(directory: str | os.PathLike) -> tuple[list[tuple[float, Path]], list[str]]:
+    """``(t_s, path)`` of every ``<unix_time_s>.prom`` in ``directory`` (time order) and the others."""
+    d = Path(directory)
+    found, other = [], []
+    for p in sorted(d.iterdir()):
+        m = _SCRAPE_FILE.match(p.name)
+        if m and p.is_file():
+            found.append((float(m.group(1)), p))
+        else:
+            other.append(p.name)
+    found.sort()
+    return found, other
+
+
+def _read_dir(d: Path, base: str) -> Timeline:
+    """Timed scrapes in ``d`` (instance ``base``); each sub-directory holding timed scrapes is one
+    more instance named after it (a run directory's ``scrapes/engine1/`` of a multi-instance run)."""
+    files, other = scrape_files(d)
+    subdirs = [d / name for name in other if (d / name).is_dir() and scrape_files(d / name)[0]]
+    if not files and not subdirs:
+        raise UserError(f"{d}: no scrape files named <unix_time_s>.prom in this directory")
+    parts = [_read_dir(sd, sd.name) for sd in subdirs]
+    if files:
+        timed = []
+        for t, p in files:
+            lines, ends, stats = read_lines(p, FORMAT)
+            timed.append(TimedScrape(t, _parse_lines(lines, ends, stats), stats))
+        rest = [n for n in other if (d / n) not in subdirs]
+        if rest:
+            timed[0].stats.note(f"{len(rest)} other file(s) in the directory not read, e.g. {rest[0]}")
+        parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT))
+    if len(parts) == 1:
+        return parts[0]
+    tl = Timeline.concat(parts)
+    tl.meta["metric_sources"] = {k: v for p in parts for k, v in p.meta.get("metric_sources", {}).items()}
+    tl.meta["notes"] = [n for p in parts for n in p.meta.get("notes", [])]
+    return tl
+
+
+def read(source, *, instance: str | None = None, t_s: float | None = None, **options) -> Timeline:
+    """Read one scrape (path or file object) or a directory of ``<unix_time_s>.prom`` scrapes.
+
+    ``instance`` names the Timeline instance (default: the file or directory name); series with
+    several ``engine`` (vLLM DP) or ``dp_rank`` (SGLang) values become one instance each.
+    """
+    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
+        return _read_dir(Path(source), instance or Path(source).resolve().name)
+    lines, ends, stats = read_lines(source, FORMAT)
+    scrape = _parse_lines(lines, ends, stats)
+    if lines and stats.lines_parsed == 0 and not scrape.types:
+        raise UserError(f"{source_name(source)}: not a Prometheus text exposition (no sample line parsed)")
+    t, clock = _scrape_time(scrape, t_s, stats)
+    base = instance or Path(source_name(source)).stem
+    return build_timeline([TimedScrape(t, scrape, stats)], base, clock=clock, fmt=FORMAT)
+
+
+def read_scrapes(pairs: Iterable[tuple[float, str]], *, instance: str = "scrape", **options) -> Timeline:
+    """A sequence of ``(t_s, exposition_text)`` pairs (e.g. polled live) -> interval rows."""
+    timed = []
+    for i, (t, text) in enumerate(pairs):
+        if not math.isfinite(float(t)):
+            raise UserError(f"scrape {i}: time {t!r} is not a finite number")
+        lines, ends = split_lines(text)
+        stats = LineStats(format=FORMAT, path=f"<scrape {i} at t={float(t):.3f}>", lines_total=len(lines))
+        timed.append(TimedScrape(float(t), _parse_lines(lines, ends, stats), stats))
+    timed.sort(key=lambda s: s.t_s)
+    return build_timeline(timed, instance, clock="unix", fmt=FORMAT)

@@ -1,0 +1,213 @@
+"""Nsight Systems SQLite exports (``nsys export --type sqlite``, schema 3.2x) -> Timeline.
+
+Steps come from mixdiag's NVTX ``step`` ranges (kind and token counts from the message,
+docs/contracts.md §2); without them from an engine's own step range names, else from idle gaps
+in the GPU work - both heuristic, and ``meta`` says so. Per step: the kernels it launched
+(NVTX projection by correlationId + process), its CUDA-graph mode from what it launched, and SM
+activity from ``GPU_METRICS`` when the capture sampled it. See :mod:`.nsys_db`,
+:mod:`.nsys_nvtx`, :mod:`.nsys_kernels`.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME, SQLITE_MAGIC, STRINGS, NsysDb, pid_of
+from mixdiag.collectors.traces.nsys_kernels import (gap_steps, launch_names, project, runtime_graph_launches,
+                                             sm_active_samples, window_means)
+from mixdiag.collectors.traces.nsys_nvtx import find_steps
+from mixdiag.collectors.provenance import source_entry
+from mixdiag.collectors.traces.trace_steps import DEFAULT_STEP_GAP_S, graph_modes
+from mixdiag.errors import UserError
+from mixdiag.schema import Timeline
+
+FORMAT = "nsys-sqlite"
+EXTENSIONS = (".sqlite", ".sqlite3", ".db")
+
+
+def sniff(head: bytes, name: str) -> bool:
+    """An SQLite file (the first 16 bytes are SQLite's magic)."""
+    return head.startswith(SQLITE_MAGIC)
+
+
+def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STEP_GAP_S, **options) -> Timeline:
+    """Read one export. ``step_gap_s``: GPU idle time that separates steps in the gap heuristic."""
+    path = Path(os.fspath(source))
+    db = NsysDb(path)
+    try:
+        return _read(db, path, instance or path.stem.split(".")[0], float(step_gap_s))
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: truncated or corrupt SQLite export ({' '.join(str(e).split())[:200]})") from None
+    finally:
+        db.close()
+
+
+def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
+    if not (db.has(KERNEL) or db.has(NVTX) or db.has(RUNTIME)):
+        raise UserError(f"{path}: not an Nsight Systems export (no {KERNEL}, {RUNTIME} or {NVTX} table)")
+    clock, offset_s = db.clock()
+    notes: list[str] = []
+    partial = False
+    if db.has(RUNTIME) and not db.has(STRINGS):
+        partial = True
+        notes.append("no StringIds table: API and kernel names cannot be resolved")
+    nv = find_steps(db)
+    notes += nv.notes
+    kernels_total = int(db.scalar(f"SELECT count(*) FROM {KERNEL}")) if db.has(KERNEL) else 0
+    graph_rows = int(db.scalar(f"SELECT count(*) FROM {GRAPH_TRACE}")) if db.has(GRAPH_TRACE) else 0
+    cuda_traced = db.has(RUNTIME) and db.has(STRINGS) and bool(any(launch_names(db)))
+
+    if nv.source is not None:
+        ranges = nv.ranges
+        agg, n = project(db, ranges)
+        notes += n
+        if not db.has(RUNTIME) and kernels_total:
+            partial = True
+        steps = _nvtx_steps(ranges, agg, cuda_traced)
+        step_source = nv.source
+    elif kernels_total or graph_rows:
+        agg, n = gap_steps(db, int(round(step_gap_s * 1e9)))
+        notes += n
+        notes.append(f"no step ranges: steps split where the GPU idled > {step_gap_s * 1e3:g} ms (heuristic)")
+        host_graphs = runtime_graph_launches(db)
+        graphs_visible = graph_rows > 0 or bool(len(agg) and agg["graph_launches"].sum() > 0)
+        graph_known = (db.has(RUNTIME) or graphs_visible) and not (host_graphs and not graphs_visible)
+        if not graph_known:
+            notes.append(f"{host_graphs} graph launch calls but no graph GPU rows: graph mode unknown")
+        steps = _gap_steps(agg, graph_known)
+        step_source = "kernel-gaps"
+    else:
+        steps = pd.DataFrame(columns=["group", "step"])
+        step_source = None
+        notes.append("no kernels and no step ranges in this export: nothing to build steps from")
+
+    steps, names = _name_instances(steps, base)
+    samples, sm_name = sm_active_samples(db)
+    if len(steps):
+        t0 = steps["gpu_start_ns"].fillna(steps["start_ns"]).to_numpy(dtype="float64")
+        t1 = steps["gpu_end_ns"].fillna(steps["end_ns"]).to_numpy(dtype="float64")
+        dev = steps["device"].fillna(-1).to_numpy(dtype="int64")
+        steps["sm_active"] = np.clip(window_means(samples, dev, t0, t1), 0.0, 1.0)
+        steps["t_start_s"] = steps["start_ns"].to_numpy(dtype="float64") / 1e9 + offset_s
+        steps["t_end_s"] = steps["end_ns"].to_numpy(dtype="float64") / 1e9 + offset_s
+    series = _series(samples, steps, base, offset_s)
+    if sm_name:
+        notes.append(f"SM activity from GPU_METRICS '{sm_name}'")
+
+    in_steps = int(steps["gpu_kernels"].sum()) if len(steps) else 0
+    unattributed = kernels_total - in_steps if step_source != "kernel-gaps" else 0
+    examples = list(nv.examples)
+    if unattributed > 0 and step_source:
+        examples.append(f"{unattributed} of {kernels_total} kernels launched outside any step range "
+                        f"or without a matching runtime call")
+    signals = {inst: _signals(step_source, cuda_traced, sm_name, nv.stats_fields) for inst in names}
+    # "Lines" are rows: candidate NVTX ranges, kernels, graph-trace rows. Ignored = read but not
+    # step material themselves (phase ranges folded into their steps, graph rows of NVTX steps).
+    total = nv.rows_read + kernels_total + graph_rows
+    parsed = (len(nv.ranges) if nv.source else 0) + in_steps + (graph_rows if step_source == "kernel-gaps" else 0)
+    skipped = nv.skipped + unattributed
+    entry = source_entry(
+        FORMAT, path, total=total, parsed=parsed, skipped=skipped, lines_ignored=max(total - parsed - skipped, 0),
+        examples=examples, partial=partial, notes=notes,
+        step_source=step_source, heuristic=step_source not in (None, "nvtx-mixdiag"),
+        kernels_total=kernels_total, kernels_in_steps=in_steps, graph_trace_rows=graph_rows,
+        projection="correlationId+process" if "globalPid" in db.columns(KERNEL) else "correlationId",
+        instances=names, **db.export_info())
+    keep = [c for c in _STEP_COLUMNS if c in steps.columns]
+    meta = {"clock": clock, "sources": [entry], "signals": signals, "partial": partial}
+    return Timeline(steps[keep] if len(steps) else None, None, series, meta)
+
+
+_STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",
+                 "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "sm_active", "schedule_s",
+                 "prepare_s", "forward_s", "kv_transfer_s", "kv_transfer_bytes", "expert_imbalance",
+                 "preempted_reqs", "gpu_kernels", "gpu_kernel_s", "graph_launches", "scheduled_tokens"]
+
+
+def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> pd.DataFrame:
+    s = pd.concat([ranges.reset_index(drop=True), agg.reset_index(drop=True)], axis=1)
+    s["group"] = s["gpid"]
+    s["granularity"] = "step"
+    for col in ("prefill_tokens", "decode_reqs", "decode_rows"):
+        s[col] = pd.to_numeric(s[col], errors="coerce") if col in s else np.nan
+    if cuda_traced:
+        s["graph_mode"] = graph_modes(s["graph_launches"], s["eager_between"])
+        s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
+    else:  # no CUDA trace: only the engine's own planned decision is known
+        s["graph_mode"] = s["graph_planned"].fillna("unknown")
+        s["graph_replayed"] = np.nan
+    for phase, col in (("schedule", "schedule_s"), ("prepare_inputs", "prepare_s"), ("kv_transfer", "kv_transfer_s")):
+        s[col] = s[f"{phase}_ns"] / 1e9
+    # Device time of the step's kernels where measured, else the host forward range.
+    s["forward_s"] = ((s["gpu_end_ns"] - s["gpu_start_ns"]) / 1e9).where(s["gpu_kernels"] > 0, s["forward_ns"] / 1e9)
+    s["gpu_kernel_s"] = s["gpu_kernel_ns"] / 1e9
+    return s
+
+
+def _gap_steps(agg: pd.DataFrame, graph_known: bool) -> pd.DataFrame:
+    s = agg.copy()
+    s["start_ns"], s["end_ns"] = s["gpu_start_ns"], s["gpu_end_ns"]
+    s["granularity"] = "step"
+    s["kind"] = "unknown"
+    if graph_known:
+        s["graph_mode"] = graph_modes(s["graph_launches"], s["eager_between"])
+        s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
+    else:
+        s["graph_mode"] = "unknown"
+        s["graph_replayed"] = np.nan
+    s["forward_s"] = (s["gpu_end_ns"] - s["gpu_start_ns"]) / 1e9
+    s["gpu_kernel_s"] = s["gpu_kernel_ns"] / 1e9
+    return s
+
+
+def _name_instances(steps: pd.DataFrame, base: str) -> tuple[pd.DataFrame, list[str]]:
+    """One instance per process (or device when the export lacks process ids)."""
+    if steps.empty:
+        return steps, []
+    groups = sorted(steps["group"].unique())
+    if len(groups) == 1:
+        mapping = {groups[0]: base}
+    elif all(int(g) > 0xFFFFFF for g in groups):
+        mapping = {g: f"{base}:pid{pid_of(g)}" for g in groups}
+    else:
+        mapping = {g: f"{base}:gpu{int(g)}" for g in groups}
+    steps = steps.assign(instance=steps["group"].map(mapping))
+    return steps, [mapping[g] for g in groups]
+
+
+def _series(samples: pd.DataFrame, steps: pd.DataFrame, base: str, offset_s: float) -> pd.DataFrame | None:
+    if samples.empty:
+        return None
+    owner = {}
+    if len(steps):
+        for dev, inst in steps.dropna(subset=["device"]).groupby("device")["instance"].first().items():
+            owner[int(dev)] = inst
+    return pd.DataFrame({
+        "instance": [owner.get(int(g), base) for g in samples["gpu"]],
+        "name": "gpu_sm_active_ratio",
+        "labels": [f"gpu={int(g)}" for g in samples["gpu"]],
+        "t_s": samples["t_ns"].to_numpy(dtype="float64") / 1e9 + offset_s,
+        "value": samples["value"].to_numpy(dtype="float64"),
+    })
+
+
+def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, stats_fields=frozenset()) -> dict:
+    mixdiag = step_source == "nvtx-mixdiag"
+    stats = stats_fields if mixdiag else frozenset()
+    return {
+        "steps": "measured" if mixdiag else ("inferred" if step_source else "absent"),
+        "kind": "measured" if mixdiag else "absent",
+        "token_allocation": "measured" if mixdiag else "absent",  # mixdiag.diagnosis.signals' name for the two below
+        "prefill_tokens": "measured" if mixdiag else "absent",
+        "decode_rows": "measured" if mixdiag else "absent",
+        "graph_mode": "measured" if cuda_traced else ("estimated" if mixdiag else "absent"),
+        "sm_active": "measured" if sm_name else "absent",
+        # from the step_stats ranges (contracts §2), when the export has them
+        "expert_imbalance": "measured" if "expert_imbalance" in stats else "absent",
+        "kv_transfer": "measured" if "kv_transfer_bytes" in stats else "absent",
+        "preemption": "measured" if "preempted_reqs" in stats else "absent",
+    }

@@ -1,0 +1,291 @@
+"""``diagnose(timeline) -> Diagnosis``: detect TPOT spikes, line up the signals, attribute each
+spike to a cause with evidence and confidence (docs/contracts.md section 5).
+
+Works with whatever the Timeline holds, per instance:
+
+* step rows with token events (per-step records): ITL charged to culprit steps;
+* step rows only (a profiler trace, engine log lines): step-to-step latency, or the step's own
+  duration when the step clock is too coarse to give gaps (log timestamps in whole seconds);
+* interval rows only (Prometheus scrapes, periodic stats lines): ITL P99 against the P50 baseline.
+
+Missing signals are listed per spike and lower the confidence; nothing is guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.diagnosis.attribution import CAUSES, AttributionConfig, InstanceContext, attribute
+from mixdiag.schema import Timeline
+from mixdiag.causes import VERDICT_LEAD
+from mixdiag.diagnosis.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
+from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_sources, gauge_columns  # noqa: F401
+from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+
+SPIKE_COLUMNS = ["instance", "step", "t_s", "itl_s", "baseline_s", "cause", "confidence", "evidence",
+                 "missing_signals", "t_start_s", "t_end_s", "granularity"]
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    """All thresholds of the diagnosis, one setting for every workload (docs/analyze.md)."""
+
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    #: interval rows: ITL P99 above this x the rolling P50 is a spike (healthy decode keeps
+    #: P99 within 2x P50, per the article; bucketed histogram quantiles add slack).
+    interval_ratio: float = 2.0
+
+    def __post_init__(self):
+        if not self.interval_ratio > 1:
+            raise ValueError("DiagnosisConfig.interval_ratio must be > 1")
+
+
+@dataclass
+class Diagnosis:
+    """The result of :func:`diagnose`; see docs/contracts.md section 5 and docs/analyze.md."""
+
+    spikes: pd.DataFrame
+    steps: pd.DataFrame
+    by_cause: dict
+    verdict: str
+    itl: dict
+    instances: dict = field(default_factory=dict)  # instance -> {signals, periodicity, latency_source}
+    config: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+
+    def to_json(self, top: int | None = None) -> dict:
+        """The ``mixdiag analyze --json`` document (docs/analyze.md)."""
+        st = self.steps
+        step_rows = st[st["granularity"] == "step"] if len(st) else st
+        by_kind = {k: int(v) for k, v in step_rows["kind"].value_counts().sort_index().items()} if len(st) else {}
+        spikes = self.spikes.sort_values("t_s", kind="stable")
+        if top is not None:
+            spikes = spikes.head(top)
+        rows = []
+        for r in spikes.itertuples(index=False):
+            rows.append({"instance": r.instance, "step": int(r.step), "t_s": float(r.t_s), "itl_s": float(r.itl_s),
+                         "baseline_s": float(r.baseline_s), "cause": r.cause, "confidence": float(r.confidence),
+                         "evidence": r.evidence, "missing_signals": list(r.missing_signals)})
+        return {"verdict": self.verdict,
+                "steps": {"total": int(len(step_rows)), "by_kind": by_kind,
+                          "intervals": int((st["granularity"] == "interval").sum()) if len(st) else 0},
+                "itl": self.itl,
+                "spikes": rows,
+                "by_cause": dict(self.by_cause),
+                "instances": self.instances}
+
+
+def _coarse_clock(st: pd.DataFrame) -> bool:
+    """Step times too coarse for gaps: many steps start before the previous one ended or at the
+    same instant (log lines stamped in whole seconds)."""
+    if len(st) < 3:
+        return False
+    prev_end = st["t_end_s"].shift(1)
+    bad = (st["t_start_s"] < prev_end - 1e-6) | (st["t_start_s"] == st["t_start_s"].shift(1))
+    return bool(bad.iloc[1:].mean() > 0.1)
+
+
+def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig,
+                   outside_faulty: np.ndarray | None = None):
+    st = step_timing(rows).reset_index(drop=True)
+    coarse = _coarse_clock(st)
+    if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
+        st["gap_before_s"] = np.nan
+        st["latency_s"] = st["duration_s"]
+        if "elapsed_s" in st.columns and st["elapsed_s"].notna().any():
+            st["latency_s"] = pd.to_numeric(st["elapsed_s"], errors="coerce").fillna(st["duration_s"])
+        quality = quality | {"host_time": "absent"}
+    has_tokens = len(tokens) > 0
+    if has_tokens:
+        st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl_events(tokens)).to_numpy()
+    else:
+        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
+    sig = step_signals(st, cfg.signals)
+    if coarse:
+        sig["gap_excess_s"] = np.nan
+    if has_tokens:
+        visible = sig["itl_events"] > 0
+        # a request that already had tokens waited through this prefill-only step: decodes were
+        # running even if no step before held decode rows (a burst of prompts at start-up)
+        sig["decodes_before"] |= sig["has_prefill"] & ~sig["has_decode"] & visible
+    elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
+        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_before"])
+    else:
+        visible = pd.Series(True, index=sig.index)
+    # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
+    # of KV transfers) must stand out against it, not become the norm of a rolling median.
+    faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    if outside_faulty is not None and len(outside_faulty) == len(sig):
+        faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
+    ref = visible & sig["decode_only"] & ~faulty
+    # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
+    # stands out against it instead of becoming the norm.
+    norm = decode_graph_norm(sig)
+    if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
+        ref &= sig["graph_mode"] == norm
+    if ref.sum() < cfg.spikes.min_periods:
+        ref = visible
+    base, sigma = rolling_baseline(sig["latency_s"], ref, cfg.spikes.window_steps, cfg.spikes.min_periods)
+    sig["baseline_s"] = base
+    spike = is_spike(sig["latency_s"], base, sigma, cfg.spikes) & visible
+    # A request that sat out steps (preempted, left out) felt a spike where its wait began,
+    # even when no single step was slow.
+    stall = is_spike(sig["stall_max_s"], base, sigma, cfg.spikes) & ~spike
+    sig["request_stall"] = stall
+    spike = spike | stall
+    sig["is_spike"] = spike
+    period = periodicity(sig, spike)
+    full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
+    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
+                          full_batch_sizes=frozenset(float(x) for x in full.unique()))
+    return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))
+
+
+def _interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
+    """Interval rows: token sums over many steps do not say that one step held both segments.
+
+    With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``, from
+    ``steps_total{kind}``): a mixed step ran -> both segments; prefill-only steps next to decode
+    steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
+    """
+    def col(name):
+        return sig[name].fillna(0) if name in sig.columns else None
+
+    mixed, pre, dec = col("mixed_steps"), col("prefill_steps"), col("decode_steps")
+    if mixed is not None and pre is not None and dec is not None:
+        both = mixed > 0
+        stall = ~both & (pre > 0) & (dec > 0)
+        sig["has_prefill"] = both | (pre > 0)
+        sig["has_decode"] = both | (~stall & (dec > 0))
+        sig["decodes_before"] = stall
+    else:
+        k = sig["kind"]
+        sig["has_prefill"] = k.isin(["prefill", "mixed"])
+        sig["has_decode"] = k.isin(["decode", "mixed"])
+        sig["decodes_before"] = sig["has_prefill"] & ~sig["has_decode"] & sig["decodes_before"]
+    sig["decode_only"] = sig["has_decode"] & ~sig["has_prefill"]
+    return sig
+
+
+def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
+    sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
+    sig["gap_before_s"] = np.nan
+    sig = _interval_segments(step_signals(sig, cfg.signals))
+    sig["gap_excess_s"] = np.nan
+    lat = sig["itl_p99_s"].fillna(sig["itl_p90_s"]).fillna(sig["itl_mean_s"])
+    p50 = sig["itl_p50_s"].fillna(sig["itl_mean_s"]).fillna(lat)
+    sig["latency_s"] = lat
+    has_itl = lat.notna() & (sig["itl_count"].fillna(1) > 0)
+    base, _ = rolling_baseline(p50, has_itl, cfg.spikes.window_intervals, 1)
+    sig["baseline_s"] = base
+    sig["itl_max_s"] = lat
+    sig["is_spike"] = has_itl & (lat > cfg.interval_ratio * base)
+    period = periodicity(sig, sig["is_spike"])
+    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period)
+    return sig, ctx, period, "interval_itl_quantiles"
+
+
+def _itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
+    if len(tl.tokens):
+        v = tl.itl()["itl_s"].to_numpy()
+        src = "token_events"
+    else:
+        st = steps[(steps["granularity"] == "step")]
+        if "latency_s" in st.columns and len(st):
+            v = st.loc[st["has_decode"], "latency_s"].dropna().to_numpy()
+            src = "step_latency"
+        else:
+            iv = steps[steps["granularity"] == "interval"] if len(steps) else steps
+            p50 = iv["itl_p50_s"].dropna() if len(iv) else pd.Series(dtype=float)
+            p99 = iv["itl_p99_s"].dropna() if len(iv) else pd.Series(dtype=float)
+            return {"p50_s": float(p50.median()) if len(p50) else None,
+                    "p99_s": float(p99.median()) if len(p99) else None,
+                    "max_s": float(p99.max()) if len(p99) else None, "source": "interval_quantiles"}
+    if not len(v):
+        return {"p50_s": None, "p99_s": None, "max_s": None, "source": src}
+    return {"p50_s": float(np.quantile(v, 0.5)), "p99_s": float(np.quantile(v, 0.99)), "max_s": float(v.max()),
+            "source": src}
+
+
+def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = "") -> str:
+    if n_rows == 0:
+        return "No steps or intervals in the input: nothing to diagnose."
+    if n_spikes == 0:
+        p50, p99 = itl.get("p50_s"), itl.get("p99_s")
+        ratio = f" (ITL P99 is {p99 / p50:.1f}x P50)" if p50 and p99 else ""
+        return f"No TPOT spikes found in {unit}{ratio}."
+    ranked = sorted(((c, n) for c, n in by_cause.items() if n), key=lambda x: -x[1])
+    top, n_top = ranked[0]
+    rest = ", ".join(f"{n} {c}" for c, n in ranked[1:])
+    lead = VERDICT_LEAD[top]
+    if n_top * 2 <= n_spikes and len(ranked) > 1:
+        parts = ", ".join(f"{n} {c}" for c, n in ranked)
+        return f"{n_spikes} TPOT spikes in {unit} have several causes: {parts}."
+    tail = f"; the rest: {rest}" if rest else ""
+    if top == "unknown":
+        return f"{n_top} of {n_spikes} TPOT spikes in {unit} have no cause the available signals support (unknown){tail}."
+    return f"{n_top} of {n_spikes} TPOT spikes in {unit} are caused by {lead}{tail}."
+
+
+def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagnosis:
+    """Detect and attribute TPOT spikes in ``timeline``; never reads ground truth."""
+    cfg = config or DiagnosisConfig()
+    frames, spikes, instances = [], [], {}
+    seen_faulty = faults_seen_by_intervals(timeline, cfg)
+    for inst in timeline.instances:
+        rows = timeline.steps[timeline.steps["instance"] == inst]
+        tokens = timeline.tokens[timeline.tokens["instance"] == inst]
+        if not len(rows):
+            continue
+        rows = gauge_columns(rows, timeline.series[timeline.series["instance"] == inst])
+        quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
+        step_rows = rows[rows["granularity"] == "step"]
+        if len(step_rows):
+            sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst))
+        else:
+            sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
+        quality = ctx.quality
+        missing = [s for s in SIGNALS if quality.get(s) == "absent"]
+        causes = [None] * len(sig)
+        for i in np.flatnonzero(sig["is_spike"].to_numpy()):
+            row = sig.iloc[i]
+            a = attribute(row, ctx, cfg.attribution)
+            causes[i] = a.cause
+            if row.get("request_stall", False):
+                itl_s = row["stall_max_s"]
+                a.evidence["request_stall_s"] = float(itl_s)
+            else:
+                itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
+            if row["granularity"] == "step":
+                a.evidence["_position"] = int(i)
+            spikes.append({"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]),
+                           "itl_s": float(itl_s), "baseline_s": float(row["baseline_s"]), "cause": a.cause,
+                           "confidence": a.confidence, "evidence": a.evidence, "missing_signals": missing,
+                           "t_start_s": float(row["t_start_s"]), "t_end_s": float(row["t_end_s"]),
+                           "granularity": row["granularity"]})
+        sig["cause"] = pd.Series(causes, index=sig.index, dtype=object)
+        sig["instance"] = inst
+        frames.append(sig)
+        instances[inst] = {"signals": quality, "latency_source": source,
+                           "periodicity": {k: (None if not np.isfinite(v) else round(float(v), 6))
+                                           for k, v in period.items()}}
+    spikes = fuse_sources(frames, spikes, cfg)
+    for sp in spikes:
+        sp["evidence"].pop("_position", None)
+    steps = pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
+        gap_before_s=pd.Series(dtype=float), is_spike=pd.Series(dtype=bool), cause=pd.Series(dtype=object),
+        itl_max_s=pd.Series(dtype=float), latency_s=pd.Series(dtype=float), baseline_s=pd.Series(dtype=float),
+        has_decode=pd.Series(dtype=bool))
+    sp = pd.DataFrame(spikes, columns=SPIKE_COLUMNS)
+    if len(sp):
+        sp = sp.sort_values(["t_s", "instance"], kind="stable").reset_index(drop=True)
+    by_cause = {c: int((sp["cause"] == c).sum()) for c in CAUSES}
+    itl = _itl_summary(timeline, steps)
+    n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
+    unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
+    verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
+    return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, instances=instances,
+                     config=cfg)
