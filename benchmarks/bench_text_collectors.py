@@ -16,11 +16,11 @@ import re
 import time
 from pathlib import Path
 
-from mixdiag.collectors import vllm_log  FIX
-
 from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.logs import sglang_log
+from mixdiag.collectors.logs import vllm_log
 
-from mixdiag.collectors.logs import sglang_log= Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logs"
+FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logs"
 
 
 def _body(name: str) -> list[str]:

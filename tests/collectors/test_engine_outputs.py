@@ -2,11 +2,10 @@
 formats and timed /metrics scrapes; what they read back matches the engine's own step records."""
 import pytest
 
-from mixdiag.collectors import vllm_log from mixdiag
-
 from mixdiag.collectors.prometheus import prom_text
-
-from mixdiag.collectors.logs import sglang_log.engine.config import EngineConfig
+from mixdiag.collectors.logs import sglang_log
+from mixdiag.collectors.logs import vllm_log
+from mixdiag.engine.core.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
 from mixdiag.engine.core.request import SamplingParams

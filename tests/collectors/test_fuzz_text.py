@@ -10,15 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixdiag.collectors import vllm_log from mixdiag
-
 from mixdiag.collectors.gpu import dcgm
-
 from mixdiag.collectors.gpu import nvml
-
 from mixdiag.collectors.prometheus import prom_text
-
-from mixdiag.collectors.logs import sglang_log.errors import UserError
+from mixdiag.collectors.logs import sglang_log
+from mixdiag.collectors.logs import vllm_log
+from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixdiag.collectors import nsys from mixdiag
-
-from mixdiag.collectors.traces import kineto.errors import UserError
+from mixdiag.collectors.traces import kineto
+from mixdiag.collectors.traces import nsys
+from mixdiag.errors import UserError
 from mixdiag.schema import SchemaError, Timeline
 
 MOCK = Path(__file__).resolve().parents[1] / "fixtures" / "nsys" / "mock.sqlite"

@@ -134,7 +134,8 @@ class _QuietTracer(RecordingTracer):
 
 
 def test_step_stats_not_built_when_nothing_records(monkeypatch):
-    from mixdiag.engine.core import engine as engine_mod      def boom(rec):
+    from mixdiag.engine.core import engine as engine_mod
+    def boom(rec):
         raise AssertionError("step_stats message built with no recorder attached")
 
     monkeypatch.setattr(engine_mod, "step_stats_message", boom)
