@@ -29,13 +29,14 @@ import pandas as pd
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
+from mixdiag.collectors.gpu.probe import GPM_METRIC_SM_UTIL, METRICS, choose_source, gpm_sm_util, load_nvml
 from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
+
+__all__ = ["FORMAT", "HEADER", "METRICS", "GPM_METRIC_SM_UTIL", "sniff", "load_nvml", "choose_source", "gpm_sm_util",
+           "sample", "read"]
 
 FORMAT = "nvml-csv"
 HEADER = ("t_s", "gpu_index", "gpu_uuid", "metric", "value")
-METRICS = {"gpm_sm_util": "measured", "gpu_util": "estimated"}
-#: NVML_GPM_METRIC_SM_UTIL (nvml.h): percent of SMs busy over the window between two GPM samples.
-GPM_METRIC_SM_UTIL = 2
 
 
 def sniff(head: bytes, name: str) -> bool:
@@ -44,46 +45,7 @@ def sniff(head: bytes, name: str) -> bool:
     return first == ",".join(HEADER)
 
 
-# ---- live sampling (GPU machines) ----------------------------------------------------------------
-def load_nvml() -> Any:
-    """Import and initialise ``pynvml``; one-line :class:`UserError` when it cannot run here."""
-    try:
-        import pynvml  # noqa: PLC0415  (optional 'gpu' extra, imported only when sampling)
-    except ImportError:
-        raise UserError("NVML sampling needs nvidia-ml-py: pip install 'mixdiag[gpu]'") from None
-    try:
-        pynvml.nvmlInit()
-    except Exception as e:  # pynvml.NVMLError_* (no driver, no GPU): one line, no traceback
-        raise UserError(f"NVML is not available on this machine: {e}") from None
-    return pynvml
-
-
-def choose_source(nvml: Any, handle: Any) -> str:
-    """``gpm_sm_util`` when the device supports GPM (Hopper+), else ``gpu_util``."""
-    query = getattr(nvml, "nvmlGpmQueryDeviceSupport", None)
-    if query is None:
-        return "gpu_util"  # nvidia-ml-py older than GPM support
-    try:
-        support = query(handle)
-    except Exception:  # NVMLError_NotSupported and friends
-        return "gpu_util"
-    return "gpm_sm_util" if getattr(support, "isSupportedDevice", 0) else "gpu_util"
-
-
-def gpm_sm_util(nvml: Any, sample1: Any, sample2: Any) -> float:
-    """SM_UTIL between two GPM samples, as a ratio 0..1 (NaN when NVML reports an error for it)."""
-    mg = nvml.c_nvmlGpmMetricsGet_t()
-    mg.version = nvml.NVML_GPM_METRICS_GET_VERSION
-    mg.numMetrics = 1
-    mg.sample1, mg.sample2 = sample1, sample2
-    mg.metrics[0].metricId = GPM_METRIC_SM_UTIL
-    nvml.nvmlGpmMetricsGet(mg)
-    m = mg.metrics[0]
-    if getattr(m, "nvmlReturn", 0) != 0:
-        return math.nan
-    return max(0.0, min(1.0, float(m.value) / 100.0))
-
-
+# ---- live sampling (GPU machines; NVML access lives in .probe) ----------------------------------
 def sample(out: str | os.PathLike, *, device_index: int = 0, interval_s: float = 0.1, duration_s: float = 10.0,
            source: str = "auto", nvml: Any = None, clock=time.time, sleep=time.sleep,
            on_sample=None) -> Path:

@@ -15,7 +15,7 @@ to ``StepRecord.sm_active`` with ``sm_active_source = "estimated"``; the run's
 ``meta["signals"][instance]["sm_active"]`` says ``estimated`` and the Prometheus gauge carries
 ``source="estimated"``. It is never reported as measured.
 
-On CUDA, :class:`NvmlSmSampler` reads NVML through ``mixdiag.collectors.gpu.nvml``: GPM ``SM_UTIL``
+On CUDA, :class:`NvmlSmSampler` reads NVML through ``mixdiag.collectors.gpu.probe.open_sm_probe``: GPM ``SM_UTIL``
 on Hopper and newer (``measured``), else device utilization (the share of time any kernel ran,
 a weaker signal: ``estimated``, as the NVML collector marks it).
 """
@@ -129,7 +129,8 @@ class SmEstimator:
 
 
 class NvmlSmSampler:
-    """SM activity from NVML between consecutive step ends (CUDA only), via ``collectors.nvml``.
+    """SM activity from NVML between consecutive step ends (CUDA only), via the GPU collectors' public
+    probe (:func:`mixdiag.collectors.gpu.probe.open_sm_probe`), never a collector's reader.
 
     GPM ``SM_UTIL`` (Hopper+): quality ``measured``. Otherwise ``nvmlDeviceGetUtilizationRates``
     (the share of time any kernel ran, not SM activity): quality ``estimated``, as the NVML
@@ -137,39 +138,21 @@ class NvmlSmSampler:
     """
 
     def __init__(self, device_index: int = 0, nvml: Any = None):
-        from mixdiag.collectors.gpu.nvml import choose_source, load_nvml
+        from mixdiag.collectors.gpu.probe import open_sm_probe
 
-        self._nvml = nvml = nvml if nvml is not None else load_nvml()
-        self._handle = nvml.nvmlDeviceGetHandleByIndex(device_index)
-        self._gpm = choose_source(nvml, self._handle) == "gpm_sm_util"
-        self.source = "measured" if self._gpm else "estimated"
-        self._samples = None
-        if self._gpm:  # two GPM buffers, swapped each read: the window is previous read -> now
-            self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
-            nvml.nvmlGpmSampleGet(self._handle, self._samples[0])
+        self._probe = open_sm_probe(device_index, nvml=nvml)
+        self.source = self._probe.quality
 
     def read(self) -> float:
         """SM activity 0..1 since the previous read (GPM) or NVML's last utilization window."""
-        from mixdiag.collectors.gpu.nvml import gpm_sm_util
-
-        nvml = self._nvml
-        if not self._gpm:
-            return nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100.0
-        prev, cur = self._samples
-        nvml.nvmlGpmSampleGet(self._handle, cur)
-        self._samples = [cur, prev]
-        return gpm_sm_util(nvml, prev, cur)
+        return self._probe.read()
 
     def __call__(self, record: Any) -> None:
         record.sm_active = self.read()
         record.sm_active_source = self.source
 
     def close(self) -> None:
-        if self._samples is not None:
-            for s in self._samples:
-                self._nvml.nvmlGpmSampleFree(s)
-            self._samples = None
-        self._nvml.nvmlShutdown()
+        self._probe.close()
 
 
 def make_sm_source(device: str, model: Any, kv_capacity_tokens: int | None = None,

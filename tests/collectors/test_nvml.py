@@ -130,3 +130,26 @@ def test_gpm_error_value_is_nan():
         mg_holder["mg"] = mg
     fake.nvmlGpmMetricsGet = failing
     assert math.isnan(nvml.gpm_sm_util(fake, object(), object()))
+
+
+@pytest.mark.parametrize("gpm,metric,quality,values", [(True, "gpm_sm_util", "measured", [0.4, 0.6]),
+                                                      (False, "gpu_util", "estimated", [0.3, 0.5])])
+def test_sm_probe_reads_window_by_window_and_frees_on_close(gpm, metric, quality, values):
+    from mixdiag.collectors.gpu.probe import open_sm_probe
+
+    fake = FakeNVML(gpm, util=(30, 50))
+    fake.shutdown = 0
+    fake.nvmlShutdown = lambda: setattr(fake, "shutdown", fake.shutdown + 1)
+    probe = open_sm_probe(0, nvml=fake)
+    assert (probe.metric, probe.quality) == (metric, quality)
+    assert [probe(), probe.read()] == pytest.approx(values)
+    probe.close()
+    assert fake.freed == (2 if gpm else 0) and fake.shutdown == 1
+
+
+def test_sm_probe_without_nvidia_ml_py_is_a_one_line_error(monkeypatch):
+    from mixdiag.collectors.gpu.probe import open_sm_probe
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with pytest.raises(UserError, match="nvidia-ml-py"):
+        open_sm_probe(0)
