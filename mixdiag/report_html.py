@@ -18,7 +18,7 @@ from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
 from mixdiag.ledger.device_model import DeviceModel, predict
-from mixdiag.ledger.shapes import BatchShape, ModelConfig
+from mixdiag.ledger.shapes import BatchShape, LedgerModel
 from mixdiag.causes import CAUSE_COLORS
 from mixdiag.report import spikes_table
 
@@ -37,7 +37,7 @@ def _decimate(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
-def predicted_heights(sp: pd.DataFrame, model: ModelConfig, dev: DeviceModel, context_len: int) -> pd.Series:
+def predicted_heights(sp: pd.DataFrame, model: LedgerModel, dev: DeviceModel, context_len: int) -> pd.Series:
     """Ledger + device-model spike height for each spike's batch shape (NaN without allocation)."""
     out = []
     for ev in sp["evidence"]:
@@ -116,7 +116,7 @@ def _table(sp: pd.DataFrame, t0: float) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
-def write_html(d, path: str | Path, *, model: ModelConfig, device: DeviceModel, context_len: int = 4096,
+def write_html(d, path: str | Path, *, model: LedgerModel, device: DeviceModel, context_len: int = 4096,
                top: int = 50, title: str = "mixdiag analyze") -> Path:
     """Write the report to ``path`` (refuses to overwrite an existing file)."""
     p = Path(path)

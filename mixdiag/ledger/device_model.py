@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mixdiag.errors import UserError
-from mixdiag.ledger.shapes import BatchShape, ModelConfig
+from mixdiag.ledger.shapes import BatchShape, LedgerModel
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def device(name: str) -> DeviceModel:
     return DEVICES[name]
 
 
-def _step_time(m: ModelConfig, dev: DeviceModel, rows: int, decode_rows: int, prefill: int, shape: BatchShape) -> dict:
+def _step_time(m: LedgerModel, dev: DeviceModel, rows: int, decode_rows: int, prefill: int, shape: BatchShape) -> dict:
     ep = dev.ep_size
     # expected share of experts hit by at least one of rows x top_k assignments
     hit = 1.0 - (1.0 - m.top_k / m.n_routed_experts) ** max(rows, 0) if rows else 0.0
@@ -79,7 +79,7 @@ def _step_time(m: ModelConfig, dev: DeviceModel, rows: int, decode_rows: int, pr
             "bound": "compute" if comp_s >= mem_s else "memory"}
 
 
-def predict(model: ModelConfig, shape: BatchShape, dev: DeviceModel) -> dict:
+def predict(model: LedgerModel, shape: BatchShape, dev: DeviceModel) -> dict:
     """Predicted pure-decode and mixed step times and the spike height ``mixed / decode``."""
     D = shape.decode_rows
     dec = _step_time(model, dev, D, D, 0, shape)

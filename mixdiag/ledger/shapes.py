@@ -31,7 +31,7 @@ from mixdiag.errors import UserError
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class LedgerModel:
     """The model constants the ledger and the device model need."""
 
     name: str
@@ -102,12 +102,12 @@ class ModelConfig:
                 + self.moe_layers * moe + 2 * self.vocab_size * self.hidden_size)
 
 
-PRESETS: dict[str, ModelConfig] = {
+PRESETS: dict[str, LedgerModel] = {
     # The article's constants: 78 layers, hidden 6144, 3 dense + 75 MoE, 8 of 256 experts, MLA
     # (A proj 2048+512+64, Q up 64x256, KV up 64x(192+256)), 656 B/token FP8 KV, index top-k 2048,
     # indexer on 21 layers, 1 MTP layer, dense MLP 6144->12288. Expert width 2048 and vocab are
     # not in the article (taken from the GLM-5 family; they only feed the device model).
-    "glm-5.3": ModelConfig(name="glm-5.3", num_layers=78, hidden_size=6144, first_dense_layers=3,
+    "glm-5.3": LedgerModel(name="glm-5.3", num_layers=78, hidden_size=6144, first_dense_layers=3,
                            n_routed_experts=256, top_k=8, moe_intermediate_size=2048,
                            dense_intermediate_size=12288, num_heads=64, q_lora_rank=2048, kv_lora_rank=512,
                            qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256, kv_bytes_per_token=656,
@@ -115,7 +115,7 @@ PRESETS: dict[str, ModelConfig] = {
                            mtp_layers=1, vocab_size=154880),
     # DeepSeek-V3.2 (config.json of deepseek-ai/DeepSeek-V3.2-Exp): 61 layers, hidden 7168, 3 dense,
     # 8 of 256 experts, expert width 2048, DSA indexer on every layer (64 heads x 128, top-k 2048).
-    "deepseek-v3.2": ModelConfig(name="deepseek-v3.2", num_layers=61, hidden_size=7168, first_dense_layers=3,
+    "deepseek-v3.2": LedgerModel(name="deepseek-v3.2", num_layers=61, hidden_size=7168, first_dense_layers=3,
                                  n_routed_experts=256, top_k=8, moe_intermediate_size=2048,
                                  dense_intermediate_size=18432, num_heads=128, q_lora_rank=1536,
                                  kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
@@ -124,8 +124,8 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
-def load_config(path: str | Path) -> ModelConfig:
-    """A ModelConfig from a JSON or TOML file (keys = ModelConfig fields)."""
+def load_config(path: str | Path) -> LedgerModel:
+    """A LedgerModel from a JSON or TOML file (keys = LedgerModel fields)."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"no such model config file: {p}")
@@ -154,17 +154,17 @@ def load_config(path: str | Path) -> ModelConfig:
         data = data["model"]
     if not isinstance(data, dict):
         raise UserError(f"{p}: a model config must be an object/table of fields")
-    known = {f.name for f in fields(ModelConfig)}
+    known = {f.name for f in fields(LedgerModel)}
     unknown = sorted(set(data) - known)
     if unknown:
         raise UserError(f"{p}: unknown model config key(s): {', '.join(unknown)}")
-    missing = sorted(f.name for f in fields(ModelConfig) if f.name not in data and f.default is MISSING)
+    missing = sorted(f.name for f in fields(LedgerModel) if f.name not in data and f.default is MISSING)
     if missing:
         raise UserError(f"{p}: missing model config key(s): {', '.join(missing)}")
-    return ModelConfig(**data)
+    return LedgerModel(**data)
 
 
-def resolve(preset: str | None = None, config: str | Path | None = None) -> ModelConfig:
+def resolve(preset: str | None = None, config: str | Path | None = None) -> LedgerModel:
     """The model of ``--preset`` or ``--config`` (config wins when both are given)."""
     if config is not None:
         return load_config(config)
@@ -208,7 +208,7 @@ def _row(decode, mixed, unit: str, scope: str, note: str | None = None) -> dict:
     return r
 
 
-def ledger(model: ModelConfig, shape: BatchShape) -> dict:
+def ledger(model: LedgerModel, shape: BatchShape) -> dict:
     """The ledger rows for ``model`` and ``shape`` (the ``mixdiag ledger --json`` document)."""
     m, D, N, P = model, shape.decode_rows, shape.mixed_rows, shape.prefill_tokens
     gather = lambda rows: rows * m.hidden_size * m.gather_bytes_per_elem  # noqa: E731
@@ -246,6 +246,6 @@ def ledger(model: ModelConfig, shape: BatchShape) -> dict:
             **rows, "rows_total": {"decode": D, "mixed": N}}
 
 
-def config_dict(model: ModelConfig) -> dict:
+def config_dict(model: LedgerModel) -> dict:
     """The model as a plain dict (what ``--config`` reads back)."""
     return asdict(model)
