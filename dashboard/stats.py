@@ -2,112 +2,32 @@
 
 Everything here returns plain frames or frozen dataclasses; rendering (figures, HTML) lives in
 :mod:`mixdiag.dashboard.figures` and :mod:`mixdiag.dashboard.layout`. A *diagnosis* is the object
-``mixdiag.diagnosis.pipeline.diagnose(timeline)`` returns (docs/contracts.md section 5): ``spikes``,
-``steps``, ``by_cause``, ``verdict``.
+``mixdiag.diagnosis.pipeline.diagnose(timeline)`` returns (docs/contracts.md section 5); its
+``by_cause``, ``headline``, ``last_spike``, ``mixed_share`` and ``itl`` fields are shown as they are.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
-import numpy as np
 import pandas as pd
 
 from mixdiag.schema import Timeline
 
-from mixdiag.causes import CAUSES, SIGNAL_COLUMNS
-#: Step kinds that count as work when computing the share of mixed steps.
-WORK_KINDS = ("prefill", "decode", "mixed")
-
-
-def _f(v) -> float:
-    """A plain float (NaN for None/NA), safe to put in a dataclass and JSON."""
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return math.nan
-    return v
-
-
-@dataclass(frozen=True)
-class Headline:
-    """The Overview page's numbers (also what the exporter publishes)."""
-
-    verdict: str
-    by_cause: dict[str, int]
-    n_spikes: int
-    itl_p50_s: float
-    itl_p99_s: float
-    itl_max_s: float
-    itl_source: str  # "tokens" (per output event) | "steps" (step-to-step) | "intervals" | "none"
-    mixed_share: float  # mixed steps / work steps; NaN without step-granularity rows
-    n_steps: int
-    instances: tuple[str, ...]
-    t_first_s: float
-    t_last_s: float
-    last_spike: dict = field(default_factory=dict)  # cause, itl_s, t_s, instance, step (empty: none)
-
-
-def itl_values(timeline: Timeline) -> tuple[np.ndarray, str]:
-    """Inter-token latencies (s) a client saw, and where they came from.
-
-    Per output event from the tokens frame when present; otherwise the per-interval P99 (or
-    mean) columns coarse sources fill, labelled ``"steps"``.
-    """
-    if len(timeline.tokens):
-        itl = timeline.itl()["itl_s"].to_numpy(dtype="float64")
-        return itl[np.isfinite(itl)], "tokens"
-    for col in ("itl_p99_s", "itl_mean_s", "itl_p50_s"):
-        v = timeline.steps[col].to_numpy(dtype="float64")
-        v = v[np.isfinite(v)]
-        if len(v):
-            return v, "intervals"
-    return np.array([], dtype="float64"), "none"
-
-
-def mixed_share(steps: pd.DataFrame) -> float:
-    """Share of work steps (prefill, decode, mixed) that were mixed; NaN with no step rows."""
-    s = steps[steps["granularity"] == "step"] if "granularity" in steps else steps
-    work = s["kind"].isin(WORK_KINDS)
-    n = int(work.sum())
-    return float((s["kind"] == "mixed").sum() / n) if n else math.nan
+from mixdiag.causes import CAUSES, SIGNAL_COLUMNS  # noqa: F401  (CAUSES re-exported)
+from mixdiag.diagnosis.result import WORK_KINDS, Headline, mixed_share  # noqa: F401  (re-exported)
 
 
 def by_cause(diagnosis) -> dict[str, int]:
-    """Spike count per cause with every cause of the closed set present (zeros included)."""
-    counts = {c: 0 for c in CAUSES}
-    for c, n in dict(diagnosis.by_cause).items():
-        counts[c if c in counts else "unknown"] += int(n)
-    return counts
+    """Spike count per cause (every cause a key): the diagnosis' own count, never re-counted."""
+    return dict(diagnosis.by_cause)
 
 
 def last_spike(diagnosis) -> dict:
-    """The latest spike (by time) as a plain dict, or {} when there is none."""
-    sp = diagnosis.spikes
-    if sp is None or not len(sp):
-        return {}
-    row = sp.loc[sp["t_s"].idxmax()]
-    return {"cause": str(row["cause"]), "itl_s": _f(row["itl_s"]), "t_s": _f(row["t_s"]),
-            "instance": str(row["instance"]), "step": int(row["step"])}
+    """The latest spike as a plain dict, or {} when there is none (the diagnosis' field)."""
+    return dict(diagnosis.last_spike)
 
 
 def headline(timeline: Timeline, diagnosis) -> Headline:
-    """The numbers of the Overview page, from a Timeline and its diagnosis."""
-    span = timeline.span() or (math.nan, math.nan)
-    counts = by_cause(diagnosis)
-    given = getattr(diagnosis, "itl", None)
-    if isinstance(given, dict) and "p50_s" in given:  # the report's own numbers, so both agree
-        p50, p99, mx = _f(given.get("p50_s")), _f(given.get("p99_s")), _f(given.get("max_s"))
-        src = {"token_events": "tokens", "step_latency": "steps",
-               "interval_quantiles": "intervals"}.get(str(given.get("source")), "none")
-    else:
-        itl, src = itl_values(timeline)
-        q = np.quantile(itl, [0.5, 0.99]) if len(itl) else (math.nan, math.nan)
-        p50, p99, mx = _f(q[0]), _f(q[1]), (_f(itl.max()) if len(itl) else math.nan)
-    return Headline(verdict=str(diagnosis.verdict), by_cause=counts, n_spikes=sum(counts.values()),
-                    itl_p50_s=p50, itl_p99_s=p99, itl_max_s=mx, itl_source=src, mixed_share=mixed_share(timeline.steps), n_steps=len(timeline.steps),
-                    instances=tuple(timeline.instances), t_first_s=_f(span[0]), t_last_s=_f(span[1]),
-                    last_spike=last_spike(diagnosis))
+    """The numbers of the Overview page: the diagnosis' headline (``diagnose(timeline)`` computed it)."""
+    return diagnosis.headline
 
 
 def sources_frame(timeline: Timeline) -> pd.DataFrame:

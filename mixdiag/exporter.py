@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from mixdiag.dashboard.stats import CAUSES, headline
+from mixdiag.causes import CAUSES
 
 __all__ = ["CONTENT_TYPE_LATEST", "DiagnosisExporter", "Snapshot"]
 
@@ -75,26 +75,18 @@ class DiagnosisExporter:
         """Make ``diagnosis`` (of ``timeline``) what ``/metrics`` reports.
 
         Spike counters only grow: a spike is counted the first time a publication contains it
-        (it is newer than every spike already counted for its instance), so a watcher that
+        (it is newer than every spike already counted for its instance; the diagnosis counts them,
+        :meth:`Diagnosis.by_cause_after`), so a watcher that
         re-diagnoses an overlapping window counts each spike once. ``reset=True`` starts the
         counters over, as a process restart would (the dashboard does this when the user loads a
         different dataset, so the counts equal that dataset's report).
         """
         now = time.time() if now is None else float(now)
-        h = headline(timeline, diagnosis)
+        h = diagnosis.headline
         with self._lock:
             prev = Snapshot() if reset else self._snap
-            totals = dict(prev.spikes_total)
-            until = dict(prev.counted_until)
-            sp = diagnosis.spikes
-            if sp is not None and len(sp):
-                for inst, grp in sp.groupby("instance", sort=True):
-                    t = grp["t_s"].to_numpy(dtype="float64")
-                    new = grp[t > until.get(str(inst), -math.inf)]
-                    for cause in new["cause"].astype(str):
-                        key = cause if cause in totals else "unknown"
-                        totals[key] += 1
-                    until[str(inst)] = max(until.get(str(inst), -math.inf), float(t.max()))
+            new, until = diagnosis.by_cause_after(prev.counted_until)
+            totals = {c: prev.spikes_total.get(c, 0) + new.get(c, 0) for c in CAUSES}
             newest = h.t_last_s
             lag = now - newest if timeline.meta.get("clock", "unix") == "unix" and math.isfinite(newest) else math.nan
             self._snap = replace(prev, spikes_total=totals, counted_until=until,

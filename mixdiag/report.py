@@ -58,10 +58,11 @@ def render(d, top: int = 10) -> str:
         out += ["", f"{'cause':<16} {'spikes':>7} {'share':>7} {'mean conf':>10} {'mean height':>12}", "-" * 56]
         height = sp["itl_s"] / sp["baseline_s"].where(sp["baseline_s"] > 0)
         for c in CAUSES:
-            m = sp["cause"] == c
-            if not m.any():
+            n = d.by_cause.get(c, 0)
+            if not n:
                 continue
-            out.append(f"{c:<16} {int(m.sum()):>7} {m.mean():>7.0%} {sp.loc[m, 'confidence'].mean():>10.2f} "
+            m = sp["cause"] == c
+            out.append(f"{c:<16} {n:>7} {n / len(sp):>7.0%} {sp.loc[m, 'confidence'].mean():>10.2f} "
                        f"{height[m].mean():>11.1f}x")
         out += ["", f"top {min(top, len(sp))} spikes (by height over baseline):",
                 f"{'instance':<10} {'step':>7} {'t_s':>10} {'itl':>10} {'baseline':>10} {'cause':<15} {'conf':>5}  evidence"]

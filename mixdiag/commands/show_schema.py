@@ -1,4 +1,4 @@
-"""``mixdiag schema``: print the Timeline data contract (frames, columns, dtypes, units)."""
+"""``mixdiag schema``: print the Timeline data contract (frames, columns, dtypes, units) and the spike record beside it."""
 from mixdiag import schema
 
 
@@ -12,6 +12,9 @@ def run(args, console):
     data = {frame: [{"name": c.name, "dtype": c.dtype, "unit": c.unit, "required": c.required,
                      "choices": list(c.choices) if c.choices else None, "doc": c.doc}
                     for c in cols] for frame, cols in schema.FRAMES.items()}
+    data["spikes"] = [{"name": c.name, "dtype": c.dtype, "unit": c.unit, "required": c.required,
+                       "choices": list(c.choices) if c.choices else None, "doc": c.doc} for c in schema.SPIKE_COLUMNS]
+    data["evidence"] = [{"name": k, "unit": u, "doc": d} for k, (u, d) in schema.EVIDENCE_FIELDS.items()]
     data["schema_version"] = schema.SCHEMA_VERSION
     console.result(schema.describe(), data)
     return 0

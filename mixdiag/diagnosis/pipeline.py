@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from mixdiag.diagnosis.attribution import CAUSES, AttributionConfig, InstanceContext, attribute
+from mixdiag.diagnosis.attribution import AttributionConfig, InstanceContext, attribute
 from mixdiag.schema import Timeline
 from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
 from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_sources, gauge_columns  # noqa: F401
 from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
-
-SPIKE_COLUMNS = ["instance", "step", "t_s", "itl_s", "baseline_s", "cause", "confidence", "evidence",
-                 "missing_signals", "t_start_s", "t_end_s", "granularity"]
-
+from mixdiag.diagnosis.result import SPIKE_COLUMNS, Diagnosis, count_by_cause, itl_summary, last_spike_of, make_headline  # noqa: F401
 
 @dataclass(frozen=True)
 class DiagnosisConfig:
@@ -42,40 +39,6 @@ class DiagnosisConfig:
     def __post_init__(self):
         if not self.interval_ratio > 1:
             raise ValueError("DiagnosisConfig.interval_ratio must be > 1")
-
-
-@dataclass
-class Diagnosis:
-    """The result of :func:`diagnose`; see docs/contracts.md section 5 and docs/analyze.md."""
-
-    spikes: pd.DataFrame
-    steps: pd.DataFrame
-    by_cause: dict
-    verdict: str
-    itl: dict
-    instances: dict = field(default_factory=dict)  # instance -> {signals, periodicity, latency_source}
-    config: DiagnosisConfig = field(default_factory=DiagnosisConfig)
-
-    def to_json(self, top: int | None = None) -> dict:
-        """The ``mixdiag analyze --json`` document (docs/analyze.md)."""
-        st = self.steps
-        step_rows = st[st["granularity"] == "step"] if len(st) else st
-        by_kind = {k: int(v) for k, v in step_rows["kind"].value_counts().sort_index().items()} if len(st) else {}
-        spikes = self.spikes.sort_values("t_s", kind="stable")
-        if top is not None:
-            spikes = spikes.head(top)
-        rows = []
-        for r in spikes.itertuples(index=False):
-            rows.append({"instance": r.instance, "step": int(r.step), "t_s": float(r.t_s), "itl_s": float(r.itl_s),
-                         "baseline_s": float(r.baseline_s), "cause": r.cause, "confidence": float(r.confidence),
-                         "evidence": r.evidence, "missing_signals": list(r.missing_signals)})
-        return {"verdict": self.verdict,
-                "steps": {"total": int(len(step_rows)), "by_kind": by_kind,
-                          "intervals": int((st["granularity"] == "interval").sum()) if len(st) else 0},
-                "itl": self.itl,
-                "spikes": rows,
-                "by_cause": dict(self.by_cause),
-                "instances": self.instances}
 
 
 def _coarse_clock(st: pd.DataFrame) -> bool:
@@ -188,28 +151,6 @@ def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     return sig, ctx, period, "interval_itl_quantiles"
 
 
-def _itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
-    if len(tl.tokens):
-        v = tl.itl()["itl_s"].to_numpy()
-        src = "token_events"
-    else:
-        st = steps[(steps["granularity"] == "step")]
-        if "latency_s" in st.columns and len(st):
-            v = st.loc[st["has_decode"], "latency_s"].dropna().to_numpy()
-            src = "step_latency"
-        else:
-            iv = steps[steps["granularity"] == "interval"] if len(steps) else steps
-            p50 = iv["itl_p50_s"].dropna() if len(iv) else pd.Series(dtype=float)
-            p99 = iv["itl_p99_s"].dropna() if len(iv) else pd.Series(dtype=float)
-            return {"p50_s": float(p50.median()) if len(p50) else None,
-                    "p99_s": float(p99.median()) if len(p99) else None,
-                    "max_s": float(p99.max()) if len(p99) else None, "source": "interval_quantiles"}
-    if not len(v):
-        return {"p50_s": None, "p99_s": None, "max_s": None, "source": src}
-    return {"p50_s": float(np.quantile(v, 0.5)), "p99_s": float(np.quantile(v, 0.99)), "max_s": float(v.max()),
-            "source": src}
-
-
 def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = "") -> str:
     if n_rows == 0:
         return "No steps or intervals in the input: nothing to diagnose."
@@ -282,10 +223,11 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
     sp = pd.DataFrame(spikes, columns=SPIKE_COLUMNS)
     if len(sp):
         sp = sp.sort_values(["t_s", "instance"], kind="stable").reset_index(drop=True)
-    by_cause = {c: int((sp["cause"] == c).sum()) for c in CAUSES}
-    itl = _itl_summary(timeline, steps)
+    by_cause = count_by_cause(sp["cause"])
+    itl = itl_summary(timeline, steps)
     n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
-    return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, instances=instances,
-                     config=cfg)
+    headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
+    return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
+                     instances=instances, config=cfg)
