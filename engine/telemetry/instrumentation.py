@@ -55,6 +55,7 @@ class InstrumentationConfig:
     profile_ops: bool = True               # --profile-light: False (no per-operator events)
     scrape_interval_s: float | None = None  # --scrape-interval S
     final_scrape: bool = True              # write metrics.prom at close (needs an out_dir)
+    metrics_dialect: str = "mixdiag"       # --metrics-dialect mixdiag|vllm|sglang (engine/telemetry/dialects.py)
 
     def __post_init__(self):
         if self.serve_port is not None and not 0 <= self.serve_port <= 65535:
@@ -65,6 +66,8 @@ class InstrumentationConfig:
             raise UserError("--linger needs --serve PORT")
         if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
             raise UserError(f"--scrape-interval must be > 0 seconds, got {self.scrape_interval_s}")
+        if self.metrics_dialect not in ("mixdiag", "vllm", "sglang"):
+            raise UserError(f"--metrics-dialect must be mixdiag, vllm or sglang, got {self.metrics_dialect!r}")
         LogLineConfig(formats=self.log_formats or ("vllm",), decode_log_interval=self.decode_log_interval)
 
 
@@ -106,8 +109,15 @@ class Instrumentation:
             if cfg.sm_activity:
                 self.sm = make_sm_source(ecfg.device, ecfg.model, ecfg.cache.num_slots, device_model)
                 self._observers.append(self.sm)
-            self.metrics = EngineMetrics(registry if registry is not None else CollectorRegistry(),
-                                         arrival_s=self._arrival)
+            if cfg.metrics_dialect == "mixdiag":
+                self.metrics = EngineMetrics(registry if registry is not None else CollectorRegistry(),
+                                             arrival_s=self._arrival)
+            else:  # what vLLM / SGLang would expose for the same steps, nothing of ours
+                from mixdiag.engine.telemetry.dialects import make_dialect_metrics
+                self.metrics = make_dialect_metrics(
+                    cfg.metrics_dialect, arrival_s=self._arrival, prompt_len=self._prompt_len,
+                    model_name=str(getattr(ecfg.model, "name", "") or "mixdiag-ref"), rank=rank,
+                    decode_log_interval=cfg.decode_log_interval, registry=registry)
             self._observers.append(self.metrics)
             if cfg.log_formats:
                 lcfg = LogLineConfig(formats=cfg.log_formats, decode_log_interval=cfg.decode_log_interval,
@@ -138,6 +148,12 @@ class Instrumentation:
     def _arrival(self, request_id: str) -> float | None:
         try:
             return self.engine.request(request_id).arrival_s
+        except KeyError:
+            return None
+
+    def _prompt_len(self, request_id: str) -> int | None:
+        try:
+            return self.engine.request(request_id).num_prompt_tokens
         except KeyError:
             return None
 
@@ -220,6 +236,8 @@ def add_arguments(parser) -> None:
     g.add_argument("--scrape-interval", type=float, metavar="S", default=None,
                    help="write the engine's /metrics every S seconds to DIR/scrapes/<unix_time>.prom "
                         "(the final scrape always goes to DIR/metrics.prom)")
+    g.add_argument("--metrics-dialect", choices=("mixdiag", "vllm", "sglang"), default="mixdiag",
+                   help="series /metrics and the scrapes expose: mixdiag's own, or exactly vLLM's / SGLang's")
     g.add_argument("--nvtx", action="store_true", default=True, help="NVTX ranges in domain 'mixdiag' (default on)")
     g.add_argument("--no-nvtx", dest="nvtx", action="store_false", help="no NVTX ranges")
 
@@ -235,6 +253,7 @@ def config_from_args(args) -> InstrumentationConfig:
         profile=parse_window(args.profile) if getattr(args, "profile", None) else None,
         profile_ops=not getattr(args, "profile_light", False),
         scrape_interval_s=getattr(args, "scrape_interval", None),
+        metrics_dialect=getattr(args, "metrics_dialect", None) or "mixdiag",
     )
 
 
@@ -256,4 +275,6 @@ def cli_args(config: InstrumentationConfig) -> list[str]:
         out += ["--profile-light"]
     if config.scrape_interval_s is not None:
         out += ["--scrape-interval", repr(config.scrape_interval_s)]
+    if config.metrics_dialect != "mixdiag":
+        out += ["--metrics-dialect", config.metrics_dialect]
     return out

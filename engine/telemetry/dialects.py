@@ -1,0 +1,358 @@
+"""The engine's ``/metrics`` in vLLM's or SGLang's own dialect (``mixdiag run --metrics-dialect``).
+
+With ``vllm`` or ``sglang`` the reference engine exposes what that server would expose for the same
+steps (reference/formats.md §1.1 and §2.3), and nothing of its own, so a test or a benchmark reads
+exactly what a real deployment shows. Each class is an engine observer like
+:class:`~mixdiag.engine.telemetry.metrics.EngineMetrics` (call it with each step record; it has a
+``registry``), counting what vLLM's ``PrometheusStatLogger`` / SGLang's ``SchedulerMetricsCollector``
+would count, *traps included*:
+
+* vLLM ``vllm:iteration_tokens_total`` is fed by the frontend's ``IterationStats``: a step whose
+  prefill chunk emits no output is never seen, and the step that emits a request's first token
+  carries its whole prompt (a 10-token prompt in 4-token chunks records ``[11, 1]``, not
+  ``[4, 4, 2, 1]``). ``vllm:prompt_tokens_total`` likewise grows by the whole prompt at the first
+  output. ITL is per output event (a speculative event with several tokens is one observation).
+* SGLang gauges (``sglang:num_running_reqs`` ...) change only when a ``Prefill batch`` line (every
+  step with prefill work) or a ``Decode batch`` line (every ``decode_log_interval`` decode steps) is
+  logged; an n-token output event adds n ITL counts at interval/n but the whole interval to ``_sum``.
+
+Series that real servers expose only behind flags we do not model (vLLM's
+``request_*`` latency histograms need request completion; SGLang's ``gpu_execution_seconds_total``
+needs ``SGLANG_ENABLE_METRICS_DEVICE_TIMER``) are left out. NIXL / SGLang KV-transfer series appear
+with the first transfer, as a PD connector registers them. Standard library + prometheus_client only.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from bisect import bisect_left
+from typing import Any, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
+
+DIALECTS = ("mixdiag", "vllm", "sglang")
+
+# vLLM V1 (~v0.12, vllm/v1/metrics/loggers.py) default buckets.
+VLLM_ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+VLLM_TTFT_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+               20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+              40.0, 80.0)
+VLLM_NIXL_XFER_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+VLLM_NIXL_BYTES = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
+# SGLang (python/sglang/srt/observability/collector.py) default buckets.
+SGLANG_ITL_S = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
+SGLANG_TTFT_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_KV_LATENCY_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
+SGLANG_KV_MB = (0.1, 0.5, 1, 5, 10, 50, 100, 500, 1000, 5000)  # UNVERIFIED ladder; bounds come from `le`
+
+
+def _num(record: Any, name: str) -> float | None:
+    v = getattr(record, name, None)
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+class LabelledHistogram:
+    """A histogram with one fixed label set, fed many values per call (one lock per step).
+
+    ``observe_many(values, total=...)`` lets SGLang's ITL add n counts but a different ``_sum``.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets, labels: dict[str, str],
+                 registry: CollectorRegistry):
+        self.name, self.documentation = name, documentation
+        self.bounds = tuple(float(b) for b in buckets)
+        self.labels = dict(labels)
+        self._counts = [0] * (len(self.bounds) + 1)
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values, total: float | None = None) -> None:
+        if not values:
+            return
+        idx = [bisect_left(self.bounds, v) for v in values]
+        with self._lock:
+            for i in idx:
+                self._counts[i] += 1
+            self._sum += sum(values) if total is None else total
+
+    def collect(self):
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cum, buckets = 0, []
+        for b, c in zip(self.bounds + (math.inf,), counts):
+            cum += c
+            buckets.append((floatToGoString(b), cum))
+        fam = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        fam.add_metric(list(self.labels.values()), buckets, total)
+        yield fam
+
+    def describe(self):
+        return [HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))]
+
+
+class _Dialect:
+    """Shared plumbing: registry, per-request last-output times, arrival lookup."""
+
+    def __init__(self, registry: CollectorRegistry | None, arrival_s: Callable[[Any], float | None] | None,
+                 prompt_len: Callable[[Any], int | None] | None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._arrival_s = arrival_s
+        self._prompt_len = prompt_len
+        self._last_token_s: dict[Any, float] = {}
+        self._scheduled_prompt: dict[Any, float] = {}  # prompt tokens scheduled so far, per request
+        self.steps_seen = 0
+
+    def __call__(self, record: Any) -> None:
+        self.observe_step(record)
+
+    def _latencies(self, events, per_token: bool):
+        """(ttft values, itl values, itl sum, first-output request ids) of a step's output events."""
+        ttft, itl, itl_sum, firsts = [], [], 0.0, []
+        for ev in events:
+            rid, t = ev.request_id, ev.t_s
+            prev = None if ev.is_first else self._last_token_s.get(rid)
+            if prev is None:
+                firsts.append(rid)
+                arrival = self._arrival_s(rid) if self._arrival_s is not None else None
+                if arrival is not None and t >= arrival:
+                    ttft.append(t - arrival)
+            elif t >= prev:
+                gap = t - prev
+                n = max(int(getattr(ev, "n_tokens", 1) or 1), 1) if per_token else 1
+                itl.extend([gap / n] * n)
+                itl_sum += gap
+            self._last_token_s[rid] = t
+        return ttft, itl, itl_sum, firsts
+
+    def _prompt_tokens(self, rid) -> float:
+        """A request's whole prompt (what vLLM adds at its first output); scheduled chunks as fallback."""
+        n = self._prompt_len(rid) if self._prompt_len is not None else None
+        seen = self._scheduled_prompt.pop(rid, 0.0)
+        return float(n) if n is not None else seen
+
+    def finish_request(self, request_id: Any) -> None:
+        self._last_token_s.pop(request_id, None)
+        self._scheduled_prompt.pop(request_id, None)
+
+
+class VllmMetrics(_Dialect):
+    """vLLM V1 ``PrometheusStatLogger`` series (labels ``model_name``, ``engine``) from step records."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, arrival_s=None, prompt_len=None, *,
+                 model_name: str = "mixdiag-ref", engine: int = 0):
+        super().__init__(registry, arrival_s, prompt_len)
+        r = self.registry
+        self._lv = {"model_name": model_name, "engine": str(engine)}
+        ln = list(self._lv)
+
+        def counter(name, doc):
+            return Counter(name, doc, ln, registry=r).labels(**self._lv)
+
+        def gauge(name, doc):
+            return Gauge(name, doc, ln, registry=r).labels(**self._lv)
+
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+        self.iteration_tokens = LabelledHistogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                                  VLLM_ITERATION_TOKENS, self._lv, r)
+        self.ttft = LabelledHistogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                      VLLM_TTFT_S, self._lv, r)
+        self.itl = LabelledHistogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                                     VLLM_ITL_S, self._lv, r)
+        self._nixl: tuple | None = None
+
+    def _nixl_metrics(self):
+        if self._nixl is None:  # the NIXL connector registers its family when it exists
+            r = self.registry
+            self._nixl = (LabelledHistogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+                                            VLLM_NIXL_XFER_S, self._lv, r),
+                          LabelledHistogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                                            VLLM_NIXL_BYTES, self._lv, r))
+        return self._nixl
+
+    def observe_step(self, record: Any) -> None:
+        """Count one step as vLLM's scheduler stats (gauges, preemptions) and IterationStats would."""
+        if getattr(record, "kind", None) not in ("prefill", "decode", "mixed", "idle"):
+            return
+        self.steps_seen += 1
+        for gauge, name in ((self.running, "running_reqs"), (self.waiting, "waiting_reqs"), (self.kv_usage, "kv_usage")):
+            v = _num(record, name)
+            if v is not None:
+                gauge.set(v)
+        for ctr, name in ((self.prefix_queries, "prefix_query_tokens"), (self.prefix_hits, "prefix_hit_tokens"),
+                          (self.preemptions, "preempted_reqs"), (self.spec_draft_tokens, "spec_draft_tokens"),
+                          (self.spec_accepted, "spec_accepted_tokens")):
+            v = _num(record, name)
+            if v:
+                ctr.inc(v)
+        drafts = _num(record, "spec_draft_tokens")
+        if drafts:
+            self.spec_drafts.inc(_num(record, "decode_reqs") or 1.0)
+        sched = getattr(record, "num_scheduled_tokens", None) or {}
+        decode_ids = set()
+        events = getattr(record, "token_events", None) or []
+        for rid, n in sched.items():
+            if rid not in self._last_token_s:  # no output yet: a prefill chunk (vLLM's "context")
+                self._scheduled_prompt[rid] = self._scheduled_prompt.get(rid, 0.0) + n
+            else:
+                decode_ids.add(rid)
+        ttft, itl, _, firsts = self._latencies(events, per_token=False)
+        self.ttft.observe_many(ttft)
+        self.itl.observe_many(itl)
+        gen = sum(max(int(getattr(e, "n_tokens", 1) or 1), 1) for e in events)
+        prompt = sum(self._prompt_tokens(rid) for rid in firsts)
+        if gen:
+            self.generation_tokens.inc(gen)
+        if prompt:
+            self.prompt_tokens.inc(prompt)
+        if events:  # an output-less step never reaches IterationStats
+            self.iteration_tokens.observe_many([prompt + gen])
+        kv_s, kv_b = _num(record, "kv_transfer_s"), _num(record, "kv_transfer_bytes")
+        if kv_s or kv_b:
+            xfer, nbytes = self._nixl_metrics()
+            if kv_s:
+                xfer.observe_many([kv_s])
+            if kv_b:
+                nbytes.observe_many([kv_b])
+
+
+class SglangMetrics(_Dialect):
+    """SGLang ``--enable-metrics`` series (scheduler + tokenizer collectors) from step records."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, arrival_s=None, prompt_len=None, *,
+                 model_name: str = "mixdiag-ref", dp_rank: int = 0, decode_log_interval: int = 40):
+        super().__init__(registry, arrival_s, prompt_len)
+        r = self.registry
+        self._req = {"model_name": model_name}
+        self._sched = {"model_name": model_name, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0",
+                       "moe_ep_rank": "0", "dp_rank": str(dp_rank)}
+        self.decode_log_interval = max(int(decode_log_interval), 1)
+        self._decode_steps = 0
+        s = list(self._sched)
+
+        def gauge(name, doc):
+            return Gauge(name, doc, s, registry=r).labels(**self._sched)
+
+        self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.queued = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.token_usage = gauge("sglang:token_usage", "The token usage.")
+        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", list(self._req),
+                                     registry=r).labels(**self._req)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.",
+                                         list(self._req), registry=r).labels(**self._req)
+        self.realtime = Counter("sglang:realtime_tokens", "Number of tokens processed in real time.", s + ["mode"], registry=r)
+        self.graph_passes = Counter("sglang:cuda_graph_passes", "Forward passes by CUDA-graph use.", s + ["mode"], registry=r)
+        self.retracted = Counter("sglang:num_retracted_requests", "Number of retracted requests.", s, registry=r).labels(**self._sched)
+        self.itl = LabelledHistogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                                     SGLANG_ITL_S, self._req, r)
+        self.ttft = LabelledHistogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                                      SGLANG_TTFT_S, self._req, r)
+        self._modes = {m: self.realtime.labels(**self._sched, mode=m) for m in ("prefill_compute", "prefill_cache", "decode")}
+        self._passes = {m: self.graph_passes.labels(**self._sched, mode=m)
+                        for m in ("decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none")}
+        self._balancedness: Any = None
+        self._kv: tuple | None = None
+        self._since_log_tokens, self._since_log_t = 0.0, None
+
+    def observe_step(self, record: Any) -> None:
+        """Count one forward as SGLang's scheduler does; gauges only on a step that logs a line."""
+        kind = getattr(record, "kind", None)
+        if kind not in ("prefill", "decode", "mixed", "idle"):
+            return
+        self.steps_seen += 1
+        if kind == "idle":
+            return
+        prefill = _num(record, "prefill_tokens") or 0.0
+        hits = _num(record, "prefix_hit_tokens") or 0.0
+        decode = _num(record, "decode_rows") or 0.0
+        if prefill:
+            self._modes["prefill_compute"].inc(prefill)
+            self.prompt_tokens.inc(prefill + hits)
+        if hits:
+            self._modes["prefill_cache"].inc(hits)
+        if decode:
+            self._modes["decode"].inc(decode)
+        extend = prefill > 0  # prefill and mixed batches run the extend path (no decode graph)
+        graph = getattr(record, "graph_mode", "NONE")
+        if extend:
+            self._passes["prefill_cuda_graph" if graph in ("PIECEWISE", "FULL") else "prefill_none"].inc()
+        else:
+            self._passes["decode_cuda_graph" if graph == "FULL" else "decode_none"].inc()
+        v = _num(record, "preempted_reqs")
+        if v:
+            self.retracted.inc(v)
+        events = getattr(record, "token_events", None) or []
+        ttft, itl, itl_sum, _ = self._latencies(events, per_token=True)
+        self.ttft.observe_many(ttft)
+        self.itl.observe_many(itl, total=itl_sum)
+        gen = sum(max(int(getattr(e, "n_tokens", 1) or 1), 1) for e in events)
+        if gen:
+            self.generation_tokens.inc(gen)
+        self._since_log_tokens += gen
+        imb = _num(record, "expert_imbalance")
+        if imb and imb > 0:
+            if self._balancedness is None:
+                self._balancedness = Summary("sglang:eplb_balancedness", "Expert balancedness (avg/max tokens per GPU).",
+                                             s + ["forward_mode"], registry=self.registry)
+            mode = "extend" if extend else "decode"
+            self._balancedness.labels(**self._sched, forward_mode=mode).observe(1.0 / imb)
+        kv_s, kv_b = _num(record, "kv_transfer_s"), _num(record, "kv_transfer_bytes")
+        if kv_s or kv_b:
+            if self._kv is None:
+                self._kv = (LabelledHistogram("sglang:kv_transfer_latency_ms", "KV transfer latency (ms).",
+                                              SGLANG_KV_LATENCY_MS, self._sched, self.registry),
+                            LabelledHistogram("sglang:kv_transfer_total_mb", "KV transfer size (MB).",
+                                              SGLANG_KV_MB, self._sched, self.registry))
+            if kv_s:
+                self._kv[0].observe_many([kv_s * 1e3])
+            if kv_b:
+                self._kv[1].observe_many([kv_b / 1e6])
+        if not extend:
+            self._decode_steps += 1
+        logs = extend or self._decode_steps % self.decode_log_interval == 0
+        if logs:  # SGLang sets its gauges in log_prefill_stats / log_decode_stats only
+            self._set_gauges(record, extend, prefill, hits)
+
+    def _set_gauges(self, record: Any, extend: bool, prefill: float, hits: float) -> None:
+        for gauge, name in ((self.running, "running_reqs"), (self.queued, "waiting_reqs"), (self.token_usage, "kv_usage")):
+            v = _num(record, name)
+            if v is not None:
+                gauge.set(v)
+        if extend and prefill + hits > 0:
+            self.cache_hit_rate.set(hits / (prefill + hits))
+        t = _num(record, "t_end_s")
+        if not extend and t is not None:
+            if self._since_log_t is not None and t > self._since_log_t:
+                self.gen_throughput.set(self._since_log_tokens / (t - self._since_log_t))
+            self._since_log_t, self._since_log_tokens = t, 0.0
+
+
+def make_dialect_metrics(dialect: str, *, arrival_s=None, prompt_len=None, model_name: str = "mixdiag-ref",
+                         rank: int = 0, decode_log_interval: int = 40, registry: CollectorRegistry | None = None):
+    """The observer exposing ``dialect`` (``vllm`` or ``sglang``); ValueError for any other name."""
+    if dialect == "vllm":
+        return VllmMetrics(registry, arrival_s, prompt_len, model_name=model_name, engine=rank)
+    if dialect == "sglang":
+        return SglangMetrics(registry, arrival_s, prompt_len, model_name=model_name, dp_rank=rank,
+                             decode_log_interval=decode_log_interval)
+    raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS[1:])}, got {dialect!r}")
