@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from datetime import datetime
 
+from mixdiag import wire
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -28,7 +29,7 @@ from mixdiag.collectors.text_input import LineStats
 
 FORMAT = "prom-http"
 #: Metric-name prefixes fetched: vLLM, SGLang (both spellings), mixdiag's engine, DCGM exporter.
-PREFIXES = ("vllm:", "vllm_", "sglang:", "sglang_", "mixdiag_engine_", "DCGM_FI_")
+PREFIXES = ("vllm:", "vllm_", "sglang:", "sglang_", wire.METRIC_PREFIX + "_", "DCGM_FI_")
 #: Prometheus refuses a range query with more than 11,000 points per series.
 MAX_POINTS = 10_000
 _DROP_LABELS = ("__name__", "job")

@@ -10,7 +10,9 @@ Between two consecutive scrapes of one instance an ``interval`` row gets:
 * steps by kind where the source has them (``mixdiag_engine_steps_total{kind}``): ``kind`` is
   ``mixed`` when any mixed step ran, the one kind when only one ran, ``idle`` when none ran, else
   ``unknown``; the per-kind counts go to extra columns ``<kind>_steps`` and to ``series``;
-* gauges (running/waiting requests, KV usage) as of the interval's end; every gauge also as series.
+* gauges (running/waiting requests, KV usage, expert imbalance) as of the interval's end; every
+  gauge also as series;
+* graph dispatches per mode (``graph_full_steps``, ``graph_piecewise_steps``, ``graph_none_steps``).
 
 Which metric fed which column (new or old vLLM name, SGLang, mixdiag) is in
 ``meta["metric_sources"]``; nothing is filled from a metric the scrape does not have.
@@ -24,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
+from mixdiag import wire
 from mixdiag.schema import Timeline
 
 from mixdiag.collectors.text_input import LineStats
@@ -36,42 +39,44 @@ SPLIT_LABELS = ("engine", "dp_rank")
 
 # Per column: candidate (metric, label filter) in order of preference; the first present wins.
 COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
-    "prefill_tokens": [("mixdiag_engine_scheduled_tokens_total", {"segment": "prefill"}),
+    "prefill_tokens": [(wire.SCHEDULED_TOKENS_TOTAL, {"segment": "prefill"}),
                        ("vllm:prompt_tokens_by_source_total", {"source": "local_compute"}),
                        ("sglang:realtime_tokens_total", {"mode": "prefill_compute"}),
-                       ("mixdiag_engine_prompt_tokens_total", {}), ("vllm:prompt_tokens_total", {}),
+                       (wire.PROMPT_TOKENS_TOTAL, {}), ("vllm:prompt_tokens_total", {}),
                        ("sglang:prompt_tokens_total", {})],
-    "decode_rows": [("mixdiag_engine_scheduled_tokens_total", {"segment": "decode"}),
+    "decode_rows": [(wire.SCHEDULED_TOKENS_TOTAL, {"segment": "decode"}),
                     ("sglang:realtime_tokens_total", {"mode": "decode"})],
-    "output_tokens": [("mixdiag_engine_generation_tokens_total", {}), ("vllm:generation_tokens_total", {}),
+    "output_tokens": [(wire.GENERATION_TOKENS_TOTAL, {}), ("vllm:generation_tokens_total", {}),
                       ("sglang:generation_tokens_total", {})],
-    "prefix_hit_tokens": [("mixdiag_engine_prefix_cache_hits_total", {}), ("vllm:prefix_cache_hits_total", {}),
+    "prefix_hit_tokens": [(wire.PREFIX_CACHE_HITS_TOTAL, {}), ("vllm:prefix_cache_hits_total", {}),
                           ("vllm:gpu_prefix_cache_hits_total", {}),
                           ("sglang:realtime_tokens_total", {"mode": "prefill_cache"}),
                           ("sglang:cached_tokens_total", {})],
-    "preempted_reqs": [("mixdiag_engine_preemptions_total", {}), ("vllm:num_preemptions_total", {}),
+    "preempted_reqs": [(wire.PREEMPTIONS_TOTAL, {}), ("vllm:num_preemptions_total", {}),
                        ("sglang:num_retracted_requests_total", {})],
-    "kv_transfer_bytes": [("mixdiag_engine_kv_transfer_bytes_total", {}), ("vllm:nixl_bytes_transferred_sum", {})],
-    "kv_transfer_s": [("mixdiag_engine_kv_transfer_seconds_total", {}), ("vllm:nixl_xfer_time_seconds_sum", {})],
+    "kv_transfer_bytes": [(wire.KV_TRANSFER_BYTES_TOTAL, {}), ("vllm:nixl_bytes_transferred_sum", {})],
+    "kv_transfer_s": [(wire.KV_TRANSFER_SECONDS_TOTAL, {}), ("vllm:nixl_xfer_time_seconds_sum", {})],
 }
 # Gauges as of the interval end: (metric, how several series combine).
 GAUGE_COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "running_reqs": [("mixdiag_engine_requests_running", "sum"), ("vllm:num_requests_running", "sum"),
+    "running_reqs": [(wire.REQUESTS_RUNNING, "sum"), ("vllm:num_requests_running", "sum"),
                      ("sglang:num_running_reqs", "sum")],
-    "waiting_reqs": [("mixdiag_engine_requests_waiting", "sum"), ("vllm:num_requests_waiting", "sum"),
+    "waiting_reqs": [(wire.REQUESTS_WAITING, "sum"), ("vllm:num_requests_waiting", "sum"),
                      ("sglang:num_queue_reqs", "sum")],
-    "kv_usage": [("mixdiag_engine_kv_usage_ratio", "mean"), ("vllm:kv_cache_usage_perc", "mean"),
+    "kv_usage": [(wire.KV_USAGE_RATIO, "mean"), ("vllm:kv_cache_usage_perc", "mean"),
                  ("vllm:gpu_cache_usage_perc", "mean"), ("sglang:token_usage", "mean")],
+    # the last step's max/mean tokens per EP rank at scrape time: a sample, not an interval mean
+    "expert_imbalance": [(wire.EXPERT_IMBALANCE_RATIO, "max")],
 }
 #: ITL histograms, preferred first (vLLM's TPOT histogram holds the same data under its old name).
-ITL_HISTOGRAMS = ("mixdiag_engine_inter_token_latency_seconds", "vllm:inter_token_latency_seconds",
+ITL_HISTOGRAMS = (wire.INTER_TOKEN_LATENCY_SECONDS, "vllm:inter_token_latency_seconds",
                   "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
                   "sglang:time_per_output_token_seconds")
-STEPS_BY_KIND = ("mixdiag_engine_steps_total", "kind")
+STEPS_BY_KIND = (wire.STEPS_TOTAL, "kind")
 KINDS = ("prefill", "decode", "mixed", "idle")
 #: Counters split by a bounded category label whose increases go to ``series`` as ``<name>:increase``.
-CATEGORY_COUNTERS = (("mixdiag_engine_steps_total", "kind"), ("mixdiag_engine_graph_dispatch_total", "mode"),
-                     ("mixdiag_engine_graph_replays_total", "mode"), ("sglang:cuda_graph_passes_total", "mode"),
+CATEGORY_COUNTERS = ((wire.STEPS_TOTAL, "kind"), (wire.GRAPH_DISPATCH_TOTAL, "mode"),
+                     (wire.GRAPH_REPLAYS_TOTAL, "mode"), ("sglang:cuda_graph_passes_total", "mode"),
                      ("sglang:realtime_tokens_total", "mode"), ("vllm:prompt_tokens_by_source_total", "source"))
 QUANTILES = (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99))
 _NOT_GAUGE_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
@@ -211,6 +216,8 @@ def _gauge(series: dict[LabelKey, float], how: str) -> float:
     vals = [v for v in series.values() if math.isfinite(v)]
     if not vals:
         return math.nan
+    if how == "max":
+        return float(max(vals))
     return float(sum(vals) if how == "sum" else sum(vals) / len(vals))
 
 
@@ -262,16 +269,18 @@ def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View
         row["kind"] = "idle"  # no token at all was computed or emitted in the interval
     else:
         row["kind"] = "unknown"
-    gd = cur.get("mixdiag_engine_graph_dispatch_total")
+    gd = cur.get(wire.GRAPH_DISPATCH_TOTAL)
     if gd:
-        modes = {m: counter_increase(prev.get("mixdiag_engine_graph_dispatch_total"), gd, {"mode": m})
+        modes = {m: counter_increase(prev.get(wire.GRAPH_DISPATCH_TOTAL), gd, {"mode": m})
                  for m in ("FULL", "PIECEWISE", "NONE")}
         ran = [m for m, v in modes.items() if v > 0]
         row["graph_mode"] = ran[0] if len(ran) == 1 else "unknown"
-        rp = counter_increase(prev.get("mixdiag_engine_graph_replays_total"),
-                              cur.get("mixdiag_engine_graph_replays_total"))
+        for m, v in modes.items():  # graph_full_steps, graph_piecewise_steps, graph_none_steps
+            row[f"graph_{m.lower()}_steps"] = 0.0 if math.isnan(v) else v
+        rp = counter_increase(prev.get(wire.GRAPH_REPLAYS_TOTAL),
+                              cur.get(wire.GRAPH_REPLAYS_TOTAL))
         row["graph_replayed"] = (1.0 if rp > 0 else 0.0) if math.isfinite(rp) else math.nan
-        used["graph_mode"] = "mixdiag_engine_graph_dispatch_total"
+        used["graph_mode"] = wire.GRAPH_DISPATCH_TOTAL
     for cname, label in CATEGORY_COUNTERS:
         if cname not in cur:
             continue
@@ -320,7 +329,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
         sig = {col: "measured" for col in used if col not in ("itl",)}
         if "itl" in used:
             sig.update({c: "measured" for c in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count")})
-        sm = seq[-1][1].get("mixdiag_engine_sm_active_ratio", {}) if seq else {}
+        sm = seq[-1][1].get(wire.SM_ACTIVE_RATIO, {}) if seq else {}
         for labels in sm:
             src = dict(labels).get("source")
             if src in ("measured", "estimated"):

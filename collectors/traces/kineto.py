@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mixdiag import wire
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.traces.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS,
                                             attach_step_stats, graph_counts, leading_phases, graph_modes, parse_step_messages,
@@ -33,7 +34,7 @@ EXTENSIONS = (".json", ".json.gz")
 _SNIFF = re.compile(rb'"(traceEvents|schemaVersion|displayTimeUnit)"\s*:')
 _GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)")
 _KERNEL_LAUNCH = re.compile(r"^(cudaLaunch\w*Kernel|cuLaunch\w*Kernel)")
-_PHASES = tuple(PHASE_COLUMNS) + ("forward", "sample")
+_PHASES = tuple(PHASE_COLUMNS) + (wire.FORWARD, wire.SAMPLE)
 
 
 def sniff(head: bytes, name: str) -> bool:
@@ -198,7 +199,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
         steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float) if cuda_traced else np.nan
     stats_fields: set[str] = set()
     if step_source == "kineto-mixdiag":
-        extra = ann[ann["name"].str.startswith(STEP_STATS + " ") | (ann["name"] == "kv_transfer")]
+        extra = ann[ann["name"].str.startswith(STEP_STATS + " ") | (ann["name"] == wire.KV_TRANSFER)]
         steps, stats_fields = attach_step_stats(steps, extra.rename(columns={"name": "text", "pid": "group"}),
                                                 "tid", "t0_us", "t1_us")
         if "kv_transfer_dur" in steps.columns:
@@ -206,7 +207,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
             steps["kv_transfer_s"] = np.where(np.isnan(dur), steps["kv_transfer_s"], dur)
         # The step's own kv_transfer and schedule ranges precede its step range: the step starts
         # there (as the engine's records do), so that host work is not read as a gap between steps.
-        lead = ann[ann["name"].isin(["kv_transfer", "schedule"])].rename(columns={"name": "text", "pid": "group"})
+        lead = ann[ann["name"].isin([wire.KV_TRANSFER, wire.SCHEDULE])].rename(columns={"name": "text", "pid": "group"})
         t0, sched = leading_phases(steps, lead, "tid", "t0_us", "t1_us")
         steps["t0_us"] = t0
         steps["schedule_s"] = np.where(np.isnan(sched), steps["schedule_s"], sched / 1e6)
@@ -299,7 +300,7 @@ def _attach(steps, phases, launches, kernels, cpu_ops) -> pd.DataFrame:
             acc[np.unique(owner[sel])] = 0.0
             np.add.at(acc, owner[sel], (phases["t1_us"] - phases["t0_us"]).to_numpy()[sel] / 1e6)
         steps[f"{name}_s"] = acc
-    steps = steps.rename(columns={"prepare_inputs_s": "prepare_s"})
+    steps = steps.rename(columns={f"{wire.PREPARE_INPUTS}_s": PHASE_COLUMNS[wire.PREPARE_INPUTS]})
     lo = _owner(steps, launches)
     keep = lo >= 0
     gkey = np.where(launches["is_graph"].to_numpy(), launches["corr"].to_numpy(), -1)

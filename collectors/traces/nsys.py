@@ -21,7 +21,7 @@ from mixdiag.collectors.traces.nsys_kernels import (gap_steps, launch_names, pro
                                              sm_active_samples, window_means)
 from mixdiag.collectors.traces.nsys_nvtx import find_steps
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.traces.trace_steps import DEFAULT_STEP_GAP_S, graph_modes
+from mixdiag.collectors.traces.trace_steps import DEFAULT_STEP_GAP_S, PHASE_COLUMNS, graph_modes
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -140,7 +140,7 @@ def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> p
     else:  # no CUDA trace: only the engine's own planned decision is known
         s["graph_mode"] = s["graph_planned"].fillna("unknown")
         s["graph_replayed"] = np.nan
-    for phase, col in (("schedule", "schedule_s"), ("prepare_inputs", "prepare_s"), ("kv_transfer", "kv_transfer_s")):
+    for phase, col in PHASE_COLUMNS.items():
         s[col] = s[f"{phase}_ns"] / 1e9
     # Device time of the step's kernels where measured, else the host forward range.
     s["forward_s"] = ((s["gpu_end_ns"] - s["gpu_start_ns"]) / 1e9).where(s["gpu_kernels"] > 0, s["forward_ns"] / 1e9)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from mixdiag import wire
 from mixdiag.collectors.traces.nsys_db import NVTX, PID_MASK, STRINGS, NsysDb
 from mixdiag.collectors.traces.trace_steps import (ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS, attach_step_stats,
                                             leading_phases, parse_step_messages)
@@ -22,8 +23,8 @@ from mixdiag.collectors.traces.trace_steps import (ENGINE_STEP_RANGES, PHASE_COL
 RANGE_TYPE_NAMES = ("NvtxPushPopRange", "NvtxStartEndRange", "NvtxtPushPopRange", "NvtxtStartEndRange")
 RANGE_TYPE_IDS = (59, 60, 70, 71)
 DOMAIN_CREATE = 75
-MIXDIAG_DOMAIN = "mixdiag"
-PHASES = tuple(PHASE_COLUMNS) + ("forward", "sample")
+MIXDIAG_DOMAIN = wire.DOMAIN
+PHASES = tuple(PHASE_COLUMNS) + (wire.FORWARD, wire.SAMPLE)
 # Payload union members, integers first (the ``nvtx`` package stores an int in int64Value, a
 # float in doubleValue; C++ payloads use the matching member).
 _PAYLOAD = ("int64Value", "uint64Value", "int32Value", "uint32Value", "doubleValue", "floatValue")
@@ -116,7 +117,7 @@ def find_steps(db: NsysDb) -> NvtxSteps:
     if len(steps):
         steps = _attach_phases(steps, rows[rows["msg"].isin(PHASES)])
     if out.source == "nvtx-mixdiag":
-        extra = rows[rows["msg"].str.startswith(STEP_STATS + " ", na=False) | (rows["msg"] == "kv_transfer")]
+        extra = rows[rows["msg"].str.startswith(STEP_STATS + " ", na=False) | (rows["msg"] == wire.KV_TRANSFER)]
         steps, out.stats_fields = attach_step_stats(
             steps.assign(group=steps["gpid"]), extra.rename(columns={"msg": "text", "gpid": "group"}),
             "tid", "start_ns", "end_ns")
@@ -124,7 +125,7 @@ def find_steps(db: NsysDb) -> NvtxSteps:
         if dur is not None:
             steps["kv_transfer_ns"] = np.where(np.isnan(dur), steps["kv_transfer_ns"], dur)
         # the step's own kv_transfer/schedule ranges precede its step range: it starts there
-        lead = rows[rows["msg"].isin(["kv_transfer", "schedule"])].rename(columns={"msg": "text", "gpid": "group"})
+        lead = rows[rows["msg"].isin([wire.KV_TRANSFER, wire.SCHEDULE])].rename(columns={"msg": "text", "gpid": "group"})
         start, sched = leading_phases(steps, lead, "tid", "start_ns", "end_ns")
         steps["start_ns"] = start.astype("int64")
         steps["schedule_ns"] = np.where(np.isnan(sched), steps["schedule_ns"], sched)

@@ -11,18 +11,17 @@ The graph mode of a step is read from what was launched (:func:`graph_mode`), ne
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-
 import numpy as np
 
+from mixdiag import wire
 from mixdiag.schema import GRAPH_MODES, STEP_KINDS
+from mixdiag.wire import StepMessage
 
 #: Sub-ranges of a step (contracts §2) -> the steps column their duration fills.
 PHASE_COLUMNS: dict[str, str] = {
-    "schedule": "schedule_s",
-    "prepare_inputs": "prepare_s",
-    "kv_transfer": "kv_transfer_s",
+    wire.SCHEDULE: "schedule_s",
+    wire.PREPARE_INPUTS: "prepare_s",
+    wire.KV_TRANSFER: "kv_transfer_s",
 }
 
 #: Range names engines other than ours put around one forward step, outermost first (the first
@@ -37,25 +36,8 @@ ENGINE_STEP_RANGES: tuple[str, ...] = (
     "forward_batch_generation",     # SGLang TP worker
 )
 
-_STEP_HEAD = re.compile(r"^step\s+(\d+)(?:\s|$)")
-_KV = re.compile(r"(\w+)=(\S*)")
-_INT_FIELDS = ("prefill_tokens", "decode_reqs", "decode_rows")
-
 #: Default gap (seconds of GPU idleness) that separates two steps in the gap heuristic.
 DEFAULT_STEP_GAP_S = 0.0005
-
-
-@dataclass(frozen=True)
-class StepMessage:
-    """A parsed ``step`` range message; fields the message lacks are None."""
-
-    step: int
-    kind: str = "unknown"
-    prefill_tokens: int | None = None
-    decode_reqs: int | None = None
-    decode_rows: int | None = None
-    graph: str = "unknown"
-    extra: dict = field(default_factory=dict)
 
 
 def parse_step_message(text: str | None) -> StepMessage | None:
@@ -64,21 +46,7 @@ def parse_step_message(text: str | None) -> StepMessage | None:
     Lenient about drift: unknown ``key=value`` fields land in ``extra``; a kind or graph value
     outside the schema's choices becomes "unknown"; a malformed integer field becomes None.
     """
-    if not text:
-        return None
-    text = text.strip()
-    m = _STEP_HEAD.match(text)
-    if not m:
-        return None
-    fields = dict(_KV.findall(text[m.end():]))
-    kind = fields.pop("kind", "unknown")
-    graph = fields.pop("graph", "unknown").upper()
-    ints = {}
-    for name in _INT_FIELDS:
-        raw = fields.pop(name, None)
-        ints[name] = int(raw) if raw is not None and raw.isdigit() else None
-    return StepMessage(step=int(m.group(1)), kind=kind if kind in STEP_KINDS else "unknown",
-                       graph=graph if graph in GRAPH_MODES else "unknown", extra=fields, **ints)
+    return wire.parse_step_message(text, STEP_KINDS, GRAPH_MODES)
 
 
 def parse_step_messages(texts) -> "pd.DataFrame":
@@ -91,27 +59,22 @@ def parse_step_messages(texts) -> "pd.DataFrame":
 
     s = pd.Series(texts, dtype="string").str.strip()
     out = pd.DataFrame(index=s.index)
-    out["step"] = pd.to_numeric(s.str.extract(r"^step\s+(\d+)(?:\s|$)", expand=False), errors="coerce").astype("float64")
-    tail = s.str.replace(r"^step\s+\d+", "", regex=True)
-    kind = tail.str.extract(r"(?:^|\s)kind=(\S*)", expand=False)
+    out["step"] = pd.to_numeric(s.str.extract(wire.STEP_HEAD_RE, expand=False), errors="coerce").astype("float64")
+    tail = s.str.replace(rf"^{wire.STEP}\s+\d+", "", regex=True)
+    kind = tail.str.extract(wire.field_re("kind"), expand=False)
     out["kind"] = kind.where(kind.isin(STEP_KINDS), "unknown").astype(object)
-    graph = tail.str.extract(r"(?:^|\s)graph=(\S*)", expand=False).str.upper()
+    graph = tail.str.extract(wire.field_re("graph"), expand=False).str.upper()
     out["graph"] = graph.where(graph.isin(GRAPH_MODES), "unknown").astype(object)
-    for name in _INT_FIELDS:
-        raw = tail.str.extract(rf"(?:^|\s){name}=(\d+)(?:\s|$)", expand=False)
+    for name in wire.STEP_INT_FIELDS:
+        raw = tail.str.extract(wire.field_re(name, r"(\d+)"), expand=False)
         out[name] = pd.to_numeric(raw, errors="coerce").astype("float64")
     return out
 
 
 #: The ``step_stats`` range (contracts §2): values known only after a step's forward.
-STEP_STATS = "step_stats"
+STEP_STATS = wire.STEP_STATS
 #: step_stats fields -> steps column (all float; NaN where a message lacks the field).
-STATS_COLUMNS: dict[str, str] = {
-    "expert_imbalance": "expert_imbalance",
-    "preempted_reqs": "preempted_reqs",
-    "kv_transfer_bytes": "kv_transfer_bytes",
-}
-_NUM = r"([0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?|nan|inf)"
+STATS_COLUMNS: dict[str, str] = {name: name for name in wire.STATS_FIELDS}
 
 
 def parse_step_stats(texts) -> "pd.DataFrame":
@@ -125,13 +88,13 @@ def parse_step_stats(texts) -> "pd.DataFrame":
 
     s = pd.Series(texts, dtype="string").str.strip()
     out = pd.DataFrame(index=s.index)
-    out["step"] = pd.to_numeric(s.str.extract(rf"^{STEP_STATS}\s+(\d+)(?:\s|$)", expand=False),
+    out["step"] = pd.to_numeric(s.str.extract(wire.STEP_STATS_HEAD_RE, expand=False),
                                 errors="coerce").astype("float64")
     tail = s.str.replace(rf"^{STEP_STATS}\s+\d+", "", regex=True)
     for key, col in STATS_COLUMNS.items():
-        raw = tail.str.extract(rf"(?:^|\s){key}={_NUM}(?:\s|$)", expand=False)
+        raw = tail.str.extract(wire.field_re(key, wire.NUMBER_RE), expand=False)
         out[col] = pd.to_numeric(raw, errors="coerce").astype("float64")
-    prt = tail.str.extract(r"(?:^|\s)per_rank_tokens=(\d+(?:,\d+)*)(?:\s|$)", expand=False)
+    prt = tail.str.extract(wire.field_re(wire.PER_RANK_TOKENS, wire.INT_LIST_RE), expand=False)
     out["per_rank_tokens"] = prt.astype(object).where(prt.notna(), None)
     return out
 
@@ -173,7 +136,7 @@ def attach_step_stats(steps, stats, tid: str, t0: str, t1: str):
         # kv_transfer_s: 0 on steps whose stats say they were measured, plus each kv_transfer range.
         has = merged["kv_transfer_bytes"].notna().to_numpy()
         kv = np.where(has, 0.0, np.nan)
-        xfer = stats[stats["text"].to_numpy() == "kv_transfer"]
+        xfer = stats[stats["text"].to_numpy() == wire.KV_TRANSFER]
         for (g, th), x in xfer.groupby(["group", tid]):
             sel = np.flatnonzero((steps["group"].to_numpy() == g) & (steps[tid].to_numpy() == th))
             if not len(sel):
@@ -193,7 +156,7 @@ def attach_step_stats(steps, stats, tid: str, t0: str, t1: str):
 
 
 #: Phases the engine opens before a step's ``step`` range (in this order): they belong to it.
-LEADING_PHASES = ("kv_transfer", "schedule")
+LEADING_PHASES = (wire.KV_TRANSFER, wire.SCHEDULE)
 
 
 def leading_phases(steps, phases, tid: str, t0: str, t1: str):
@@ -228,7 +191,7 @@ def leading_phases(steps, phases, tid: str, t0: str, t1: str):
             p0, p1 = p0[order], p1[order]
             k = np.searchsorted(p1, lead, side="right") - 1
             ok = (k >= 0) & (p0[np.clip(k, 0, None)] >= prev_end)
-            if name == "schedule":
+            if name == wire.SCHEDULE:
                 sched[pos[ok]] = (p1 - p0)[k[ok]]
                 lead = np.where(ok, p0[np.clip(k, 0, None)], lead)
             else:

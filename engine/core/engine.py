@@ -30,6 +30,8 @@ from mixdiag.engine.model.graph_dispatch import plan_graph
 from mixdiag.engine.core.hooks import NULL_TRACER, Tracer
 from mixdiag.engine.core.input_batch import prepare_inputs
 from mixdiag.engine.telemetry.nvtx_tracer import step_stats_message
+from mixdiag import wire
+from mixdiag.wire import format_step
 from mixdiag.engine.core.kv_cache import KVCacheManager, allocate_kv_cache
 from mixdiag.engine.model.model import Model, build_model
 from mixdiag.engine.core.prefix_cache import PrefixCachingKVManager
@@ -156,12 +158,12 @@ class Engine:
         c0 = time.perf_counter()
         kv_bytes, kv_s = 0, 0.0
         if self.kv_connector is not None:  # PD: read/install KV that arrived, queue those requests
-            with tr.range("kv_transfer"):
+            with tr.range(wire.KV_TRANSFER):
                 kv_bytes, kv_s = self.kv_connector.receive()
         prefix = self.kv_manager if isinstance(self.kv_manager, PrefixCachingKVManager) else None
         if prefix is not None:
             prefix.begin_step(n)
-        with tr.range("schedule"):
+        with tr.range(wire.SCHEDULE):
             out = self.scheduler.schedule()
             if self.spec is not None:
                 self.spec.trim(out)   # drafts beyond the rows the budget gave
@@ -177,15 +179,14 @@ class Engine:
                          token_budget=out.token_budget, num_scheduled_tokens=dict(out.num_scheduled_tokens),
                          schedule_s=max(0.0, c1 - c0 - kv_s), kv_transfer_bytes=float(kv_bytes), kv_transfer_s=kv_s)
         self._prefix_and_microbatch(out, rec)
-        msg = (f"step {n} kind={rec.kind} prefill_tokens={rec.prefill_tokens} decode_reqs={rec.decode_reqs} "
-               f"decode_rows={rec.decode_rows} graph={rec.graph_mode}")
+        msg = format_step(n, rec.kind, rec.prefill_tokens, rec.decode_reqs, rec.decode_rows, rec.graph_mode)
         c4 = c1
         if not out.is_empty:
-            with tr.range("step", msg, out.total_num_scheduled_tokens):
-                with tr.range("prepare_inputs"):
+            with tr.range(wire.STEP, msg, out.total_num_scheduled_tokens):
+                with tr.range(wire.PREPARE_INPUTS):
                     batch = prepare_inputs(out, self.kv_manager, self.device)
                 c2 = time.perf_counter()
-                with tr.range("forward"):
+                with tr.range(wire.FORWARD):
                     if self.graph_runner is not None:
                         logits, run = self.graph_runner.execute(batch, plan.mode, plan.bucket)
                         rec.graph_replayed = run.replayed
@@ -196,7 +197,7 @@ class Engine:
                 if prefix is not None:
                     prefix.end_step(n)   # the step's KV is written: its new cached blocks become hittable
                 c3 = time.perf_counter()
-                with tr.range("sample"):
+                with tr.range(wire.SAMPLE):
                     if self.spec is not None:   # verification rows: greedy match / rejection sampling
                         sampled, sst = self.spec.sample(logits, batch, self.scheduler.requests, sample,
                                                         self._generator_for, self.spec.draft_counts(out))
@@ -233,7 +234,7 @@ class Engine:
         # Values known only after the forward (and after observers such as the EP injector filled
         # them) ride on a short step_stats range; its text is built only when a range is recorded.
         if not out.is_empty and tr.recording():
-            with tr.range("step_stats", step_stats_message(rec)):
+            with tr.range(wire.STEP_STATS, step_stats_message(rec)):
                 pass
         return rec
 

@@ -19,6 +19,7 @@ from mixdiag.engine.model.attention import paged_attention_ref
 from mixdiag.engine.core.config import ModelConfig
 from mixdiag.engine.core.hooks import NULL_TRACER, Tracer
 from mixdiag.engine.model.moe import MoE, SwiGLU
+from mixdiag.wire import ATTN, MOE, layer_range
 
 
 class RMSNorm(nn.Module):
@@ -81,13 +82,13 @@ class DecoderLayer(nn.Module):
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.is_moe = index >= cfg.first_k_dense
         self.mlp = MoE(cfg) if self.is_moe else SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self._attn_name, self._moe_name = f"attn L{index}", f"moe L{index}"
+        self._attn_name, self._moe_name = layer_range(ATTN, index), layer_range(MOE, index)
 
     def forward(self, x, batch, kv_layer, rotary, backend, tracer: Tracer) -> torch.Tensor:
-        with tracer.range("attn", self._attn_name):
+        with tracer.range(ATTN, self._attn_name):
             x = x + self.attn(self.input_norm(x), batch, kv_layer, rotary, backend)
         if self.is_moe:
-            with tracer.range("moe", self._moe_name):
+            with tracer.range(MOE, self._moe_name):
                 return x + self.mlp(self.post_norm(x))
         return x + self.mlp(self.post_norm(x))
 

@@ -21,7 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-PREFIX = "mixdiag_engine"
+from mixdiag import wire
+from mixdiag.wire import counter_family
+
 STEP_KINDS = ("prefill", "decode", "mixed", "idle")
 SEGMENTS = ("prefill", "decode")
 GRAPH_MODES = ("FULL", "PIECEWISE", "NONE")
@@ -103,37 +105,36 @@ class EngineMetrics:
         self._arrival_s = arrival_s  # request id -> arrival time (for TTFT); None: no TTFT
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        p = PREFIX
-        self.steps = Counter(f"{p}_steps", "Forward steps by kind (mixed = prefill tokens and decode rows in one step)",
+        self.steps = Counter(counter_family(wire.STEPS_TOTAL), "Forward steps by kind (mixed = prefill tokens and decode rows in one step)",
                              ["kind"], registry=r)
-        self.scheduled_tokens = Counter(f"{p}_scheduled_tokens", "Tokens scheduled into forward steps by segment",
+        self.scheduled_tokens = Counter(counter_family(wire.SCHEDULED_TOKENS_TOTAL), "Tokens scheduled into forward steps by segment",
                                         ["segment"], registry=r)
-        self.prompt_tokens = Counter(f"{p}_prompt_tokens", "Prompt tokens processed (computed plus prefix-cache hits)",
+        self.prompt_tokens = Counter(counter_family(wire.PROMPT_TOKENS_TOTAL), "Prompt tokens processed (computed plus prefix-cache hits)",
                                      registry=r)
-        self.generation_tokens = Counter(f"{p}_generation_tokens", "Output tokens generated", registry=r)
-        self.graph_dispatch = Counter(f"{p}_graph_dispatch", "Steps by planned CUDA-graph mode (the dispatcher's decision)",
+        self.generation_tokens = Counter(counter_family(wire.GENERATION_TOKENS_TOTAL), "Output tokens generated", registry=r)
+        self.graph_dispatch = Counter(counter_family(wire.GRAPH_DISPATCH_TOTAL), "Steps by planned CUDA-graph mode (the dispatcher's decision)",
                                       ["mode"], registry=r)
-        self.graph_replays = Counter(f"{p}_graph_replays", "CUDA graphs really replayed, by mode (none on CPU)",
+        self.graph_replays = Counter(counter_family(wire.GRAPH_REPLAYS_TOTAL), "CUDA graphs really replayed, by mode (none on CPU)",
                                      ["mode"], registry=r)
-        self.step_duration = Histogram(f"{p}_step_duration_seconds", "Wall time of one engine step by kind",
+        self.step_duration = Histogram(wire.STEP_DURATION_SECONDS, "Wall time of one engine step by kind",
                                        ["kind"], buckets=STEP_BUCKETS_S, registry=r)
-        self.itl = BatchHistogram(f"{p}_inter_token_latency_seconds", "Time between consecutive outputs of a request",
+        self.itl = BatchHistogram(wire.INTER_TOKEN_LATENCY_SECONDS, "Time between consecutive outputs of a request",
                                   ITL_BUCKETS_S, r)
-        self.ttft = BatchHistogram(f"{p}_time_to_first_token_seconds", "Time from arrival to a request's first output",
+        self.ttft = BatchHistogram(wire.TIME_TO_FIRST_TOKEN_SECONDS, "Time from arrival to a request's first output",
                                    TTFT_BUCKETS_S, r)
-        self.running = Gauge(f"{p}_requests_running", "Requests running after the last step", registry=r)
-        self.waiting = Gauge(f"{p}_requests_waiting", "Requests waiting after the last step", registry=r)
-        self.kv_usage = Gauge(f"{p}_kv_usage_ratio", "KV-cache block usage 0..1 after the last step", registry=r)
-        self.prefix_queries = Counter(f"{p}_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+        self.running = Gauge(wire.REQUESTS_RUNNING, "Requests running after the last step", registry=r)
+        self.waiting = Gauge(wire.REQUESTS_WAITING, "Requests waiting after the last step", registry=r)
+        self.kv_usage = Gauge(wire.KV_USAGE_RATIO, "KV-cache block usage 0..1 after the last step", registry=r)
+        self.prefix_queries = Counter(counter_family(wire.PREFIX_CACHE_QUERIES_TOTAL), "Prompt tokens looked up in the prefix cache",
                                       registry=r)
-        self.prefix_hits = Counter(f"{p}_prefix_cache_hits", "Prompt tokens served from the prefix cache", registry=r)
-        self.preemptions = Counter(f"{p}_preemptions", "Requests preempted for lack of KV blocks", registry=r)
-        self.expert_imbalance = Gauge(f"{p}_expert_imbalance_ratio",
+        self.prefix_hits = Counter(counter_family(wire.PREFIX_CACHE_HITS_TOTAL), "Prompt tokens served from the prefix cache", registry=r)
+        self.preemptions = Counter(counter_family(wire.PREEMPTIONS_TOTAL), "Requests preempted for lack of KV blocks", registry=r)
+        self.expert_imbalance = Gauge(wire.EXPERT_IMBALANCE_RATIO,
                                       "Last step's max/mean tokens per expert-parallel rank (1 = balanced)", registry=r)
-        self.kv_transfer_bytes = Counter(f"{p}_kv_transfer_bytes", "PD KV bytes received and installed", registry=r)
-        self.kv_transfer_seconds = Counter(f"{p}_kv_transfer_seconds", "Time steps spent waiting on PD KV transfer",
+        self.kv_transfer_bytes = Counter(counter_family(wire.KV_TRANSFER_BYTES_TOTAL), "PD KV bytes received and installed", registry=r)
+        self.kv_transfer_seconds = Counter(counter_family(wire.KV_TRANSFER_SECONDS_TOTAL), "Time steps spent waiting on PD KV transfer",
                                            registry=r)
-        self.sm_active = Gauge(f"{p}_sm_active_ratio", "SM activity 0..1 of the last step; source says measured or estimated",
+        self.sm_active = Gauge(wire.SM_ACTIVE_RATIO, "SM activity 0..1 of the last step; source says measured or estimated",
                                ["source"], registry=r)
         # Bounded label sets exist from the start (a scrape before the first step shows zeros);
         # graph_replays is the exception: it shows a mode only once a replay really happened.

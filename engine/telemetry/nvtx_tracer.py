@@ -21,19 +21,21 @@ import nvtx as nvtx_lib
 import torch
 from torch.autograd.profiler import record_function
 
-DOMAIN = "mixdiag"
+from mixdiag import wire
+from mixdiag.wire import DOMAIN
+
 
 #: Phase category of each range name; ranges not listed fall in "other".
 CATEGORIES: dict[str, str] = {
-    "step": "step",
-    "schedule": "host",
-    "prepare_inputs": "host",
-    "sample": "host",
-    "forward": "forward",
-    "attn": "forward",
-    "moe": "forward",
-    "kv_transfer": "transfer",
-    "step_stats": "step",
+    wire.STEP: "step",
+    wire.SCHEDULE: "host",
+    wire.PREPARE_INPUTS: "host",
+    wire.SAMPLE: "host",
+    wire.FORWARD: "forward",
+    wire.ATTN: "forward",
+    wire.MOE: "forward",
+    wire.KV_TRANSFER: "transfer",
+    wire.STEP_STATS: "step",
 }
 
 #: ARGB colours per category, so Nsight's timeline separates phases at a glance.
@@ -56,12 +58,8 @@ def range_text(name: str, message: str | None = None) -> str:
 
 def step_message(step: int, kind: str, prefill_tokens: int, decode_reqs: int, decode_rows: int,
                  graph: str, **extra: Any) -> str:
-    """The ``step`` range message of contracts §2; ``extra`` appends `` key=value`` fields."""
-    text = (f"step {int(step)} kind={kind} prefill_tokens={int(prefill_tokens)} decode_reqs={int(decode_reqs)} "
-            f"decode_rows={int(decode_rows)} graph={graph}")
-    for k, v in extra.items():
-        text += f" {k}={v}"
-    return text
+    """The ``step`` range message of contracts §2 (:func:`mixdiag.wire.format_step`)."""
+    return wire.format_step(step, kind, prefill_tokens, decode_reqs, decode_rows, graph, **extra)
 
 
 def step_stats_message(rec) -> str:
@@ -69,12 +67,8 @@ def step_stats_message(rec) -> str:
 
     ``expert_imbalance``/``per_rank_tokens`` only when the step measured them (EP active).
     """
-    text = (f"step_stats {int(rec.step)} preempted_reqs={int(rec.preempted_reqs)} "
-            f"kv_transfer_bytes={int(rec.kv_transfer_bytes)}")
-    if rec.per_rank_tokens is not None:
-        text += (f" expert_imbalance={float(rec.expert_imbalance):.4g} "
-                 f"per_rank_tokens={','.join(str(int(v)) for v in rec.per_rank_tokens)}")
-    return text
+    return wire.format_step_stats(rec.step, rec.preempted_reqs, rec.kv_transfer_bytes,
+                                  rec.expert_imbalance, rec.per_rank_tokens)
 
 
 class _NvtxRange:
@@ -154,7 +148,7 @@ class NvtxTracer:
 
 def message_is_fixed(name: str, text: str) -> bool:
     """Texts that repeat every step (phase names, ``attn L3``) are cached; step messages are not."""
-    return name not in ("step", "step_stats")
+    return name not in wire.VARIABLE_RANGES
 
 
 def _is_dummy(domain) -> bool:
