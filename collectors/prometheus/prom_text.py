@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from mixdiag import wire
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -35,7 +36,7 @@ _VALUE = re.compile(r"^[+-]?(?:[Ii]nf(?:inity)?|NaN|nan|(?:\d+\.?\d*|\.\d+)(?:[e
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
 _TYPE = re.compile(rf"^#\s*TYPE\s+({_NAME})\s+(\w+)")
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
-_SNIFF = re.compile(rb"^(?:# (?:HELP|TYPE) |(?:vllm|sglang|mixdiag_engine|DCGM_FI)[:_]\w*[{ ])", re.M)
+_SNIFF = re.compile(rb"^(?:# (?:HELP|TYPE) |(?:vllm|sglang|" + wire.METRIC_PREFIX.encode() + rb"|DCGM_FI)[:_]\w*[{ ])", re.M)
 _SCRAPE_FILE = re.compile(r"^(\d+(?:\.\d+)?)\.prom$")
 
 
