@@ -1,33 +1,44 @@
 """Multi-instance runs: several engines (``engine0``, ``engine1``, ...) side by side, one Timeline.
 
-A scenario with ``instances = N`` runs N engine *processes* at once (``mixdiag run --instance
-engineI --seed SEED+I`` each, so every engine gets its own traffic and they compete for the same
-cores, as data-parallel engines on one host do). Each child writes a full run directory under
-``OUT/instances/engineI/`` (its own instrumentation files included); the parent merges their
-Timelines (:meth:`~mixdiag.schema.Timeline.concat`) and ground truth into ``OUT`` and writes one
+A scenario with ``instances = N`` runs N engine *processes* at once, started with ``multiprocessing``
+(spawn context: a fresh interpreter each, so no torch state or threads are inherited); each calls
+:func:`~mixdiag.engine.testbed.session.run_scenario` for instance ``engineI`` with seed ``SEED+I``,
+so every engine gets its own traffic and they compete for the same cores, as data-parallel engines
+on one host do. Each writes a full run directory under ``OUT/instances/engineI/`` (its own
+instrumentation files included); the parent merges their Timelines
+(:meth:`~mixdiag.schema.Timeline.concat`) and ground truth into ``OUT`` and writes one
 ``summary.json`` with the per-instance summaries. Faults scoped with ``instances = [...]`` in the
-``[faults]`` table apply only to those engines. Instrumentation flags given to the parent are
-passed to every instance (each names its files after its instance; ``--serve PORT`` serves
-instance N on PORT + N).
+``[faults]`` table apply only to those engines. The request's instrumentation applies to every
+instance (each names its files after its instance; ``serve_port`` PORT serves instance N on PORT + N).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import subprocess
-import sys
+import multiprocessing
 import time
-from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+from typing import TYPE_CHECKING, Callable
 
 from mixdiag.errors import UserError
+
+if TYPE_CHECKING:
+    from mixdiag.engine.testbed.session import RunRequest
 
 
 def instance_names(n: int) -> list[str]:
     return [f"engine{i}" for i in range(n)]
 
 
-def run_instances(scenario: str, n: int, out: Path, *, seed: int, max_steps: int | None = None,
-                  child_args: list[str] = (), console=None) -> dict:
-    """Run ``n`` engines on ``scenario`` concurrently, merge their run directories into ``out``.
+def _run_instance(request: "RunRequest") -> dict:
+    """One instance, in its own process: its run directory written, its summary as strict JSON data."""
+    from mixdiag.engine.testbed.session import plain, run_scenario
+
+    return plain(run_scenario(request).summary)
+
+
+def run_instances(request: "RunRequest", n: int, *, seed: int, note: Callable[[str], None] | None = None) -> dict:
+    """Run ``n`` engines on ``request.scenario`` concurrently, merge their run directories into ``request.out``.
 
     Returns the merged summary (also written to ``out/summary.json``).
     """
@@ -36,23 +47,24 @@ def run_instances(scenario: str, n: int, out: Path, *, seed: int, max_steps: int
     from mixdiag.engine.testbed.truth import read_truth, write_truth
 
     t0 = time.perf_counter()
+    out = request.out
     subs = {name: out / "instances" / name for name in instance_names(n)}
-    procs = {}
-    for i, (name, sub) in enumerate(subs.items()):
-        cmd = [sys.executable, "-m", "mixdiag", "run", "--scenario", scenario, "--out", str(sub),
-               "--instance", name, "--seed", str(seed + i), "--json", "-q", *child_args]
-        if max_steps is not None:
-            cmd += ["--max-steps", str(max_steps)]
-        procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if console is not None:
-        console.note(f"running {n} engine instances of {scenario} (instances/engine0..engine{n - 1})")
-    results = {name: p.communicate() for name, p in procs.items()}
-    failed = [(name, procs[name].returncode, err) for name, (_, err) in results.items() if procs[name].returncode]
+    children = {name: dataclasses.replace(request, out=sub, instance=name, seed=seed + i)
+                for i, (name, sub) in enumerate(subs.items())}
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {name: pool.submit(_run_instance, child) for name, child in children.items()}
+        if note is not None:
+            note(f"running {n} engine instances of {request.scenario} (instances/engine0..engine{n - 1})")
+        summaries, failed = {}, []
+        for name, fut in futures.items():
+            try:
+                summaries[name] = fut.result()
+            except Exception as e:  # a UserError or crash in the child (BrokenProcessPool when it died)
+                failed.append((name, e))
     if failed:
-        name, rc, err = failed[0]
-        tail = (err or "").strip().splitlines()[-1:] or [""]
-        raise UserError(f"instance {name} failed (exit {rc}): {tail[0]}")
-    summaries = {name: json.loads(stdout) for name, (stdout, _) in results.items()}
+        name, e = failed[0]
+        msg = str(e).strip().splitlines()[-1:] or [type(e).__name__]
+        raise UserError(f"instance {name} failed: {msg[0]}")
     timelines = [Timeline.load(sub) for sub in subs.values()]
     merged = Timeline.concat(timelines)
     first = summaries[instance_names(n)[0]]

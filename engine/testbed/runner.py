@@ -18,7 +18,7 @@ from mixdiag.engine.testbed.workload import WorkItem
 
 
 @dataclass
-class RunResult:
+class WorkloadResult:
     records: list[StepRecord]
     submitted: list[str]                     # request ids added, in order
     arrival_s: dict[str, float] = field(default_factory=dict)
@@ -27,13 +27,13 @@ class RunResult:
 
 
 def run_workload(engine: Engine, items: list[WorkItem], *, time_unit: str = "step", max_steps: int = 1000,
-                 progress=None, submit: Callable[..., str] | None = None) -> RunResult:
+                 progress=None, submit: Callable[..., str] | None = None) -> WorkloadResult:
     """Feed ``items`` (sorted by arrival) into ``engine`` and step until done or ``max_steps``.
 
     ``submit`` replaces ``engine.add_request`` (a fault injector routes some requests elsewhere).
     """
     submit = submit or engine.add_request
-    res = RunResult(records=[], submitted=[])
+    res = WorkloadResult(records=[], submitted=[])
     pending = list(items)
     clock0, step = time.time(), 0
     offset = 0.0          # step time skipped while idle
@@ -65,7 +65,7 @@ def _q(values, q: float) -> float | None:
     return float(np.quantile(values, q)) if len(values) else None
 
 
-def summarize(engine: Engine, res: RunResult, timeline) -> dict:
+def summarize(engine: Engine, res: WorkloadResult, timeline) -> dict:
     """Steps by kind, graph modes, ITL and TTFT quantiles, throughput, preemptions, stalls, wall time."""
     steps = timeline.steps
     itl = timeline.itl()["itl_s"].to_numpy()

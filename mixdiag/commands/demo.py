@@ -45,18 +45,14 @@ def register(sub, common):
     p.set_defaults(func=run)
 
 
-def run_engine(scenario: str, run_dir: Path, quiet: bool, max_steps: int | None = None) -> float:
-    """``mixdiag run --scenario S --out RUN_DIR`` in a child process (its progress bar on our stderr)."""
-    cmd = [sys.executable, "-m", "mixdiag", "run", "--scenario", scenario, "--out", str(run_dir)]
-    if max_steps is not None:
-        cmd += ["--max-steps", str(max_steps)]
-    if quiet:
-        cmd.append("-q")
+def run_engine(scenario: str, run_dir: Path, console, max_steps: int | None = None) -> float:
+    """Run the engine on ``scenario`` into ``run_dir`` (what ``mixdiag run`` does); the seconds it took."""
+    from mixdiag.engine.testbed.session import RunRequest, run_scenario
+
     t = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=None if not quiet else subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        tail = (proc.stderr or "").strip().splitlines()[-1:] if quiet else []
-        raise UserError(f"the engine run failed (exit {proc.returncode})" + (f": {tail[0]}" if tail else ""))
+    # as when it was a child `mixdiag run`: its progress bar on stderr, unless -q or --json
+    run_scenario(RunRequest(scenario=scenario, out=run_dir, max_steps=max_steps),
+                 progress=None if console.json_mode else console.progress, note=console.note)
     return time.perf_counter() - t
 
 
@@ -83,34 +79,24 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run(args, console):
-    from mixdiag.dashboard.settings import DashboardConfig
-    from mixdiag.schema import Timeline
+    from mixdiag.serving import check_address
 
     out = Path(args.out)
     run_dir = pick_run_dir(out)
     # Validate serving flags before minutes of engine work.
-    config = DashboardConfig(data_dir=None, host=args.host, port=args.port)
+    host, port = check_address(args.host, args.port)
     if not args.no_serve:
-        check_port_free(config.host, config.port)
+        check_port_free(host, port)
     console.note(f"running the engine on scenario '{args.scenario}' into {run_dir}")
     if args.max_steps is not None and args.max_steps < 1:
         raise UserError(f"--max-steps must be >= 1, got {args.max_steps}")
-    took = run_engine(args.scenario, run_dir, quiet=console.verbosity < 0 or console.json_mode,
-                      max_steps=args.max_steps)
+    took = run_engine(args.scenario, run_dir, console, max_steps=args.max_steps)
     report = write_report(run_dir)
 
-    from mixdiag.dashboard.app import bind, create_app, serve
-    from mixdiag.dashboard.store import DataStore
-    from mixdiag.exporter import DiagnosisExporter
+    from mixdiag.commands.serve_dashboard import open_run, serve_forever
 
-    config = DashboardConfig(data_dir=out, host=config.host, port=config.port)
-    exporter = DiagnosisExporter()
-    store = DataStore(config, exporter)
-    ds = store.add(Timeline.load(run_dir), run_dir.name if run_dir != out else out.name)
-    h = ds.headline
-    url = f"http://{config.host}:{config.port}/"
-    server = None if args.no_serve else bind(create_app(config, store=store, exporter=exporter), config.host,
-                                             config.port)
+    h, server = open_run(out, run_dir, host, port, serve=not args.no_serve)
+    url = f"http://{host}:{port}/"
     causes = {c: n for c, n in h.by_cause.items() if n}
     lines = [f"run:     {run_dir} ({h.n_steps:,} steps, engine {took:.0f} s)",
              f"report:  {report}",
@@ -123,5 +109,5 @@ def run(args, console):
                                       "url": None if args.no_serve else url})
     if args.no_serve:
         return 0
-    serve(server, verbose=console.verbosity > 0)
+    serve_forever(server, verbose=console.verbosity > 0)
     return 0
