@@ -38,6 +38,7 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("prom-text", "prometheus.prom_text", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
     Collector("vllm-log", "logs.vllm_log", (".log", ".txt"), "vLLM server log"),
     Collector("sglang-log", "logs.sglang_log", (".log", ".txt"), "SGLang server log"),
+    Collector("prom-endpoint", "prometheus.endpoint", (), "an engine's live /metrics URL (sampled, or one dump)"),
     Collector("prom-http", "prometheus.prom_http", (), "Prometheus server HTTP API (URL)"),
 )
 BY_FORMAT = {c.format: c for c in COLLECTORS}

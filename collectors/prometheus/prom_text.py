@@ -238,7 +238,9 @@ def read(source, *, instance: str | None = None, t_s: float | None = None, **opt
         raise UserError(f"{source_name(source)}: not a Prometheus text exposition (no sample line parsed)")
     t, clock = _scrape_time(scrape, t_s, stats)
     base = instance or Path(source_name(source)).stem
-    return build_timeline([TimedScrape(t, scrape, stats)], base, clock=clock, fmt=FORMAT)
+    from mixdiag.collectors.prometheus.endpoint import since_start  # one dump: totals since process start
+
+    return since_start(scrape, t, base, clock=clock, fmt=FORMAT, stats=stats)
 
 
 def read_scrapes(pairs: Iterable[tuple[float, str]], *, instance: str = "scrape", **options) -> Timeline:

@@ -25,7 +25,8 @@ def test_fixture_counts(name, total, parsed, ignored, values):
     src = tl.meta["sources"][0]
     assert (src["lines_total"], src["lines_parsed"], src["lines_skipped"], src["lines_ignored"]) == \
         (total, parsed, 0, ignored)
-    assert tl.meta["clock"] == "relative" and len(tl.steps) == 0
+    # one dump: one since-start row per target (collectors/prometheus/endpoint.since_start)
+    assert tl.meta["clock"] == "relative" and len(tl.steps) == 1 and "since_start" in tl.meta
     assert len(tl.series) == parsed  # one scrape: every sample is kept as a series value
     for metric, v in values.items():
         got = tl.series[tl.series["name"] == metric]["value"]
