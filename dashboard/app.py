@@ -1,4 +1,4 @@
-"""The app factory: a Dash app with the four pages and the diagnosis exporter's ``/metrics``.
+"""The app factory: a Dash pages app (:mod:`.pages`, inside :mod:`.shell`) and the diagnosis exporter's ``/metrics``.
 
 >>> from mixdiag.dashboard import DashboardConfig, create_app
 >>> app = create_app(DashboardConfig.from_data_path("runs/demo"))   # doctest: +SKIP
@@ -12,7 +12,7 @@ from pathlib import Path
 import dash
 from flask import Response
 
-from mixdiag.dashboard import callbacks, layout
+from mixdiag.dashboard import pages, shell
 from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.store import DataStore
 from mixdiag.errors import UserError
@@ -35,17 +35,21 @@ def create_app(config: DashboardConfig, store: DataStore | None = None,
         store.load_path(config.initial)
     live = LiveFollower(config.prometheus_url, window_s=config.live_window_s, refresh_s=config.refresh_s)
 
-    app = dash.Dash(__name__, title="mixdiag", update_title=None, serve_locally=True,
-                    assets_folder=str(Path(__file__).with_name("assets")))
+    # Pages are registered by module name (pages_folder=""): nothing is scanned, installed or not.
+    app = dash.Dash(__name__, title="mixdiag", update_title=None, serve_locally=True, use_pages=True,
+                    pages_folder="", assets_folder=str(Path(__file__).with_name("assets")))
     # A base64 upload is 4/3 of the file plus the JSON envelope of the callback request.
     app.server.config["MAX_CONTENT_LENGTH"] = config.upload_max_bytes * 4 // 3 + 2 * 2**20
+    pages.register_pages(app, store, live)
+    page_modules = pages.modules()
 
     def _layout():
         ds = store.get(None)
-        return layout.page(config, callbacks.key_of(ds) if ds else None, live=bool(config.prometheus_url))
+        return shell.frame(config, shell.key_of(ds) if ds else None, live=bool(config.prometheus_url),
+                           pages=page_modules)
 
     app.layout = _layout
-    callbacks.register(app, store, live)
+    shell.register(app, store, page_modules)
 
     @app.server.route("/metrics")
     def _metrics():

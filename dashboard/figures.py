@@ -1,10 +1,11 @@
-"""Figure builders: pure functions from prepared frames (:mod:`.views`, :mod:`.stats`) to plotly figures.
+"""Figure builders: pure functions from prepared frames (the pages' page data, :mod:`.stats`) to plotly figures.
 
 No figure builder reads files, holds state or knows about Dash; the callbacks call them.
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -13,7 +14,10 @@ from plotly.subplots import make_subplots
 
 from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS, bucket_first_of_each, minmax_indices
 from mixdiag.causes import CAUSE_COLORS, CAUSES, GRAPH_MODE_COLORS
-from mixdiag.dashboard.page_data import SpikeDetail, TimelineView
+
+if TYPE_CHECKING:  # annotations only: the figure builders stay free of Dash and of the pages
+    from mixdiag.dashboard.pages.spike import SpikeDetail
+    from mixdiag.dashboard.pages.timeline import TimelineView
 
 #: Graph-mode band, bottom to top.
 GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]

@@ -1,21 +1,13 @@
 """The dashboard's configuration: one frozen, validated dataclass."""
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
+from mixdiag.collectors.prometheus.live import check_url
 from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS
 from mixdiag.errors import UserError
-
-
-def check_url(url: str, what: str = "URL") -> str:
-    """``url`` if it is an http(s) URL with a host; UserError otherwise (no file://, no javascript:)."""
-    u = urlparse(str(url).strip())
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise UserError(f"{what} must be an http:// or https:// URL, got {url!r}")
-    return str(url).strip().rstrip("/")
+from mixdiag.serving import check_address
 
 
 @dataclass(frozen=True)
@@ -49,13 +41,7 @@ class DashboardConfig:
             object.__setattr__(self, "data_dir", d.resolve())
         if self.prometheus_url is not None:
             object.__setattr__(self, "prometheus_url", check_url(self.prometheus_url, "--prometheus"))
-        if not (0 < int(self.port) < 65536):
-            raise UserError(f"--port must be 1..65535, got {self.port}")
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            if self.host != "localhost":
-                raise UserError(f"--host must be an IP address or 'localhost', got {self.host!r}") from None
+        check_address(self.host, self.port)
         if not 0.5 <= float(self.refresh_s) <= 3600:
             raise UserError(f"refresh interval must be 0.5..3600 s, got {self.refresh_s}")
         if self.upload_max_bytes <= 0:

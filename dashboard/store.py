@@ -1,6 +1,7 @@
 """Data access for the dashboard: what can be loaded, loading it safely, and the loaded datasets.
 
-The server reads nothing outside its configured data directory: every path a browser sends is
+Inputs are read only through the collectors' registry (``mixdiag.collectors.load``, in a child
+process for captures and uploads). The server reads nothing outside its configured data directory: every path a browser sends is
 resolved (symlinks included) and must stay inside it. Uploads go to a private temporary folder,
 are size-capped and parsed in a child process (:mod:`.isolate`); nothing a user gave is written
 over. Loaded datasets are kept server-side under a short id; the browser only holds the id.
@@ -46,7 +47,7 @@ class Dataset:
     headline: Headline
     analysis_s: float
     loaded_unix_s: float = field(default_factory=time.time)
-    views: dict = field(default_factory=dict)  # instance -> TimelineView cache
+    views: dict = field(default_factory=dict)  # instance -> the Timeline page's view, computed once
 
 
 def is_run_dir(path: Path) -> bool:
@@ -143,7 +144,9 @@ class DataStore:
         """Load a run directory (in-process, Parquet), or a capture file or scrape directory (parsed in isolation)."""
         p = self.resolve(rel)
         if p.is_dir() and is_run_dir(p):
-            tl = Timeline.load(p)
+            from mixdiag import collectors
+
+            tl = collectors.load(p)  # the registry's run-directory collector, as `mixdiag analyze` reads it
         elif p.is_dir() and not is_scrape_dir(p):
             raise UserError(f"{rel!r} is a directory without Timeline files or scrapes")
         else:
@@ -207,15 +210,6 @@ class DataStore:
         """The dataset with ``ds_id`` (or the current one when ``ds_id`` is None)."""
         with self._lock:
             return self._datasets.get(ds_id if ds_id else (self.current_id or ""))
-
-    def view(self, ds: Dataset, instance: str):
-        """The cached :class:`~.views.TimelineView` of ``instance`` in ``ds``."""
-        from mixdiag.dashboard.page_data import timeline_view
-
-        v = ds.views.get(instance)
-        if v is None:
-            v = ds.views[instance] = timeline_view(ds.timeline, ds.diagnosis, instance)
-        return v
 
 
 def fmt_seconds(v: float) -> str:

@@ -18,13 +18,20 @@ import urllib.request
 from collections import deque
 from urllib.parse import urlparse
 
-from mixdiag.dashboard.settings import check_url
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
 #: A scrape larger than this is refused (an engine's /metrics is a few hundred KiB at most).
 MAX_SCRAPE_BYTES = 16 * 2**20
 HTTP_TIMEOUT_S = 10.0
+
+
+def check_url(url: str, what: str = "URL") -> str:
+    """``url`` if it is an http(s) URL with a host; UserError otherwise (no file://, no javascript:)."""
+    u = urlparse(str(url).strip())
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise UserError(f"{what} must be an http:// or https:// URL, got {url!r}")
+    return str(url).strip().rstrip("/")
 
 
 def url_kind(url: str) -> str:

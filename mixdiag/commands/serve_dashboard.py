@@ -54,3 +54,31 @@ def run(args, console):
     console.note("press Ctrl+C to stop")
     serve(server, verbose=console.verbosity > 0)
     return 0
+
+
+def open_run(out, run_dir, host: str, port: int, serve: bool = True):
+    """The dashboard over ``out`` with ``run_dir`` loaded (``mixdiag demo``): (headline, bound server or None).
+
+    The only door from ``mixdiag/`` into ``mixdiag.dashboard`` besides :func:`run`.
+    """
+    from pathlib import Path
+
+    from mixdiag.dashboard.app import bind, create_app
+    from mixdiag.dashboard.settings import DashboardConfig
+    from mixdiag.dashboard.store import DataStore
+    from mixdiag.exporter import DiagnosisExporter
+
+    out, run_dir = Path(out), Path(run_dir)
+    config = DashboardConfig(data_dir=out, host=host, port=port)
+    exporter = DiagnosisExporter()
+    store = DataStore(config, exporter)
+    ds = store.load_path(str(run_dir.relative_to(out)) if run_dir != out else ".")
+    server = bind(create_app(config, store=store, exporter=exporter), config.host, config.port) if serve else None
+    return ds.headline, server
+
+
+def serve_forever(server, verbose: bool = False) -> None:
+    """Serve a server from :func:`open_run` until Ctrl+C."""
+    from mixdiag.dashboard.app import serve
+
+    serve(server, verbose=verbose)

@@ -32,10 +32,10 @@ def register(sub, common):
 def run(args, console):
     from prometheus_client import start_http_server
 
-    from mixdiag.dashboard.settings import DashboardConfig
     from mixdiag.collectors.prometheus.live import LiveFollower
-    from mixdiag.dashboard.store import diagnose_timed
+    from mixdiag.diagnosis import diagnose
     from mixdiag.exporter import DiagnosisExporter
+    from mixdiag.serving import check_address
 
     if not (0.5 <= args.interval <= 3600):
         raise UserError(f"--interval must be 0.5..3600 s, got {args.interval}")
@@ -43,7 +43,7 @@ def run(args, console):
         raise UserError("--window must be longer than --interval")
     if args.count < 0:
         raise UserError("--count must be >= 0")
-    DashboardConfig(host=args.host, port=args.port)  # validates host/port
+    check_address(args.host, args.port)
     url = args.prometheus or args.engine
     follower = LiveFollower(window_s=args.window, refresh_s=args.interval)
     follower.start(url, kind="prometheus" if args.prometheus else "engine")
@@ -67,7 +67,9 @@ def run(args, console):
                 console.note(f"poll {polls}: {e}")
                 tl = None
             if tl is not None and len(tl.steps):
-                d, took = diagnose_timed(tl)
+                t_diag = time.perf_counter()
+                d = diagnose(tl)
+                took = time.perf_counter() - t_diag
                 snap = exporter.publish(tl, d, duration_s=took)
                 n_new = sum(snap.spikes_total.values())
                 update = {"poll": polls, "steps": len(tl.steps), "spikes_total": dict(snap.spikes_total),

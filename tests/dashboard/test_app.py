@@ -1,4 +1,4 @@
-"""The app factory: four pages, /metrics on the same server carrying the report's spike counts."""
+"""The app factory: four Dash pages, /metrics on the same server carrying the report's spike counts."""
 import io
 import json
 from contextlib import redirect_stdout
@@ -32,15 +32,40 @@ def test_metrics_parse_and_carry_the_reports_spike_counts(app, faulty_run):
     assert len({s["cause"] for s in report["spikes"]}) >= 3
 
 
-def test_page_has_the_four_tabs_and_the_loaded_dataset(app):
+def test_frame_links_the_four_pages_and_holds_the_loaded_dataset(app):
     c = app.server.test_client()
     assert c.get("/").status_code == 200
     layout = c.get("/_dash-layout").get_json()
     text = json.dumps(layout)
-    for label in ("Overview", "Timeline", "Spike", "Sources"):
-        assert f'"label": "{label}"' in text
+    for label, href in (("Overview", "/"), ("Timeline", "/timeline"), ("Spike", "/spike"), ("Sources", "/sources")):
+        assert f'"children": "{label}"' in text and f'"href": "{href}"' in text
     ds = app.mixdiag_store.get(None)
     assert f'"id": "{ds.id}"' in text
+
+
+@pytest.mark.parametrize("path,ids", [
+    ("/", ["overview-verdict", "overview-by-cause-graph"]),
+    ("/timeline", ["timeline-instance", "timeline-graph"]),
+    ("/spike", ["spike-choice", "spike-evidence"]),
+    ("/sources", ["sources-data-choice", "sources-upload", "sources-status"]),
+])
+def test_each_page_renders_its_own_prefixed_components(app, path, ids):
+    """The pages router (a Dash callback) returns the page of ``path``; its ids carry the page's prefix."""
+    c = app.server.test_client()
+    c.get("/")  # the router is set up on the first request
+    body = {"output": ".._pages_content.children..._pages_store.data..",
+            "outputs": [{"id": "_pages_content", "property": "children"}, {"id": "_pages_store", "property": "data"}],
+            "inputs": [{"id": "_pages_location", "property": "pathname", "value": path},
+                       {"id": "_pages_location", "property": "search", "value": ""}],
+            "changedPropIds": ["_pages_location.pathname"], "state": []}
+    r = c.post("/_dash-update-component", json=body)
+    assert r.status_code == 200, r.get_data(as_text=True)[:300]
+    text = r.get_data(as_text=True)
+    for i in ids:
+        assert f'"id":"{i}"' in text.replace(" ", "")
+    prefix = path.strip("/") or "overview"
+    page_ids = [x.split('"')[0] for x in text.replace(" ", "").split('"id":"')[1:]]
+    assert page_ids and all(i.startswith(prefix + "-") for i in page_ids)
 
 
 def test_upload_cap_applies_to_the_request(app):

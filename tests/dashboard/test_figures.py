@@ -7,7 +7,8 @@ import pytest
 
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.stats import CAUSES
-from mixdiag.dashboard.page_data import SpikeDetail, TimelineView, spike_detail, timeline_view
+from mixdiag.dashboard.pages.spike import SpikeDetail, spike_detail
+from mixdiag.dashboard.pages.timeline import TimelineView, timeline_view
 from mixdiag.diagnosis import diagnose
 
 N = 200_000

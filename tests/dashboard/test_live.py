@@ -103,7 +103,7 @@ def test_following_a_real_prometheus_server(make_timeline, prometheus_server, me
 
 
 def test_dashboard_live_tick_shows_the_latest_window(make_timeline, tmp_path):
-    from mixdiag.dashboard import callbacks
+    from mixdiag.dashboard.pages import sources
     from mixdiag.dashboard.settings import DashboardConfig
     from mixdiag.dashboard.store import DataStore
 
@@ -113,11 +113,11 @@ def test_dashboard_live_tick_shows_the_latest_window(make_timeline, tmp_path):
     with MetricsServer(metrics.registry, 0) as srv:
         live = LiveFollower(srv.url)
         feed(metrics, tl, 0, 50)
-        key, msg = callbacks.on_live_tick(store, live)
+        key, msg = sources.on_live_tick(store, live)
         assert msg.endswith("waiting for a second scrape")
         feed(metrics, tl, 50, 100)
-        key, msg = callbacks.on_live_tick(store, live)
-        key2, _ = callbacks.on_live_tick(store, live)
+        key, msg = sources.on_live_tick(store, live)
+        key2, _ = sources.on_live_tick(store, live)
     assert key["id"] == key2["id"] and key2["rev"] >= key["rev"]  # one dataset, refreshed in place
     ds = store.get(key2["id"])
     assert ds.label == f"live: {srv.url}" and len(ds.timeline.steps) == 2

@@ -1,11 +1,13 @@
-"""Per-page data: Timeline view, spike detail with the ledger's predicted height."""
+"""Page data of the Timeline and Spike pages: Timeline view, spike detail with the ledger's predicted height."""
+import dataclasses
 import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.dashboard.page_data import LedgerChoice, default_instance, ledger_height, spike_detail, timeline_view
+from mixdiag.dashboard.pages.spike import LedgerChoice, ledger_height, spike_detail
+from mixdiag.dashboard.pages.timeline import default_instance, timeline_view
 from mixdiag.ledger.device_model import device, predict
 from mixdiag.diagnosis import diagnose
 from mixdiag.ledger.shapes import BatchShape, resolve
@@ -73,7 +75,7 @@ def test_prediction_in_the_evidence_wins(run):
     _, d = run
     sp = d.spikes.copy()
     sp.at[0, "evidence"] = dict(sp.at[0, "evidence"], ledger_predicted_s=0.05)
-    d2 = type(d)(spikes=sp, steps=d.steps, by_cause=d.by_cause, verdict=d.verdict, itl=d.itl)
+    d2 = dataclasses.replace(d, spikes=sp)
     det = spike_detail(d2, "engine0", int(sp.at[0, "step"]))
     assert det.predicted_s == 0.05 and det.predicted_key == "ledger_predicted_s"
 

@@ -1,7 +1,7 @@
-"""Per-page data, prepared once per loaded dataset and instance (compute, not rendering).
+"""Spike page: one spike's cause, measured and predicted height, evidence and neighbouring steps.
 
-:func:`timeline_view` turns a Timeline and its diagnosis into sorted numpy arrays the Timeline
-page downsamples on every zoom; :func:`spike_detail` gathers what the Spike page shows.
+Owns its page data (:func:`spike_detail`, the ledger's predicted height), its layout and its
+callbacks. A spike clicked on the Timeline page arrives through the frame's ``app-spike-choice``.
 """
 from __future__ import annotations
 
@@ -10,106 +10,18 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from dash import Input, Output, State, dcc, html
 
-from mixdiag.schema import Timeline
+from mixdiag.dashboard import figures
+from mixdiag.dashboard.components import GRAPH_CONFIG, PAGE, table
+from mixdiag.dashboard.store import DataStore, fmt_seconds
 
+PATH = "/spike"
+NAME = "Spike"
 #: Steps shown on each side of a clicked spike.
 NEIGHBOURS = 5
-#: Step columns the Timeline page draws (all on the steps frame of the contract).
-STEP_PANEL_COLUMNS = ("step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "decode_rows", "sm_active",
-                      "graph_mode", "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s")
-
-
-@dataclass(frozen=True)
-class TimelineView:
-    """One instance's panels on a relative clock (seconds since ``t0_s``), sorted by time."""
-
-    instance: str
-    t0_s: float
-    itl: pd.DataFrame      # t_rel_s, itl_s  (per output event, or per interval for coarse sources)
-    itl_label: str         # what the ITL panel shows, for its axis title
-    spikes: pd.DataFrame   # t_rel_s, itl_s, cause, confidence, instance, step
-    steps: pd.DataFrame    # t_rel_s plus STEP_PANEL_COLUMNS
-    sm_quality: str        # measured | estimated | inferred | absent | unlabelled
-    has_expert: bool
-    has_kv: bool
-
-    @property
-    def x_extent(self) -> tuple[float, float]:
-        """Full x-range of the data (relative seconds)."""
-        xs = [f["t_rel_s"] for f in (self.itl, self.spikes, self.steps) if len(f)]
-        if not xs:
-            return 0.0, 1.0
-        return float(min(x.min() for x in xs)), float(max(x.max() for x in xs))
-
-
-def default_instance(timeline: Timeline, diagnosis) -> str | None:
-    """The instance with most spikes (first alphabetically on a tie), or the first instance."""
-    insts = timeline.instances
-    if not insts:
-        return None
-    sp = diagnosis.spikes
-    if sp is not None and len(sp):
-        counts = sp["instance"].value_counts()
-        best = counts.max()
-        return sorted(i for i, n in counts.items() if n == best)[0]
-    return insts[0]
-
-
-def timeline_view(timeline: Timeline, diagnosis, instance: str) -> TimelineView:
-    """The Timeline page's data for ``instance``.
-
-    ITL comes from the tokens frame (one point per output event, ``itl_s``); sources without
-    tokens fall back to the interval ``itl_p99_s`` column. Spike markers come from the
-    diagnosis (their measured ``itl_s``), steps from the diagnosis' steps frame.
-    """
-    span = timeline.span()
-    t0 = span[0] if span else 0.0
-    itl = pd.DataFrame({"t_rel_s": pd.Series([], dtype="float64"), "itl_s": pd.Series([], dtype="float64")})
-    label = "ITL (s)"
-    if (timeline.tokens["instance"] == instance).any():
-        it = timeline.itl()  # already validated and sorted: no second Timeline to build
-        it = it[it["instance"] == instance]
-        itl = pd.DataFrame({"t_rel_s": it["t_s"].to_numpy() - t0, "itl_s": it["itl_s"].to_numpy()})
-        label = "ITL per output (s)"
-    else:
-        st = timeline.steps[timeline.steps["instance"] == instance]
-        for col in ("itl_p99_s", "itl_mean_s"):
-            if st[col].notna().any():
-                itl = pd.DataFrame({"t_rel_s": st["t_end_s"].to_numpy() - t0, "itl_s": st[col].to_numpy()})
-                label = f"ITL {col[4:-2].upper()} per interval (s)"
-                break
-    itl = itl.dropna().sort_values("t_rel_s", kind="stable").reset_index(drop=True)
-
-    sp = diagnosis.spikes
-    if sp is not None and len(sp):
-        sp = sp[sp["instance"] == instance]
-    if sp is None or not len(sp):
-        spikes = pd.DataFrame({"t_rel_s": pd.Series([], dtype="float64"), "itl_s": pd.Series([], dtype="float64"),
-                               "cause": pd.Series([], dtype=object), "confidence": pd.Series([], dtype="float64"),
-                               "instance": pd.Series([], dtype=object), "step": pd.Series([], dtype="int64")})
-    else:
-        spikes = pd.DataFrame({"t_rel_s": sp["t_s"].to_numpy(dtype="float64") - t0,
-                               "itl_s": sp["itl_s"].to_numpy(dtype="float64"),
-                               "cause": sp["cause"].astype(str).to_numpy(),
-                               "confidence": pd.to_numeric(sp["confidence"], errors="coerce").to_numpy(),
-                               "instance": sp["instance"].astype(str).to_numpy(),
-                               "step": sp["step"].astype("int64").to_numpy()})
-        spikes = spikes.sort_values("t_rel_s", kind="stable").reset_index(drop=True)
-
-    base = diagnosis.steps if getattr(diagnosis, "steps", None) is not None else timeline.steps
-    st = base[base["instance"] == instance]
-    steps = st[list(STEP_PANEL_COLUMNS)].copy()
-    steps.insert(0, "t_rel_s", st["t_start_s"].to_numpy(dtype="float64") - t0)
-    steps = steps.sort_values("t_rel_s", kind="stable").reset_index(drop=True)
-
-    quality = timeline.signal_quality(instance, "sm_active")
-    if quality == "absent" and steps["sm_active"].notna().any():
-        quality = "unlabelled"
-    return TimelineView(instance=instance, t0_s=float(t0), itl=itl, itl_label=label, spikes=spikes, steps=steps,
-                        sm_quality=quality, has_expert=bool(steps["expert_imbalance"].notna().any()),
-                        has_kv=bool((steps["kv_transfer_bytes"].fillna(0) > 0).any()
-                                    or (steps["kv_transfer_s"].fillna(0) > 0).any()))
+#: Spikes offered in the page's dropdown (largest first).
+SPIKE_CHOICES = 300
 
 
 @dataclass(frozen=True)
@@ -232,3 +144,87 @@ def spike_detail(diagnosis, instance: str, step: int, neighbours: int = NEIGHBOU
     return SpikeDetail(spike=spike, evidence=ev, missing_signals=missing, neighbours=neigh, measured_s=measured,
                        predicted_s=predicted, predicted_key=key, measured_x=measured_x, predicted_x=predicted_x,
                        prediction_basis=basis)
+
+
+def layout(**_query) -> html.Div:
+    return html.Div([
+        html.Div([html.Label("spike ", htmlFor="spike-choice"),
+                  dcc.Dropdown(id="spike-choice", placeholder="click a spike on the Timeline page, or pick one",
+                               style={"width": "520px", "display": "inline-block", "verticalAlign": "middle"})]),
+        html.Div(id="spike-summary", style={"margin": "10px 0"}),
+        dcc.Graph(id="spike-graph", config=GRAPH_CONFIG),
+        html.H4("Evidence"), html.Div(id="spike-evidence"),
+        html.H4("Neighbouring steps"), html.Div(id="spike-neighbours", style={"overflowX": "auto"}),
+    ], style=PAGE)
+
+
+def spike_options(ds) -> list[dict]:
+    """The dropdown's spikes of ``ds``, largest ITL first."""
+    sp = ds.diagnosis.spikes
+    if sp is None or not len(sp):
+        return []
+    top = sp.sort_values("itl_s", ascending=False).head(SPIKE_CHOICES)
+    return [{"label": f"{r.instance} step {int(r.step)}: {r.cause}, ITL {fmt_seconds(float(r.itl_s))}",
+             "value": f"{r.instance}|{int(r.step)}"} for r in top.itertuples(index=False)]
+
+
+def on_choices(store: DataStore, key: dict | None, clicked: dict | None):
+    """Dropdown options and value: the spike clicked on the Timeline when it belongs to this dataset."""
+    ds = store.get(key["id"]) if key else None
+    if ds is None:
+        return [], None
+    value = clicked["spike"] if isinstance(clicked, dict) and clicked.get("key") == key else None
+    return spike_options(ds), value
+
+
+def on_spike(store: DataStore, key: dict | None, choice: str | None, ledger: LedgerChoice | None = LedgerChoice()):
+    """The Spike page for ``choice`` ('instance|step')."""
+    ds = store.get(key["id"]) if key else None
+    if ds is None or not choice or "|" not in choice:
+        return (html.Div("Click a spike marker on the Timeline page (or pick one above) to see its evidence."),
+                figures.empty_figure(), "", "")
+    inst, step = choice.rsplit("|", 1)
+    d = spike_detail(ds.diagnosis, inst, int(step), ledger=ledger)
+    if d is None:
+        return html.Div(f"no spike at {inst} step {step}"), figures.empty_figure(), "", ""
+    s = d.spike
+    conf = s.get("confidence")
+    mx = f" ({d.measured_x:.1f}x baseline)" if d.measured_x == d.measured_x else ""
+    if d.predicted_key is not None and d.predicted_x == d.predicted_x:
+        pred = f"{fmt_seconds(d.predicted_s)} ({d.predicted_x:.1f}x baseline)"
+    elif d.predicted_key is not None:
+        pred = fmt_seconds(d.predicted_s)
+    else:
+        pred = "none"
+    summary = html.Div([
+        html.Div([html.B(f"{s['cause']}"), f" at {s['instance']} step {s['step']}",
+                  f", confidence {float(conf):.2f}" if conf is not None else ""], id="spike-cause"),
+        html.Div(f"measured ITL {fmt_seconds(d.measured_s)}{mx}; baseline "
+                 f"{fmt_seconds(float(s.get('baseline_s', float('nan'))))}; predicted height {pred}",
+                 id="spike-heights"),
+        html.Div(d.prediction_basis, style={"color": "#666", "fontSize": "12px"}),
+        html.Div(f"signals missing from the source: {', '.join(d.missing_signals)}" if d.missing_signals
+                 else "no signal missing", style={"color": "#666", "fontSize": "12px"}),
+    ])
+    cols = [c for c in ("step", "kind", "t_start_s", "t_end_s", "prefill_tokens", "decode_rows", "graph_mode",
+                        "sm_active", "expert_imbalance", "kv_transfer_s", "preempted_reqs", "gap_before_s",
+                        "itl_max_s", "is_spike", "cause") if c in d.neighbours.columns]
+    neigh = d.neighbours[cols]
+    return (summary, figures.spike_figure(d), table(d.evidence, id="spike-evidence-table"),
+            table(pd.DataFrame(neigh), id="spike-neighbours-table"))
+
+
+def register(app, store: DataStore, live=None) -> None:
+    """Bind the Spike page's callbacks to ``app``."""
+    ledger = LedgerChoice(store.config.ledger_preset, store.config.ledger_device)
+
+    @app.callback(Output("spike-choice", "options"), Output("spike-choice", "value"),
+                  Input("app-dataset-key", "data"), State("app-spike-choice", "data"))
+    def _choices(key, clicked):
+        return on_choices(store, key, clicked)
+
+    @app.callback(Output("spike-summary", "children"), Output("spike-graph", "figure"),
+                  Output("spike-evidence", "children"), Output("spike-neighbours", "children"),
+                  Input("spike-choice", "value"), State("app-dataset-key", "data"))
+    def _spike(choice, key):
+        return on_spike(store, key, choice, ledger)

@@ -1,0 +1,69 @@
+"""Overview page: the verdict, headline numbers, spikes by cause, sources and the signals each instance has."""
+from __future__ import annotations
+
+import math
+
+from dash import Input, Output, dcc, html
+from dash.exceptions import PreventUpdate
+
+from mixdiag.dashboard import figures
+from mixdiag.dashboard.components import CARD, GRAPH_CONFIG, PAGE, table
+from mixdiag.dashboard.stats import Headline, signals_frame, sources_frame
+from mixdiag.dashboard.store import DataStore, fmt_seconds
+
+PATH = "/"
+NAME = "Overview"
+
+
+def headline_cards(h: Headline) -> list:
+    """The Overview's number cards."""
+    def card(label, value, id):
+        return html.Div([html.Div(label, style={"fontSize": "11px", "color": "#666"}),
+                         html.Div(value, id=id, style={"fontSize": "20px", "fontWeight": 600})], style=CARD)
+
+    share = "-" if not math.isfinite(h.mixed_share) else f"{100 * h.mixed_share:.1f} %"
+    src = {"tokens": "per output event", "steps": "step to step", "intervals": "per interval",
+           "none": "no latency data"}.get(h.itl_source, h.itl_source)
+    return [card("spikes", f"{h.n_spikes:,}", "overview-stat-spikes"),
+            card(f"ITL P50 ({src})", fmt_seconds(h.itl_p50_s), "overview-stat-itl-p50"),
+            card("ITL P99", fmt_seconds(h.itl_p99_s), "overview-stat-itl-p99"),
+            card("ITL max", fmt_seconds(h.itl_max_s), "overview-stat-itl-max"),
+            card("mixed steps", share, "overview-stat-mixed-share"),
+            card("steps", f"{h.n_steps:,}", "overview-stat-steps"),
+            card("instances", ", ".join(h.instances) or "-", "overview-stat-instances")]
+
+
+def layout(**_query) -> html.Div:
+    return html.Div([
+        html.H3(id="overview-verdict", children="No data loaded yet: pick a run on the Sources page.",
+                style={"fontWeight": 500}),
+        html.Div(id="overview-headline-stats"),
+        html.Div([dcc.Graph(id="overview-by-cause-graph", config=GRAPH_CONFIG)],
+                 style={"width": "48%", "display": "inline-block", "verticalAlign": "top"}),
+        html.Div([html.H4("Sources"), html.Div(id="overview-sources-table", style={"overflowX": "auto"}),
+                  html.H4("Signals each instance provides"),
+                  html.Div(id="overview-signals-table", style={"overflowX": "auto"})],
+                 style={"width": "50%", "display": "inline-block", "verticalAlign": "top", "paddingLeft": "2%"}),
+    ], style=PAGE)
+
+
+def on_dataset(store: DataStore, key: dict | None):
+    """Verdict, headline cards, by-cause figure, sources and signals tables of the dataset ``key``."""
+    ds = store.get(key["id"]) if key else None
+    if ds is None:
+        raise PreventUpdate
+    h = ds.headline
+    src = table(sources_frame(ds.timeline))
+    # one row per signal, one column per instance: stays narrow with many signals
+    sig_df = signals_frame(ds.timeline, ds.diagnosis).set_index("instance").T
+    sig = table(sig_df.rename_axis("signal").reset_index())
+    return h.verdict, headline_cards(h), figures.by_cause_figure(h.by_cause), src, sig
+
+
+def register(app, store: DataStore, live=None) -> None:
+    """Bind the Overview's callback to ``app``."""
+    @app.callback(Output("overview-verdict", "children"), Output("overview-headline-stats", "children"),
+                  Output("overview-by-cause-graph", "figure"), Output("overview-sources-table", "children"),
+                  Output("overview-signals-table", "children"), Input("app-dataset-key", "data"))
+    def _dataset(key):
+        return on_dataset(store, key)

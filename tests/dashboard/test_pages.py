@@ -1,0 +1,120 @@
+"""Page callback bodies, called without a browser: load, overview, zoom re-sampling, spike click, live toggle."""
+import pytest
+from dash import no_update
+from dash.exceptions import PreventUpdate
+
+from mixdiag.dashboard import shell
+from mixdiag.dashboard.pages import overview, sources, spike, timeline
+from mixdiag.dashboard.settings import DashboardConfig
+from mixdiag.dashboard.store import DataStore
+from mixdiag.exporter import DiagnosisExporter
+
+
+@pytest.fixture
+def store(faulty_run):
+    s = DataStore(DashboardConfig.from_data_path(faulty_run.parent), DiagnosisExporter())
+    return s
+
+
+@pytest.fixture
+def key(store):
+    return sources.on_load(store, "sources-load-btn", "run1", None, None)[0]
+
+
+@pytest.mark.parametrize("relayout,want", [
+    (None, False),
+    ({"autosize": True}, False),
+    ({"xaxis.range[0]": 1.5, "xaxis.range[1]": 2.5}, (1.5, 2.5)),
+    ({"xaxis3.range[0]": 0, "xaxis3.range[1]": 4}, (0.0, 4.0)),  # zoom on a lower panel
+    ({"xaxis.range": [3, 1]}, (3.0, 1.0)),
+    ({"xaxis.autorange": True, "xaxis2.autorange": True}, None),  # double-click: everything
+    ({"yaxis.range[0]": 0, "yaxis.range[1]": 1}, False),  # y zoom only
+    ({"xaxis.range[0]": "a", "xaxis.range[1]": 2}, False),
+])
+def test_x_range_from_relayout(relayout, want):
+    assert timeline.x_range_from_relayout(relayout) == want
+
+
+def test_load_then_overview_and_instance_choice(store, key):
+    ds = store.get(key["id"])
+    verdict, cards, fig, src, sig = overview.on_dataset(store, key)
+    assert verdict == ds.diagnosis.verdict
+    assert list(fig.data[0].x) == [ds.diagnosis.by_cause[c] for c in fig.data[0].y]
+    assert store.exporter.snapshot.spikes_total == ds.diagnosis.by_cause
+    assert timeline.on_instances(store, key) == ([{"label": "engine0", "value": "engine0"}], "engine0")
+    with pytest.raises(PreventUpdate):  # nothing loaded: pages keep their placeholders
+        overview.on_dataset(store, None)
+
+
+@pytest.mark.parametrize("trigger,choice,msg", [
+    ("sources-load-btn", None, "pick a run or a file first"),
+    ("sources-load-btn", "../../etc", "error: '../../etc' is outside the data directory"),
+    ("sources-load-btn", "nope", "error: 'nope' does not exist in the data directory"),
+])
+def test_load_errors_are_one_line_messages(store, trigger, choice, msg):
+    assert sources.on_load(store, trigger, choice, None, None) == (no_update, msg)
+
+
+def test_timeline_full_then_zoomed(store, key):
+    full = timeline.on_timeline(store, key, "engine0", None, 400, trigger="timeline-instance")
+    zoomed = timeline.on_timeline(store, key, "engine0", {"xaxis.range[0]": 1.0, "xaxis.range[1]": 2.0}, 400,
+                                  trigger="timeline-graph")
+    assert list(zoomed.layout.xaxis.range) == [1.0, 2.0] and full.layout.xaxis.range is None
+    assert full.layout.uirevision == zoomed.layout.uirevision == f"{key['id']}:engine0"  # zoom kept per dataset
+    itl = lambda f: [t for t in f.data if t.name == "ITL"][0]  # noqa: E731
+    data = timeline.view(store.get(key["id"]), "engine0").itl["t_rel_s"]
+    assert len(itl(full).x) < len(data)  # the whole run: min/max per bucket
+    in_window = int(((data >= 1.0) & (data <= 2.0)).sum())
+    assert len(itl(zoomed).x) == in_window + 2  # zoomed in: every point of the window (+ one neighbour each side)
+    with pytest.raises(PreventUpdate):  # a relayout that is not an x zoom does not redraw
+        timeline.on_timeline(store, key, "engine0", {"autosize": True}, 400, trigger="timeline-graph")
+    with pytest.raises(PreventUpdate):
+        timeline.on_timeline(store, key, "ghost", None, 400, trigger="timeline-instance")
+
+
+def test_click_on_a_spike_opens_the_spike_page_on_it(store, key):
+    ds = store.get(key["id"])
+    options, value = spike.on_choices(store, key, None)
+    assert len(options) == len(ds.diagnosis.spikes) and value is None
+    sp = ds.diagnosis.spikes.iloc[2]
+    want = {"key": key, "spike": f"engine0|{int(sp['step'])}"}
+    click = {"points": [{"curveNumber": 2, "customdata": ["engine0", int(sp["step"])]}]}
+    assert timeline.on_click(store, key, click) == (want, spike.PATH)
+    with pytest.raises(PreventUpdate):  # a click on the ITL line away from any spike is ignored
+        timeline.on_click(store, key, {"points": [{"curveNumber": 0, "x": 0.0123}]}, instance="engine0")
+    x = float(sp["t_s"]) - timeline.view(ds, "engine0").t0_s  # the line's point under the spike marker
+    assert timeline.on_click(store, key, {"points": [{"curveNumber": 0, "x": x}]}, instance="engine0") == \
+        (want, spike.PATH)
+    # the Spike page opens on the clicked spike; once another dataset (or revision) shows, it does not
+    assert spike.on_choices(store, key, want)[1] == want["spike"]
+    assert spike.on_choices(store, {**key, "rev": key["rev"] + 1}, want)[1] is None
+    summary, fig, evidence, neighbours = spike.on_spike(store, key, want["spike"])
+    assert sp["cause"] in str(summary) and "predicted height" in str(summary)
+    assert evidence.id == "spike-evidence-table" and neighbours.id == "spike-neighbours-table"
+    assert fig.layout.title.text == f"Steps around spike {int(sp['step'])} ({sp['cause']})"
+
+
+def test_spike_page_without_a_choice_explains_what_to_do(store, key):
+    summary, *_ = spike.on_spike(store, key, None)
+    assert "Click a spike marker" in str(summary)
+
+
+def test_live_toggle_validates_input():
+    from mixdiag.collectors.prometheus.live import LiveFollower
+
+    live = LiveFollower()
+    assert sources.on_live_toggle(live, "sources-live-btn", "file:///etc/passwd", 5)[2].startswith(
+        "error: live URL must be")
+    assert sources.on_live_toggle(live, "sources-live-btn", "http://127.0.0.1:9/metrics", 0.1)[2].startswith(
+        "error: refresh")
+    assert sources.on_live_toggle(live, "sources-live-btn", "http://127.0.0.1:9/metrics", 2) == \
+        (False, 2000, "following http://127.0.0.1:9/metrics (engine) every 2 s")
+    assert sources.on_live_toggle(live, "sources-live-stop", None, None)[0] is True and not live.active
+
+
+@pytest.mark.parametrize("pathname,current", [("/", "/"), (None, "/"), ("/spike", "/spike"), ("/timeline/", "/timeline"),
+                                              ("/nowhere", None)])
+def test_the_current_pages_link_is_marked(pathname, current):
+    paths = ["/", "/timeline", "/spike", "/sources"]
+    styles = shell.link_styles(pathname, paths)
+    assert [p for p, s in zip(paths, styles) if s == shell.LINK_ACTIVE] == ([current] if current else [])
