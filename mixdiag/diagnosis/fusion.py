@@ -20,36 +20,19 @@ if TYPE_CHECKING:
     from mixdiag.diagnosis.pipeline import DiagnosisConfig
 
 
-#: Gauge series that fill an empty interval column (value of the last sample in the interval).
-GAUGE_SERIES = {"expert_imbalance": ("mixdiag_engine_expert_imbalance_ratio",)}
-
-
-def gauge_columns(rows: pd.DataFrame, series: pd.DataFrame) -> pd.DataFrame:
-    """Interval rows whose ``expert_imbalance`` is empty take the gauge sampled in the interval
-    (the last step's max/mean per EP rank at scrape time: a sample, not a mean)."""
+def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
+    """Interval rows get ``graph_off_decode_steps``: decode-only steps that left the FULL graph,
+    i.e. off-FULL dispatches (``graph_piecewise_steps + graph_none_steps``) beyond the interval's
+    prefill and mixed steps. Only when the rows carry per-mode counts and per-kind step counts."""
     iv = rows["granularity"] == "interval"
-    if not iv.any() or not len(series):
+    modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
+    if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any() \
+            or not {"mixed_steps", "prefill_steps"} <= set(rows.columns):
         return rows
     rows = rows.copy()
-    for col, names in GAUGE_SERIES.items():
-        if rows.loc[iv, col].notna().any():
-            continue
-        g = series[series["name"].isin(names)].sort_values("t_s")
-        if not len(g):
-            continue
-        g = g.groupby("t_s", as_index=False)["value"].max()
-        ends = rows.loc[iv, "t_end_s"].to_numpy()
-        idx = np.searchsorted(g["t_s"].to_numpy(), ends + 1e-6, side="right") - 1
-        vals = np.where(idx >= 0, g["value"].to_numpy()[np.clip(idx, 0, None)], np.nan)
-        rows.loc[iv, col] = vals
-    # decode-only steps that left the FULL graph: off-FULL dispatches beyond the prefill/mixed steps
-    g = series[series["name"] == "mixdiag_engine_graph_dispatch_total:increase"]
-    if len(g) and {"mixed_steps", "prefill_steps"} <= set(rows.columns):
-        off = g[g["labels"].isin(["mode=NONE", "mode=PIECEWISE"])].groupby("t_s")["value"].sum()
-        ends = rows.loc[iv, "t_end_s"]
-        n_off = ends.map(lambda t: float(off[(off.index > t - 1e-6) & (off.index < t + 1e-6)].sum()))
-        other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
-        rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
+    n_off = rows.loc[iv, "graph_piecewise_steps"].fillna(0) + rows.loc[iv, "graph_none_steps"].fillna(0)
+    other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
+    rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
     return rows
 
 
@@ -392,8 +375,8 @@ def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[s
         if "step" not in views or "interval" not in views:
             continue
         s_inst, st = views["step"]
-        i_inst, iv = views["interval"]
-        iv = gauge_columns(iv, timeline.series[timeline.series["instance"] == i_inst]).sort_values("step")
+        _, iv = views["interval"]
+        iv = graph_off_decode_column(iv).sort_values("step")
         st = st.sort_values("step")
         ranges = _interval_step_ranges(iv, st)
         if ranges is None:

@@ -21,7 +21,7 @@ from mixdiag.diagnosis.attribution import AttributionConfig, InstanceContext, at
 from mixdiag.schema import Timeline
 from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
-from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_sources, gauge_columns  # noqa: F401
+from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_sources, graph_off_decode_column  # noqa: F401
 from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 from mixdiag.diagnosis.result import SPIKE_COLUMNS, Diagnosis, count_by_cause, itl_summary, last_spike_of, make_headline  # noqa: F401
 
@@ -181,7 +181,7 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         tokens = timeline.tokens[timeline.tokens["instance"] == inst]
         if not len(rows):
             continue
-        rows = gauge_columns(rows, timeline.series[timeline.series["instance"] == inst])
+        rows = graph_off_decode_column(rows)
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
         step_rows = rows[rows["granularity"] == "step"]
         if len(step_rows):

@@ -69,3 +69,22 @@ def test_interval_increases_property(values, monotone):
         # a drop is a restart: that interval counts the whole new value, never a negative
         for (a, b), got in zip(zip(values, values[1:]), inc):
             assert got == (b - a if b >= a else b)
+
+
+def test_engine_gauges_and_graph_dispatches_become_interval_columns():
+    """Source names stop here: the diagnosis reads expert_imbalance and graph_*_steps columns."""
+    from mixdiag import wire
+    from mixdiag.collectors.prometheus.prom_intervals import TimedScrape, build_timeline
+
+    def scrape(full, piecewise, imb):
+        return prom_text.parse(
+            f'{wire.GRAPH_DISPATCH_TOTAL}{{mode="FULL"}} {full}\n'
+            f'{wire.GRAPH_DISPATCH_TOTAL}{{mode="PIECEWISE"}} {piecewise}\n'
+            f'{wire.EXPERT_IMBALANCE_RATIO}{{rank="0"}} {imb}\n{wire.EXPERT_IMBALANCE_RATIO}{{rank="1"}} 1.0\n')
+    tl = build_timeline([TimedScrape(0.0, scrape(10, 0, 1.1)), TimedScrape(1.0, scrape(18, 2, 3.5)),
+                         TimedScrape(2.0, scrape(30, 2, 1.2))], "e")
+    iv = tl.steps.sort_values("step")
+    assert iv["graph_full_steps"].tolist() == [8.0, 12.0]
+    assert iv["graph_piecewise_steps"].tolist() == [2.0, 0.0]
+    assert iv["graph_none_steps"].tolist() == [0.0, 0.0]  # the family is exposed: nothing counted yet
+    assert iv["expert_imbalance"].tolist() == [3.5, 1.2]  # max over ranks at the interval's end
