@@ -1,0 +1,97 @@
+"""Build a serving engine from a scenario (model, cache, scheduler, faults) and run it under uvicorn.
+
+The scenario file gives the engine (as ``mixdiag run``); its ``[workload]`` is ignored - clients
+bring the load. ``--scheduler``/``--chunk-size`` override its scheduler table. Faults apply as in
+``mixdiag run`` (step-numbered faults count the server's steps from start-up).
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mixdiag.errors import UserError
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Engine-side choices of ``mixdiag serve``."""
+
+    scenario: str = "mixed-default"
+    seed: int | None = None
+    policy: str | None = None          # --scheduler: token_budget | mix_running | prefill_first
+    chunk_size: int | None = None      # --chunk-size: max_num_batched_tokens and chunked_prefill_size
+    out_dir: str | None = None         # logs, profile, scrapes, metrics.prom go here
+
+    def __post_init__(self):
+        from mixdiag.engine.core.schedulers import POLICIES
+
+        if self.policy is not None and self.policy not in POLICIES:
+            raise UserError(f"--scheduler must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise UserError(f"--chunk-size must be >= 1, got {self.chunk_size}")
+
+
+def build_state(opts: ServeOptions, server_cfg, icfg):
+    """Engine + instrumentation + tokenizer + engine loop -> a :class:`ServingState`."""
+    from mixdiag.engine.core.engine import Engine
+    from mixdiag.engine.serving.engine_loop import EngineLoop
+    from mixdiag.engine.serving.server import ServingState
+    from mixdiag.engine.serving.tokenizer import SHIPPED_DIR, TextTokenizer
+    from mixdiag.engine.telemetry.instrumentation import Instrumentation
+    from mixdiag.engine.testbed import scenario as scen
+    from mixdiag.engine.testbed.faults import FaultInjector, FaultsConfig
+
+    sc = scen.load(opts.scenario)
+    if opts.seed is not None:
+        sc = sc.with_seed(opts.seed)
+    ecfg = sc.engine
+    sched = ecfg.scheduler
+    if opts.policy is not None:
+        sched = dataclasses.replace(sched, policy=opts.policy)
+    if opts.chunk_size is not None:
+        sched = dataclasses.replace(sched, max_num_batched_tokens=opts.chunk_size, chunked_prefill_size=opts.chunk_size)
+    ecfg = dataclasses.replace(ecfg, scheduler=sched)
+    faults = FaultsConfig.from_dict(sc.faults).for_instance(ecfg.instance)
+    config = faults.apply(ecfg)
+    model = None
+    tok_dir = SHIPPED_DIR
+    if sc.checkpoint is not None:
+        from mixdiag.engine.model.checkpoint import load_checkpoint
+
+        model = load_checkpoint(sc.checkpoint, config.device, config.model.dtype)
+        tok_dir = Path(sc.checkpoint)
+    tokenizer = TextTokenizer(tok_dir, model_vocab_size=config.model.vocab_size)
+    engine = Engine(config, model=model)
+    injector = FaultInjector(engine, faults) if faults.active else None
+    out = Path(opts.out_dir) if opts.out_dir else None
+    inst = Instrumentation(icfg, engine, out)
+    loop = EngineLoop(engine, injector.add_request if injector else None)
+
+    def close():
+        inst.close(linger_s=0.0)
+        if injector is not None:
+            injector.close()
+
+    state = ServingState(server_cfg, loop, tokenizer, inst.registry, on_shutdown=[close])
+    state.scenario = sc
+    state.faults = faults.active
+    return state
+
+
+def serve(opts: ServeOptions, server_cfg, icfg, *, announce=None) -> int:
+    """Bind, print the URL, serve until SIGTERM/SIGINT (draining open streams); returns 0."""
+    from mixdiag.engine.serving.server import bind, create_app, make_uvicorn
+
+    state = build_state(opts, server_cfg, icfg)
+    sock = bind(server_cfg.host, server_cfg.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+    server = make_uvicorn(create_app(state), server_cfg)
+    msg = (f"mixdiag serve: {state.scenario.name} (policy {state.loop.engine.config.scheduler.policy}"
+           f"{', faults ' + ','.join(state.faults) if state.faults else ''}) model {server_cfg.model_name!r} "
+           f"listening on {url}")
+    (announce or (lambda m: print(m, file=sys.stderr, flush=True)))(msg)
+    server.run(sockets=[sock])
+    return 0
