@@ -140,3 +140,53 @@ class LogRows:
                 "partial": bool(self.stats.partial or self.stats.lines_skipped)}
         meta.update(self.meta)
         return Timeline(steps=steps, series=series, meta=meta)
+
+
+def attach_events(steps: list[dict], events: list[tuple[str, float | None, str, float, str]]) -> int:
+    """Fold per-line values into the rows they belong to; returns how many found no row.
+
+    ``events`` are ``(instance, t_s, column, value, how)`` with ``how`` ``sum`` (counts: preemptions,
+    retractions, KV bytes/seconds, graph steps) or ``mean`` (ratios: expert imbalance). An interval
+    row takes the events with ``t_start_s < t <= t_end_s``; a step row (``t_start_s == t_end_s``: logs
+    stamp steps with one time) takes those logged after the previous step row of its instance and no
+    later than itself, else the last step row before the event (the event describes work just done).
+    """
+    by_inst: dict[str, list[dict]] = {}
+    for r in steps:
+        by_inst.setdefault(r["instance"], []).append(r)
+    for rows in by_inst.values():
+        rows.sort(key=lambda r: r["t_start_s"] if r["t_start_s"] is not None else -math.inf)
+    acc: dict[tuple[int, str], list[float]] = {}
+    orphans = 0
+    for inst, t, col, value, how in events:
+        rows = by_inst.get(inst)
+        if not rows or t is None or not math.isfinite(value):
+            orphans += 1
+            continue
+        target = None
+        for r in rows:
+            t0, t1 = r["t_start_s"], r["t_end_s"]
+            if t0 is None:
+                continue
+            if t1 > t0 and t0 < t <= t1:
+                target = r
+                break
+            if t1 == t0 and t0 <= t:
+                target = r  # the last step row at or before the event
+        if target is None:
+            target = rows[0] if rows[0]["t_start_s"] is not None and rows[0]["t_end_s"] >= t else None
+        if target is None:
+            orphans += 1
+            continue
+        acc.setdefault((id(target), col), [how]).append(value)
+        target.setdefault("_acc", []).append(col)
+    index = {id(r): r for r in steps}
+    for (rid, col), vals in acc.items():
+        how, nums = vals[0], vals[1:]
+        r = index[rid]
+        prev = r.get(col)
+        base = prev if isinstance(prev, float) and math.isfinite(prev) and how == "sum" else 0.0
+        r[col] = base + sum(nums) if how == "sum" else sum(nums) / len(nums)
+    for r in steps:
+        r.pop("_acc", None)
+    return orphans

@@ -29,7 +29,7 @@ from pathlib import Path
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.logs.log_lines import LogRows, naive_to_unix, parse_number, slug, strip_container_prefix
+from mixdiag.collectors.logs.log_lines import LogRows, attach_events, naive_to_unix, parse_number, slug, strip_container_prefix
 from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
 
 FORMAT = "sglang-log"
@@ -101,6 +101,7 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
     last_t: float | None = None
     have_time = False
     pending: list[dict] = []  # rows seen before the first timestamp
+    events: list[tuple] = []  # (instance, t, column, value, how): retractions, balancedness
     for raw in lines:
         if is_garbage(raw):
             stats.skipped(raw, "not text")
@@ -129,7 +130,7 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
             continue
         rm = _RETRACT.search(line) or _BALANCE.search(line)
         if rm:
-            _event(rm, inst, t_row, out, raw, retract=rm.re is _RETRACT)
+            _event(rm, inst, t_row, out, raw, retract=rm.re is _RETRACT, events=events)
             continue
         stats.ignored()
     first_t = min((x for x in [r["t_start_s"] for r in out.steps] + [r["t_s"] for r in out.series]
@@ -146,6 +147,17 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
     for s in out.series:
         if s["t_s"] is None:
             s["t_s"] = first_t if first_t is not None else 0.0
+    events = [(i, t if t is not None else (first_t or 0.0), c, v, h) for i, t, c, v, h in events]
+    orphans = attach_events(out.steps, events)
+    if orphans:
+        stats.note(f"{orphans} retraction/balancedness value(s) logged before any batch line: kept as series only")
+    for r in out.steps:
+        r["step_source"] = "log"
+    for inst, _, col, _, _ in events:
+        out.signal(inst, col, "measured")
+    for r in out.steps:
+        if r.get("expert_imbalance") is not None:
+            r["q_expert_imbalance"] = "measured"
     if lines and stats.lines_parsed == 0 and stats.lines_skipped == 0:
         raise UserError(f"{source_name(source)}: no SGLang scheduler line (Prefill batch / Decode batch) found")
     return out.timeline(FORMAT, "unix" if have_time else "relative")
@@ -198,6 +210,9 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
         row["prefill_tokens"] = _num(nums, "#new-token")
         row["prefill_reqs"] = _num(nums, "#new-seq")
         row["prefix_hit_tokens"] = _num(nums, "#cached-token")
+        row["arrivals"] = row["prefill_reqs"]  # #new-seq: requests whose prefill began in this batch
+        row["q_token_allocation"] = "inferred" if mixed_on is None or (mixed_on and decodes_of(running) > 0) \
+            else "measured"
         decodes = running if running == running else 0.0
         if mixed_on and decodes > 0:
             row["kind"], row["decode_reqs"], row["decode_rows"] = "mixed", decodes, decodes
@@ -232,7 +247,12 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
     return row
 
 
-def _event(m: re.Match, inst: str, t: float | None, out: LogRows, raw: str, retract: bool) -> bool:
+def decodes_of(running: float) -> float:
+    return running if running == running else 0.0
+
+
+def _event(m: re.Match, inst: str, t: float | None, out: LogRows, raw: str, retract: bool,
+           events: list | None = None) -> bool:
     body = m.group(1)
     pairs = re.findall(r"([#\w]+)[:=]\s*([^,\s]+(?:\s*->\s*[^,\s]+)?)", body)
     vals = {}
@@ -247,4 +267,11 @@ def _event(m: re.Match, inst: str, t: float | None, out: LogRows, raw: str, retr
     prefix = "sglang_log:" if retract else "sglang_log:eplb_"
     for k, v in vals.items():
         out.series.append({"instance": inst, "name": prefix + k, "labels": "", "t_s": t, "value": v})
+    if events is not None:
+        # a retraction frees KV for the batch about to run; balancedness is avg/max, imbalance max/avg
+        if retract and vals.get("retracted_reqs") is not None:
+            events.append((inst, t, "preempted_reqs", vals["retracted_reqs"], "sum"))
+        bal = vals.get("current_pass_balancedness")
+        if not retract and bal and bal > 0:
+            events.append((inst, t, "expert_imbalance", 1.0 / bal, "mean"))
     return True

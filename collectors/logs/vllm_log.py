@@ -28,7 +28,7 @@ from pathlib import Path
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.logs.log_lines import LogRows, naive_to_unix, parse_number, slug, strip_container_prefix
+from mixdiag.collectors.logs.log_lines import LogRows, attach_events, naive_to_unix, parse_number, slug, strip_container_prefix
 from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
 
 FORMAT = "vllm-log"
@@ -63,7 +63,7 @@ class _Clock:
     """Month-day times -> unix seconds with an assumed year that rolls over at New Year."""
 
     def __init__(self, year: int | None):
-        self.year = year
+        self.year = self.first_year = year
         self.last_month = None
 
     def at(self, mo: int, d: int, hms: str, frac: str | None) -> float | None:
@@ -120,6 +120,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     stats_rows: list[dict] = []          # periodic rows, placed after we know which engines iterate
     prev_stats_t: dict[str, float] = {}
     table: dict | None = None            # the CUDA-graph table being read
+    events: list[tuple] = []             # (key, t, column, value, how) folded into rows at the end
     cg_settings: dict[str, str] = {}
     for raw in lines:
         if is_garbage(raw):
@@ -159,7 +160,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             table = None
         if _CG_STATS.search(body):
             st.parsed()
-            table = {"t": t_row, "key": key, "cols": None, "rows": 0}
+            table = {"t": t_row, "key": key, "cols": None, "rows": 0, "events": events}
             continue
         sm = _CG_SETTING.match(body)
         if sm:
@@ -200,7 +201,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         for rx, name in ((_SPEC, "spec_decode"), (_KV, "kv_transfer"), (_EPLB, "eplb")):
             m = rx.search(body)
             if m:
-                _series_line(name, m.group(1), key, t_row, out, raw)
+                _series_line(name, m.group(1), key, t_row, out, raw, events)
                 break
         else:
             st.ignored()
@@ -213,9 +214,27 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     # each interval runs from the engine's previous stats line in time (lines can arrive out of order)
     for r in sorted(stats_rows, key=lambda r: r["t"]):
         _stats_row(r["key"], r["t"], r["fields"], iterating, prev_stats_t, stats_interval_s, out)
+        if r["key"] in iterating and r["fields"].get("preemptions"):
+            # the stats line counts preemptions since the last one; Iteration lines never do
+            events.append((r["key"], r["t"], "preempted_reqs", r["fields"]["preemptions"], "sum"))
+    for r in out.steps:
+        r["step_source"] = "log"
+    for e in events:
+        if e[1] is None:
+            events[events.index(e)] = (e[0], first_t or 0.0) + e[2:]
+    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
+    events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
+    orphans = attach_events(out.steps, events)
+    if orphans:
+        st.note(f"{orphans} EPLB/KV-transfer/CUDA-graph/preemption value(s) logged before any row of "
+                "their engine: kept as series only")
+    _qualities(out, events, iterating)
+    year_used = clock.first_year if clock is not None else None
     _name_instances(out, base)
     if cg_settings:
         out.meta["cudagraph_config"] = cg_settings
+    if year_used is not None and year is None:
+        out.meta["year_assumed"] = year_used  # fusion may re-read with year= from unix-clock sources
     untimed = 0
     for x in out.series:
         if x["t_s"] is None:
@@ -278,7 +297,7 @@ def _stats_row(key, t, f, iterating, prev_t, interval_s, out: LogRows) -> None:
     out.signal(key, "output_tokens", "estimated")
 
 
-def _series_line(name: str, body: str, key: str, t, out: LogRows, raw: str) -> None:
+def _series_line(name: str, body: str, key: str, t, out: LogRows, raw: str, events: list) -> None:
     if name == "spec_decode":
         vals: dict[str, float] = {}
         current = None
@@ -311,6 +330,48 @@ def _series_line(name: str, body: str, key: str, t, out: LogRows, raw: str) -> N
     out.stats.parsed()
     for k, v in vals.items():
         out.add_series(key, f"vllm_log:{name}_{k}", t, v)
+    events.extend((key, t, col, v, how) for col, v, how in _line_columns(name, vals))
+
+
+def _line_columns(name: str, vals: dict[str, float]) -> list[tuple[str, float, str]]:
+    """Timeline columns an EPLB / KV-transfer / spec-decode line fills: (column, value, how).
+
+    EPLB ``balancedness`` is avg/max tokens per rank; ``expert_imbalance`` is max/avg, so its
+    reciprocal (``max_tokens/avg_tokens`` when both are logged). KV transfer: the NIXL stats are
+    averages over the interval's transfers; with ``Num successful transfers`` their sums are
+    count x average (without a count only the series are kept).
+    """
+    out = []
+    if name == "eplb":
+        avg, mx, bal = vals.get("avg_tokens"), vals.get("max_tokens"), vals.get("balancedness")
+        if avg and mx is not None and avg > 0:
+            out.append(("expert_imbalance", mx / avg, "mean"))
+        elif bal and bal > 0:
+            out.append(("expert_imbalance", 1.0 / bal, "mean"))
+    elif name == "kv_transfer":
+        n = vals.get("num_successful_transfers")
+        if n is not None:
+            if vals.get("avg_xfer_time_ms") is not None:
+                out.append(("kv_transfer_s", n * vals["avg_xfer_time_ms"] / 1e3, "sum"))
+            if vals.get("avg_mb_per_transfer") is not None:
+                out.append(("kv_transfer_bytes", n * vals["avg_mb_per_transfer"] * 1e6, "sum"))
+    return out
+
+
+def _qualities(out: LogRows, events: list, iterating: set) -> None:
+    """Per-row and meta qualities of the columns the event lines filled."""
+    cols = {(e[0], e[2]) for e in events}
+    for r in out.steps:
+        k = r["instance"]
+        if (k, "expert_imbalance") in cols and r.get("expert_imbalance") == r.get("expert_imbalance") \
+                and "expert_imbalance" in r:
+            r["q_expert_imbalance"] = "measured"
+        if "kv_transfer_s" in r or "kv_transfer_bytes" in r:
+            r["q_kv_transfer"] = "measured"
+        if any(c in r for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")):
+            r["q_graph_mode"] = "measured"
+    for k, col in cols:
+        out.signal(k, col if not col.startswith("graph_") else "graph_steps", "measured")
 
 
 def _table_row(table: dict, row: str, out: LogRows, raw: str) -> None:
@@ -338,6 +399,8 @@ def _table_row(table: dict, row: str, out: LogRows, raw: str) -> None:
     table["rows"] += 1
     out.add_series(table["key"], "vllm_log:cudagraph_steps", table["t"], float(count),
                    f"mode={mode.group(1)},padded_tokens={padded},unpadded_tokens={unpadded}")
+    col = {"FULL": "graph_full_steps", "PIECEWISE": "graph_piecewise_steps", "NONE": "graph_none_steps"}[mode.group(1)]
+    table["events"].append((table["key"], table["t"], col, float(count), "sum"))
 
 
 def _name_instances(out: LogRows, base: str) -> None:

@@ -1,0 +1,233 @@
+"""vLLM / SGLang / mixdiag ``/metrics`` dialects -> the Timeline's evidence columns of an interval row.
+
+:mod:`.prom_intervals` fills the columns every dialect shares (token counters, gauges, ITL
+quantiles); :func:`dialect_columns` adds, between two scrapes of one instance, what each engine's own
+series say about *how* the interval's steps were built (reference/formats.md §1.1, §2.3):
+
+============================  ============================================================  =========
+column                        from (first present wins)                                      quality
+============================  ============================================================  =========
+``large_step_share``          mixdiag ``steps_total{kind}`` (prefill+mixed / non-idle);      measured
+                              SGLang ``cuda_graph_passes_total{mode=prefill_*}`` / all;      measured
+                              vLLM ``iteration_tokens_total`` increase: share of steps with  inferred
+                              more tokens than ``running_reqs`` (bucket resolution; the
+                              histogram misses output-less prefill chunks, so it undercounts)
+``graph_{full,piecewise,      mixdiag ``graph_dispatch_total{mode}``; SGLang                 measured
+none}_steps``                 ``cuda_graph_passes_total``: decode_cuda_graph -> full,
+                              prefill_cuda_graph -> piecewise, *_none -> none
+``ttft_p50_s``/``ttft_p99_s``  TTFT histogram increase (histogram_quantile)                   measured
+``arrivals``                  TTFT ``_count`` increase: requests that got their first        inferred
+                              token (began prefill) in the interval
+``kv_transfer_s``/``_bytes``  SGLang ``kv_transfer_latency_ms_sum`` / ``total_mb_sum``       measured
+                              (vLLM NIXL sums are in prom_intervals' tables)
+``expert_imbalance``          mixdiag gauge; SGLang ``eplb_balancedness`` summary:           inferred
+                              1 / (Δsum/Δcount). Balancedness is avg/max tokens per GPU, our
+                              imbalance max/avg; the reciprocal of the mean balancedness is
+                              ≤ the mean imbalance (Jensen), so it understates spread a bit
+``forward_s``                 SGLang ``gpu_execution_seconds_total`` (any category)          measured
+``spec_accept_rate``          vLLM ``spec_decode_num_accepted_tokens`` / ``_draft_tokens``   measured
+(extra column)
+``kind``                      vLLM: ``mixed`` when large steps ran while requests were       inferred
+                              running (V1 batches prefill chunks with decodes); SGLang:
+                              ``decode``/``prefill`` when only one pass kind ran
+============================  ============================================================  =========
+
+Per-row qualities go to ``q_token_allocation`` / ``q_graph_mode`` / ``q_expert_imbalance`` /
+``q_kv_transfer``; :data:`INFERRED` marks the meta-level sources that are derived, not counted.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mixdiag import wire
+
+LabelKey = tuple[tuple[str, str], ...]
+View = dict[str, dict[LabelKey, float]]
+
+#: Suffix on a ``meta["metric_sources"]`` entry whose column is derived (quality ``inferred``).
+INFERRED = " [inferred]"
+
+TTFT_HISTOGRAMS = (wire.TIME_TO_FIRST_TOKEN_SECONDS, "vllm:time_to_first_token_seconds",
+                   "sglang:time_to_first_token_seconds")
+ITERATION_TOKENS = ("vllm:iteration_tokens_total",)  # histogram base name (its buckets are tokens)
+SGLANG_PASSES = "sglang:cuda_graph_passes_total"
+#: SGLang pass mode -> graph column.
+SGLANG_PASS_GRAPH = {"decode_cuda_graph": "graph_full_steps", "decode_none": "graph_none_steps",
+                     "prefill_cuda_graph": "graph_piecewise_steps", "prefill_none": "graph_none_steps"}
+MIXDIAG_GRAPH = {"FULL": "graph_full_steps", "PIECEWISE": "graph_piecewise_steps", "NONE": "graph_none_steps"}
+#: (metric, scale to our unit) for KV-transfer sums, preferred first.
+KV_SECONDS = (("sglang:kv_transfer_latency_ms_sum", 1e-3),)
+KV_BYTES = (("sglang:kv_transfer_total_mb_sum", 1e6),)
+GPU_EXECUTION = ("sglang:gpu_execution_seconds_total", "sglang:forward_execution_seconds_total")
+BALANCEDNESS = "sglang:eplb_balancedness"
+SPEC = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total")
+
+
+def _increase(prev: dict | None, cur: dict | None, want: dict | None = None) -> float:
+    from mixdiag.collectors.prometheus.prom_intervals import counter_increase
+    return counter_increase(prev, cur, want)
+
+
+def histogram_delta(prev: View, cur: View, base: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sorted upper bounds, cumulative count increases) of histogram ``base``; None if absent."""
+    cur_b = cur.get(base + "_bucket")
+    if not cur_b:
+        return None
+    prev_b = prev.get(base + "_bucket", {})
+    by_le: dict[float, float] = {}
+    for labels, v1 in cur_b.items():
+        try:
+            bound = float(dict(labels).get("le", "nan"))
+        except ValueError:
+            continue
+        if math.isnan(bound):
+            continue
+        inc = _increase({labels: prev_b[labels]} if labels in prev_b else {}, {labels: v1})
+        if math.isfinite(inc):
+            by_le[bound] = by_le.get(bound, 0.0) + inc
+    if not by_le or not math.isinf(max(by_le)):
+        return None
+    upper = np.array(sorted(by_le), dtype="float64")
+    return upper, np.maximum.accumulate(np.array([by_le[u] for u in upper], dtype="float64"))
+
+
+def _quantile(q: float, upper, cum) -> float:
+    from mixdiag.collectors.prometheus.prom_intervals import bucket_quantile
+    return bucket_quantile(q, upper, cum)
+
+
+def share_above(upper: np.ndarray, cum: np.ndarray, threshold: float) -> float:
+    """Share of observations above ``threshold``, at bucket resolution (the bucket holding it counts below)."""
+    total = float(cum[-1])
+    if total <= 0:
+        return math.nan
+    i = int(np.searchsorted(upper, threshold, side="left"))  # first bound >= threshold
+    below = float(cum[min(i, len(cum) - 1)])
+    return max(total - below, 0.0) / total
+
+
+def _by_label(prev: View, cur: View, name: str, label: str) -> dict[str, float]:
+    series = cur.get(name)
+    if not series:
+        return {}
+    cats = {dict(k).get(label) for k in series} - {None}
+    out = {}
+    for c in cats:
+        v = _increase(prev.get(name), series, {label: c})
+        out[c] = 0.0 if math.isnan(v) else v
+    return out
+
+
+def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, str]) -> dict[str, Any]:
+    """Evidence columns of one interval row (see the module table); records sources in ``used``."""
+    out: dict[str, Any] = {}
+    # graph modes and large steps: counted per pass where the engine counts them
+    kinds = _by_label(prev, cur, wire.STEPS_TOTAL, "kind")
+    passes = _by_label(prev, cur, SGLANG_PASSES, "mode")
+    if kinds:
+        work = sum(kinds.get(k, 0.0) for k in ("prefill", "decode", "mixed"))
+        if work > 0:
+            out["large_step_share"] = (kinds.get("prefill", 0.0) + kinds.get("mixed", 0.0)) / work
+        used["large_step_share"] = wire.STEPS_TOTAL
+    dispatch = _by_label(prev, cur, wire.GRAPH_DISPATCH_TOTAL, "mode")
+    if dispatch:
+        for mode, col in MIXDIAG_GRAPH.items():
+            out[col] = dispatch.get(mode, 0.0)
+        used["graph_steps"] = wire.GRAPH_DISPATCH_TOTAL
+        out["q_graph_mode"] = "measured"
+    if passes:
+        for col in set(SGLANG_PASS_GRAPH.values()):
+            out[col] = sum(v for m, v in passes.items() if SGLANG_PASS_GRAPH.get(m) == col)
+        extend = sum(v for m, v in passes.items() if m.startswith("prefill"))
+        decode = sum(v for m, v in passes.items() if m.startswith("decode"))
+        if extend + decode > 0:
+            out["large_step_share"] = extend / (extend + decode)
+            used["large_step_share"] = SGLANG_PASSES
+            if row.get("kind") == "unknown":
+                # one pass kind only: the interval's kind is counted; both: SGLang's logs/metrics
+                # never say whether a prefill was mixed with the decodes, so it stays unknown
+                if extend == 0 or decode == 0:
+                    out["kind"] = "decode" if extend == 0 else "prefill"
+                    out["q_token_allocation"] = "measured"
+        used["graph_steps"] = SGLANG_PASSES
+        out["q_graph_mode"] = "measured"
+        ran = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if out[c] > 0]
+        if row.get("graph_mode") in (None, "unknown") and len(ran) == 1:
+            out["graph_mode"] = {"graph_full_steps": "FULL", "graph_piecewise_steps": "PIECEWISE"}.get(ran[0], "NONE")
+    if "large_step_share" not in out:
+        for base in ITERATION_TOKENS:
+            h = histogram_delta(prev, cur, base)
+            running = row.get("running_reqs")
+            if h is None or running is None or not math.isfinite(running):
+                continue
+            share = share_above(h[0], h[1], max(float(running), 1.0))
+            if math.isfinite(share):
+                out["large_step_share"] = share
+                used["large_step_share"] = base + INFERRED
+                if row.get("kind") == "unknown" and share > 0 and running > 0:
+                    out["kind"] = "mixed"  # V1 schedules prefill chunks into the running decode batch
+                    out["q_token_allocation"] = "inferred"
+                elif row.get("kind") == "unknown" and share == 0 and (row.get("output_tokens") or 0) > 0:
+                    out["kind"] = "decode"
+                    out["q_token_allocation"] = "inferred"
+            break
+    for base in TTFT_HISTOGRAMS:
+        h = histogram_delta(prev, cur, base)
+        if h is None:
+            continue
+        if h[1][-1] > 0:
+            out["ttft_p50_s"] = _quantile(0.5, *h)
+            out["ttft_p99_s"] = _quantile(0.99, *h)
+        out["arrivals"] = float(h[1][-1])
+        used["ttft"] = base
+        used["arrivals"] = base + "_count" + INFERRED
+        break
+    for col, cands in (("kv_transfer_s", KV_SECONDS), ("kv_transfer_bytes", KV_BYTES)):
+        if col in used:
+            continue
+        for name, scale in cands:
+            if name in cur:
+                v = _increase(prev.get(name), cur[name])
+                out[col] = 0.0 if math.isnan(v) else v * scale
+                used[col] = name
+                out["q_kv_transfer"] = "measured"
+                break
+    if "kv_transfer_s" in used or "kv_transfer_bytes" in used:
+        out["q_kv_transfer"] = "measured"
+    imb = cur.get(wire.EXPERT_IMBALANCE_RATIO)
+    if imb:
+        vals = [v for v in imb.values() if math.isfinite(v)]
+        if vals:
+            out["expert_imbalance"] = max(vals)
+            used["expert_imbalance"] = wire.EXPERT_IMBALANCE_RATIO
+            out["q_expert_imbalance"] = "measured"
+    elif BALANCEDNESS + "_count" in cur:
+        n = _increase(prev.get(BALANCEDNESS + "_count"), cur[BALANCEDNESS + "_count"])
+        s = _increase(prev.get(BALANCEDNESS + "_sum"), cur.get(BALANCEDNESS + "_sum"))
+        if n > 0 and s > 0:
+            out["expert_imbalance"] = n / s  # 1 / mean balancedness
+            used["expert_imbalance"] = BALANCEDNESS + INFERRED
+            out["q_expert_imbalance"] = "inferred"
+    for name in GPU_EXECUTION:
+        if name in cur:
+            v = _increase(prev.get(name), cur[name])
+            if math.isfinite(v):
+                out["forward_s"] = v
+                used["forward_s"] = name
+            break
+    acc, drafts = (_increase(prev.get(n), cur.get(n)) for n in SPEC)
+    if math.isfinite(drafts) and drafts > 0 and math.isfinite(acc):
+        out["spec_accept_rate"] = acc / drafts
+        used["spec_accept_rate"] = SPEC[0]
+    if "q_token_allocation" not in out and row.get("kind") not in (None, "unknown"):
+        out["q_token_allocation"] = "measured" if wire.STEPS_TOTAL in used.get("kind", "") else "inferred"
+    return {k: v for k, v in out.items() if k not in row or k in ("kind", "graph_mode") or
+            (isinstance(row.get(k), float) and math.isnan(row[k]))}
+
+
+def quality(source: str) -> str:
+    """``measured`` or ``inferred`` for a ``meta["metric_sources"]`` entry."""
+    return "inferred" if source.endswith(INFERRED) else "measured"
