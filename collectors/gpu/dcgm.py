@@ -4,6 +4,7 @@ dcgm-exporter names each metric after its DCGM field. The SM-activity candidates
 
 =================================  =====================================================  ========
 ``DCGM_FI_PROF_SM_ACTIVE``         cycles with >= 1 warp resident, averaged over SMs      measured
+``DCGM_FI_PROF_GR_ENGINE_ACTIVE``  time any graphics/compute engine is busy (on by default) estimated
 ``DCGM_FI_PROF_SM_OCCUPANCY``      resident warps / maximum                              estimated
 ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE`` tensor-pipe busy cycles                               estimated
 ``DCGM_FI_DEV_GPU_UTIL``           share of time *any* kernel ran (percent, not SM use)  estimated
@@ -21,6 +22,7 @@ Sources: a scrape file or a directory of timed scrapes (via :mod:`.prom_text`), 
 """
 from __future__ import annotations
 
+import os
 import re
 from typing import Mapping, Sequence
 
@@ -31,8 +33,8 @@ from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
 FORMAT = "dcgm"
-SM_METRICS = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-              "DCGM_FI_DEV_GPU_UTIL")
+SM_METRICS = ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+              "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_GPU_UTIL")
 #: Fields exported in percent rather than 0..1.
 PERCENT = {"DCGM_FI_DEV_GPU_UTIL"}
 _SNIFF = re.compile(rb"^DCGM_FI_\w+\{", re.M)
@@ -40,8 +42,91 @@ _GPU_LABELS = ("gpu", "GPU_I_ID")
 
 
 def sniff(head: bytes, name: str) -> bool:
-    """True when the head holds dcgm-exporter samples (check this before generic prom-text)."""
+    """True when the head (or, for a directory of timed scrapes, its first scrape) holds
+    dcgm-exporter samples (check this before generic prom-text)."""
+    if os.path.isdir(name):
+        from mixdiag.collectors.prometheus.prom_text import scrape_files
+
+        try:
+            files = scrape_files(name)[0]
+            if not files:
+                return False
+            with open(files[0][1], "rb") as f:
+                head = f.read(65536)
+        except OSError:
+            return False
     return _SNIFF.search(head[:65536]) is not None
+
+
+def parse_gpu_map(text: str | None) -> dict[str, list[str]]:
+    """``--gpu-map "vllm-0:8000=0,vllm-0:8000=1,vllm-1:8000=node1:9400/0"`` -> ``{instance: [GPU, ...]}``.
+
+    A GPU is its ``gpu`` label value, or ``<exporter instance>/<gpu>`` when several exporters share
+    GPU numbers. Repeating an instance lists several GPUs (averaged).
+    """
+    out: dict[str, list[str]] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        inst, sep, gpu = part.rpartition("=")
+        if not sep or not inst.strip() or not gpu.strip():
+            raise UserError(f"--gpu-map entry {part!r}: expected INSTANCE=GPU (e.g. vllm-0:8000=0)")
+        out.setdefault(inst.strip(), []).append(gpu.strip())
+    return out
+
+
+def _samples(ser: pd.DataFrame, used: str) -> pd.DataFrame:
+    sel = ser[ser["name"] == used].copy()
+    sel["value"] = sel["value"] * (0.01 if used in PERCENT else 1.0)
+    sel["gpu"] = [next((lab[k] for k in _GPU_LABELS if k in lab), "?") for lab in map(_labels, sel["labels"])]
+    return sel
+
+
+def _mapped(sel: pd.DataFrame, mapping: Mapping[str, Sequence[str]]) -> pd.DataFrame:
+    qualified = sel["instance"] + "/" + sel["gpu"]
+    rows = [sel[sel["gpu"].isin([str(g) for g in gpus]) | qualified.isin([str(g) for g in gpus])]
+            .assign(instance=inst) for inst, gpus in mapping.items()]
+    return pd.concat(rows, ignore_index=True) if rows else sel.iloc[0:0]
+
+
+def fill_intervals(tl: Timeline, gpu_map: Mapping[str, Sequence[str]] | None = None, metric: str = "auto",
+                   fallback: bool = True) -> Timeline:
+    """``tl`` with ``sm_active`` on its interval rows from the DCGM series it carries itself (a
+    directory of timed dcgm-exporter scrapes, a Prometheus window, a sampled exporter URL).
+
+    A row instance takes the GPUs ``gpu_map`` gives it, else every GPU whose series has the same
+    instance. Unchanged when there are no DCGM series, no rows, or no SM-activity field.
+    """
+    if tl.steps is None or not len(tl.steps) or tl.series is None or not len(tl.series):
+        return tl
+    ser = tl.series[tl.series["name"].str.startswith("DCGM_FI_")]
+    if not len(ser):
+        return tl
+    used, quality = choose_metric(ser["name"].unique(), metric, fallback)
+    if used is None:
+        return tl
+    sel = _samples(ser, used)
+    mapping = {str(k): list(v) for k, v in (gpu_map or {}).items()}
+    for inst in pd.unique(tl.steps["instance"]):
+        if inst not in mapping and (sel["instance"] == inst).any():
+            mapping[inst] = sorted(sel.loc[sel["instance"] == inst, "gpu"].unique())
+    samples = _mapped(sel, mapping)
+    if not len(samples):
+        return tl
+    steps = attach_sm_active(tl.steps, samples)
+    meta = dict(tl.meta)
+    sig = {k: dict(v) for k, v in meta.get("signals", {}).items()}
+    filled = set(pd.unique(samples["instance"]))
+    for inst in filled:
+        sig.setdefault(inst, {})["sm_active"] = quality
+    meta["signals"] = sig
+    meta["sm_active_metric"] = used
+    note = f"sm_active of {len(filled)} instance(s) from {used}"
+    if used != SM_METRICS[0]:
+        note += " (a proxy, not SM activity)"
+    meta["notes"] = list(meta.get("notes", [])) + [note]
+    return Timeline(steps, tl.tokens, tl.series, meta)
 
 
 def _labels(s: str) -> dict[str, str]:
@@ -125,6 +210,9 @@ def read(source, *, instance: str | None = None, steps: Timeline | pd.DataFrame 
     instance takes every GPU of the source, and several instances are left alone (noted).
     """
     src = _source_timeline(source, instance, options)
+    if steps is None and "since_start" not in src.meta and src.steps is not None and len(src.steps):
+        # timed scrapes (a directory, a Prometheus window): their own interval rows get sm_active
+        return fill_intervals(src, gpu_map, metric, fallback)
     ser = src.series[src.series["name"].str.startswith("DCGM_FI_")]
     if len(ser) == 0:
         raise UserError("no DCGM_FI_* series in the input (is this a dcgm-exporter scrape?)")

@@ -248,6 +248,9 @@ def read(source: str, *, instance: str | None = None, duration_s: float | None =
         tl = since_start(scrape, pairs[0][0], name)
     else:
         tl = prom_text.read_scrapes(pairs, instance=name)
+    from mixdiag.collectors.gpu import dcgm
+
+    tl = dcgm.fill_intervals(tl, options.get("gpu_map"))  # a dcgm-exporter URL: sm_active per interval
     meta = dict(tl.meta)
     meta["notes"] = list(meta.get("notes", [])) + notes + [
         f"sampled {source}: {len(pairs)} scrape(s) every {interval_s:g} s"

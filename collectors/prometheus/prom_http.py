@@ -207,4 +207,6 @@ def read(source: str, *, instance: str | None = None, selector: str = "", start:
                                    for lab, val in fam.items()}
     tl = build_timeline(timed, instance or "prometheus", clock="unix", fmt=FORMAT, sources=[stats.to_meta()])
     tl.meta["targets"] = targets
-    return tl
+    from mixdiag.collectors.gpu import dcgm
+
+    return dcgm.fill_intervals(tl, options.get("gpu_map"))  # DCGM_FI_PROF_* series -> sm_active

@@ -10,10 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
-
 from mixdiag.errors import UserError
-from mixdiag.schema import Timeline, columns
 
 _IDENTITY = {"instance", "step", "t_start_s", "t_end_s", "granularity"}
 
@@ -33,7 +30,33 @@ def register(sub, common):
     p.add_argument("--instance", help="name of the instance (single input only)")
     p.add_argument("--step-gap-ms", type=float, default=None,
                    help="trace collectors without step ranges: GPU idle gap that separates steps (default 0.5)")
+    add_source_flags(p)
     p.set_defaults(func=run)
+
+
+def add_source_flags(p) -> None:
+    """Flags of live sources and GPU mapping, shared by ingest and analyze."""
+    g = p.add_argument_group("live /metrics URL and GPU mapping")
+    g.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="sample an engine's /metrics URL for S seconds (default 60; 0 = one dump, since-start summary)")
+    g.add_argument("--interval", type=float, default=None, metavar="S",
+                   help="scrape the /metrics URL every S seconds (default 1)")
+    g.add_argument("--gpu-map", metavar="INST=GPU,...",
+                   help="which GPUs serve which instance for DCGM sm_active, e.g. vllm-0:8000=0,vllm-0:8000=1")
+
+
+def source_options(args) -> dict:
+    """``load`` options from :func:`add_source_flags` (only those given)."""
+    from mixdiag.collectors.gpu.dcgm import parse_gpu_map
+
+    out = {}
+    if getattr(args, "duration", None) is not None:
+        out["duration_s"] = args.duration
+    if getattr(args, "interval", None) is not None:
+        out["interval_s"] = args.interval
+    if getattr(args, "gpu_map", None):
+        out["gpu_map"] = parse_gpu_map(args.gpu_map)
+    return out
 
 
 def _check_out(out: str) -> Path:
@@ -46,6 +69,8 @@ def _check_out(out: str) -> Path:
         return p
     if p.exists() and not p.is_dir():
         raise UserError(f"{p} exists and is not a directory")
+    from mixdiag.schema import Timeline
+
     clash = [f for f in Timeline.FILES.values() if (p / f).exists()]
     if clash:
         raise UserError(f"{p} already holds {', '.join(clash)}; choose another directory (ingest never overwrites)")
@@ -54,6 +79,8 @@ def _check_out(out: str) -> Path:
 
 def filled_columns(tl: Timeline) -> list[str]:
     """Steps columns with at least one known value (not NaN, not 'unknown')."""
+    from mixdiag.schema import columns
+
     out = []
     for c in columns("steps"):
         if c.name in _IDENTITY or c.name not in tl.steps:
@@ -67,6 +94,8 @@ def filled_columns(tl: Timeline) -> list[str]:
 
 def summarize(tl: Timeline) -> dict:
     """The JSON summary of an ingested Timeline."""
+    import numpy as np
+
     times = np.concatenate([tl.steps["t_start_s"].to_numpy(), tl.steps["t_end_s"].to_numpy(),
                             tl.tokens["t_s"].to_numpy(), tl.series["t_s"].to_numpy()])
     t0, t1 = (float(times.min()), float(times.max())) if len(times) else (math.nan, math.nan)
@@ -126,7 +155,7 @@ def run(args, console):
     from mixdiag.collectors import load
 
     out = _check_out(args.out) if args.out else None
-    options = {}
+    options = source_options(args)
     if args.instance:
         options["instance"] = args.instance
     if args.step_gap_ms is not None:

@@ -30,7 +30,8 @@ def test_readme_capture_has_no_sm_activity_and_says_so():
 
 @pytest.mark.parametrize("present,metric,fallback,want", [
     (dcgm.SM_METRICS, "auto", True, ("DCGM_FI_PROF_SM_ACTIVE", "measured")),
-    (dcgm.SM_METRICS[1:], "auto", True, ("DCGM_FI_PROF_SM_OCCUPANCY", "estimated")),
+    (dcgm.SM_METRICS[1:], "auto", True, ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "estimated")),
+    (dcgm.SM_METRICS[2:], "auto", True, ("DCGM_FI_PROF_SM_OCCUPANCY", "estimated")),
     (("DCGM_FI_DEV_GPU_UTIL",), "auto", True, ("DCGM_FI_DEV_GPU_UTIL", "estimated")),
     (("DCGM_FI_DEV_GPU_UTIL",), "auto", False, (None, "absent")),
     (dcgm.SM_METRICS, "DCGM_FI_DEV_GPU_UTIL", True, ("DCGM_FI_DEV_GPU_UTIL", "estimated")),
@@ -143,3 +144,52 @@ def test_through_a_real_prometheus(prometheus_server, metrics_endpoint):
     assert tl.meta["sm_active_metric"] == "DCGM_FI_PROF_SM_ACTIVE"
     assert list(tl.steps["sm_active"]) == pytest.approx([0.25, 0.75])
     assert set(tl.series["instance"]) == {target}
+
+
+def _dcgm_scrape(sm: dict[str, float]) -> str:
+    lines = ["# TYPE DCGM_FI_PROF_SM_ACTIVE gauge"]
+    for gpu, v in sm.items():
+        lines.append(f'DCGM_FI_PROF_SM_ACTIVE{{gpu="{gpu}",UUID="GPU-{gpu}",Hostname="n1"}} {v}')
+    lines.append(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0",UUID="GPU-0",Hostname="n1"}} 0.99')
+    return "\n".join(lines) + "\n"
+
+
+def test_timed_scrape_directory_fills_interval_sm_active(tmp_path):
+    from mixdiag.collectors import load, registry
+
+    d = tmp_path / "dcgm"
+    d.mkdir()
+    for k, (a, b) in enumerate([(0.1, 0.3), (0.5, 0.7), (0.9, 0.9), (0.2, 0.2)]):
+        (d / f"{1_700_000_000 + k}.prom").write_text(_dcgm_scrape({"0": a, "1": b}))
+    assert registry.detect(d) == "dcgm"
+    tl = load(str(d))
+    st = tl.steps
+    # interval (t_{k-1}, t_k] takes the exporter's average ending at t_k, GPUs averaged
+    assert list(st["sm_active"].round(6)) == [0.6, 0.9, 0.2]
+    assert tl.meta["signals"]["dcgm"]["sm_active"] == "measured"
+    assert tl.meta["sm_active_metric"] == "DCGM_FI_PROF_SM_ACTIVE"
+
+
+@pytest.mark.parametrize("text,want", [
+    ("a:8000=0,a:8000=1,b:8000=n1:9400/0", {"a:8000": ["0", "1"], "b:8000": ["n1:9400/0"]}),
+    ("", {}),
+])
+def test_parse_gpu_map(text, want):
+    assert dcgm.parse_gpu_map(text) == want
+
+
+@pytest.mark.parametrize("bad", ["a:8000", "=0", "a="])
+def test_parse_gpu_map_bad(bad):
+    with pytest.raises(UserError, match="--gpu-map"):
+        dcgm.parse_gpu_map(bad)
+
+
+def test_fill_intervals_with_gpu_map():
+    steps = pd.DataFrame({"instance": ["vllm:8000"] * 2, "step": [0, 1], "t_start_s": [0.0, 1.0],
+                          "t_end_s": [1.0, 2.0], "granularity": ["interval"] * 2, "kind": ["unknown"] * 2})
+    series = pd.DataFrame({"instance": ["n1:9400"] * 4, "name": ["DCGM_FI_PROF_SM_ACTIVE"] * 4,
+                           "labels": ["gpu=0", "gpu=1", "gpu=0", "gpu=1"], "t_s": [1.0, 1.0, 2.0, 2.0],
+                           "value": [0.2, 0.9, 0.4, 0.9]})
+    tl = dcgm.fill_intervals(Timeline(steps, None, series, {}), {"vllm:8000": ["n1:9400/0"]})
+    assert list(tl.steps["sm_active"]) == pytest.approx([0.2, 0.4])
+    assert tl.meta["signals"]["vllm:8000"]["sm_active"] == "measured"
