@@ -95,6 +95,6 @@ def test_a_failing_instance_is_a_one_line_user_error(tmp_path):
         port = taken.getsockname()[1]
         req = RunRequest(scenario(tmp_path, instances=2), tmp_path / "r",
                          instrumentation=InstrumentationConfig(serve_port=port))
-        with pytest.raises(UserError, match=r"^instance engine0 failed: ") as e:
+        with pytest.raises(UserError, match=r"^instance engine0 failed: cannot serve /metrics") as e:
             run_scenario(req)
     assert "\n" not in str(e.value)
