@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Iterable
 
 from mixdiag.errors import UserError
-from mixdiag.schema import SchemaError, Timeline
 
 __all__ = ["load", "expand", "rename_instances"]
 #: Formats that carry only SM activity: given with step sources, they fill ``steps.sm_active``.
@@ -64,6 +63,8 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     DCGM / NVML inputs given together with step sources are mapped onto those steps
     (``steps.sm_active``) by their collectors.
     """
+    from mixdiag.schema import Timeline  # pandas: only when something is read, not for `mixdiag --help`
+
     from mixdiag.collectors import registry
 
     paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
@@ -88,6 +89,8 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
 
 
 def _combine(timelines: list[Timeline], inputs: list[tuple[str, str]]) -> Timeline:
+    from mixdiag.schema import SchemaError, Timeline
+
     timelines = _disambiguate(timelines, [src for src, _ in inputs])
     clocks = {tl.meta.get("clock") for tl in timelines}
     if len(clocks) > 1:
@@ -113,6 +116,8 @@ def _disambiguate(timelines: list[Timeline], sources: list[str]) -> list[Timelin
 
 def rename_instances(tl: Timeline, mapping: dict[str, str]) -> Timeline:
     """A copy of ``tl`` with instances renamed in every frame and in ``meta``."""
+    from mixdiag.schema import Timeline  # pandas: only when something is read, not for `mixdiag --help`
+
     def ren(df):
         df = df.copy()
         df["instance"] = df["instance"].map(lambda i: mapping.get(i, i))

@@ -6,4 +6,12 @@ The reference engine, the collectors and the dashboard install as ``mixdiag.engi
 """
 __version__ = "0.1.0"
 
-from mixdiag.schema import SchemaError, Timeline  # noqa: E402,F401
+
+
+def __getattr__(name):
+    # Timeline/SchemaError load pandas: resolved on first use, so `mixdiag --help` stays light.
+    if name in ("SchemaError", "Timeline"):
+        from mixdiag import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module 'mixdiag' has no attribute {name!r}")

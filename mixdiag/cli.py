@@ -18,7 +18,6 @@ import traceback
 import mixdiag
 from mixdiag.console import Console
 from mixdiag.errors import UserError
-from mixdiag.schema import SchemaError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,8 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         # stdout at /dev/null so the interpreter's final flush does not raise again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except (UserError, SchemaError, FileNotFoundError, FileExistsError, IsADirectoryError,
+    except (UserError, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError,
             NotADirectoryError, PermissionError) as e:
+        if isinstance(e, ValueError) and not _is_schema_error(e):
+            return _internal_error(e, args)
         if args.debug:
             traceback.print_exc()
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -86,12 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {msg}\n")
         return 2
     except Exception as e:  # an internal bug: still one line unless --debug
-        if args.debug:
-            traceback.print_exc()
-        else:
-            sys.stderr.write(f"error: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                             " (rerun with --debug for the traceback)\n")
-        return 1
+        return _internal_error(e, args)
+
+
+def _is_schema_error(e: BaseException) -> bool:
+    """A :class:`~mixdiag.schema.SchemaError` (bad input), looked up without importing pandas:
+    if the schema module was never imported, nothing can have raised one."""
+    schema = sys.modules.get("mixdiag.schema")
+    return schema is not None and isinstance(e, schema.SchemaError)
+
+
+def _internal_error(e: BaseException, args) -> int:
+    if args.debug:
+        traceback.print_exc()
+    else:
+        sys.stderr.write(f"error: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                         " (rerun with --debug for the traceback)\n")
+    return 1
 
 
 if __name__ == "__main__":

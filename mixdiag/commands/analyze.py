@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from mixdiag.errors import UserError
-from mixdiag.schema import SchemaError, Timeline
 
 
 def register(sub, common):
@@ -29,6 +28,8 @@ def register(sub, common):
 
 def load_inputs(paths: list[str], fmt: str = "auto") -> Timeline:
     """One Timeline from one or several inputs on one clock (via ``mixdiag.collectors.load``)."""
+    from mixdiag.schema import SchemaError, Timeline  # pandas: imported when a verb runs, not for --help
+
     for path in paths:
         if not path.startswith(("http://", "https://")) and not Path(path).exists():
             raise UserError(f"no such input: {path}")

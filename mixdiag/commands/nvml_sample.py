@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from mixdiag.collectors.gpu import nvml
 from mixdiag.errors import UserError
 
 
@@ -29,6 +28,8 @@ def register(sub, common):
 def run(args, console):
     if not (args.interval > 0 and args.duration > 0 and math.isfinite(args.interval + args.duration)):
         raise UserError("--interval and --duration must be positive seconds")
+    from mixdiag.collectors.gpu import nvml  # pandas: imported when sampling, not for --help
+
     nv = nvml.load_nvml()  # fail (one line) before any progress bar is drawn
     n = max(1, int(round(args.duration / args.interval)))
     values: list[float] = []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def register(sub, common):
-    from mixdiag.engine.telemetry.instrumentation import add_arguments
+    from mixdiag.engine.telemetry.run_flags import add_arguments  # torch-free: --help stays fast
 
     p = sub.add_parser("run", parents=[common], help="run the reference engine on a scenario, write a run directory",
                        description="Run the reference mixed-batch engine on a scenario (a shipped name or a TOML "

@@ -1,5 +1,4 @@
 """``mixdiag schema``: print the Timeline data contract (frames, columns, dtypes, units) and the spike record beside it."""
-from mixdiag import schema
 
 
 def register(sub, common):
@@ -9,6 +8,8 @@ def register(sub, common):
 
 
 def run(args, console):
+    from mixdiag import schema  # pandas: only when the verb runs, not for `mixdiag --help`
+
     data = {frame: [{"name": c.name, "dtype": c.dtype, "unit": c.unit, "required": c.required,
                      "choices": list(c.choices) if c.choices else None, "doc": c.doc}
                     for c in cols] for frame, cols in schema.FRAMES.items()}
