@@ -84,6 +84,9 @@ def serve(opts: ServeOptions, server_cfg, icfg, *, announce=None) -> int:
     """Bind, print the URL, serve until SIGTERM/SIGINT (draining open streams); returns 0."""
     from mixdiag.engine.serving.server import bind, create_app, make_uvicorn
 
+    # The engine thread holds the GIL for its Python work between torch ops; a short switch interval
+    # lets the event loop flush each step's chunks promptly instead of several steps' at once.
+    sys.setswitchinterval(0.0005)
     state = build_state(opts, server_cfg, icfg)
     sock = bind(server_cfg.host, server_cfg.port)
     host, port = sock.getsockname()[:2]
