@@ -17,6 +17,10 @@ from types import ModuleType
 from mixdiag.errors import UserError
 
 HEAD_BYTES = 64 * 1024
+#: Logs are sniffed further when the head holds no known line: a long start-up banner or per-step
+#: EPLB/DEBUG lines can push the first stats line far down. Bounded so detection stays fast.
+LOG_SNIFF_BYTES = 8 * 1024 * 1024
+LOG_FORMATS = ("vllm-log", "sglang-log")
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,17 @@ def detect(source: str | os.PathLike) -> str:
                 claims.append(c)
         except Exception:  # a sniffer that trips on odd bytes just does not claim them
             continue
+    if not claims and not is_url and os.path.isfile(name) and len(head) == HEAD_BYTES:
+        with open(name, "rb") as f:
+            more = f.read(LOG_SNIFF_BYTES)
+        for c in COLLECTORS:
+            mod = _import(c)
+            if c.format in LOG_FORMATS and not isinstance(mod, Exception):
+                try:
+                    if mod.sniff(more, name):
+                        claims.append(c)
+                except Exception:
+                    continue
     if not claims:
         what = "directory" if os.path.isdir(name) else "file"
         raise UserError(f"{name}: {what} in no known format (tried {', '.join(formats())}); pass --format")

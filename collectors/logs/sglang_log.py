@@ -54,7 +54,7 @@ _GRAPH_KEYS = ("cuda graph", "npu graph", "cpu graph")
 
 def sniff(head: bytes, name: str) -> bool:
     """True when the head holds an SGLang scheduler line."""
-    return _SNIFF.search(head[:65536]) is not None
+    return _SNIFF.search(head) is not None  # the registry bounds how far it reads
 
 
 def _server_args(lines: list[str]) -> dict:

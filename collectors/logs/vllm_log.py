@@ -56,7 +56,7 @@ _STAT_COLS = {"running": "running_reqs", "waiting": "waiting_reqs", "pending": "
 
 def sniff(head: bytes, name: str) -> bool:
     """True when the head holds a vLLM stats, iteration, spec-decode, KV-transfer or graph-table line."""
-    return _SNIFF.search(head[:65536]) is not None
+    return _SNIFF.search(head) is not None  # the registry bounds how far it reads
 
 
 class _Clock:

@@ -136,7 +136,7 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
     if dispatch:
         for mode, col in MIXDIAG_GRAPH.items():
             out[col] = dispatch.get(mode, 0.0)
-        used["graph_steps"] = wire.GRAPH_DISPATCH_TOTAL
+        used.update(dict.fromkeys(MIXDIAG_GRAPH.values(), wire.GRAPH_DISPATCH_TOTAL))
         out["q_graph_mode"] = "measured"
     if passes:
         for col in set(SGLANG_PASS_GRAPH.values()):
@@ -152,7 +152,8 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
                 if extend == 0 or decode == 0:
                     out["kind"] = "decode" if extend == 0 else "prefill"
                     out["q_token_allocation"] = "measured"
-        used["graph_steps"] = SGLANG_PASSES
+                    used["kind"] = SGLANG_PASSES
+        used.update(dict.fromkeys(SGLANG_PASS_GRAPH.values(), SGLANG_PASSES))
         out["q_graph_mode"] = "measured"
         ran = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if out[c] > 0]
         if row.get("graph_mode") in (None, "unknown") and len(ran) == 1:
@@ -170,19 +171,21 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
                 if row.get("kind") == "unknown" and share > 0 and running > 0:
                     out["kind"] = "mixed"  # V1 schedules prefill chunks into the running decode batch
                     out["q_token_allocation"] = "inferred"
+                    used["kind"] = base + INFERRED
                 elif row.get("kind") == "unknown" and share == 0 and (row.get("output_tokens") or 0) > 0:
                     out["kind"] = "decode"
                     out["q_token_allocation"] = "inferred"
+                    used["kind"] = base + INFERRED
             break
     for base in TTFT_HISTOGRAMS:
         h = histogram_delta(prev, cur, base)
         if h is None:
             continue
         if h[1][-1] > 0:
-            out["ttft_p50_s"] = _quantile(0.5, *h)
-            out["ttft_p99_s"] = _quantile(0.99, *h)
+            out["ttft_p50_s"] = float(_quantile(0.5, *h))
+            out["ttft_p99_s"] = float(_quantile(0.99, *h))
         out["arrivals"] = float(h[1][-1])
-        used["ttft"] = base
+        used["ttft_p50_s"] = used["ttft_p99_s"] = base
         used["arrivals"] = base + "_count" + INFERRED
         break
     for col, cands in (("kv_transfer_s", KV_SECONDS), ("kv_transfer_bytes", KV_BYTES)):

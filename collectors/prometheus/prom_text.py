@@ -38,6 +38,11 @@ _TYPE = re.compile(rf"^#\s*TYPE\s+({_NAME})\s+(\w+)")
 _ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 _SNIFF = re.compile(rb"^(?:# (?:HELP|TYPE) |(?:vllm|sglang|" + wire.METRIC_PREFIX.encode() + rb"|DCGM_FI)[:_]\w*[{ ])", re.M)
 _SCRAPE_FILE = re.compile(r"^(\d+(?:\.\d+)?)\.prom$")
+# Scrape names users' own loops write: a unix time in s or ms anywhere (scrape-1730000000123.prom),
+# or an RFC 3339 time (2026-04-05T20:02:51Z.prom, metrics_2026-04-05_20-02-51.txt).
+_SCRAPE_EXT = (".prom", ".txt", ".metrics", ".openmetrics")
+_NAME_RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T_ ](\d\d)[:\-]?(\d\d)[:\-]?(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
+_NAME_UNIX = re.compile(r"(?<![\d.])(\d{13}|\d{10})(?:\.(\d+))?(?![\d])")
 
 
 def canonical_name(name: str) -> str:
@@ -170,7 +175,8 @@ def sniff(head: bytes, name: str) -> bool:
         return True
     if os.path.isdir(name):
         try:
-            return any(_SCRAPE_FILE.match(p.name) for p in Path(name).iterdir())
+            return any(p.name.lower().endswith(".prom") or name_time(p.name) is not None and
+                       p.name.lower().endswith(_SCRAPE_EXT) for p in Path(name).iterdir())
         except OSError:
             return False
     return _SNIFF.search(head[:65536]) is not None
@@ -185,14 +191,43 @@ def _scrape_time(scrape: Scrape, t_s: float | None, stats: LineStats) -> tuple[f
     return 0.0, "relative"
 
 
-def scrape_files(directory: str | os.PathLike) -> tuple[list[tuple[float, Path]], list[str]]:
-    """``(t_s, path)`` of every ``<unix_time_s>.prom`` in ``directory`` (time order) and the others."""
+def name_time(name: str) -> float | None:
+    """The unix time a scrape file's name carries (s or ms anywhere, or RFC 3339); None if none."""
+    stem = name
+    for ext in _SCRAPE_EXT:
+        if stem.lower().endswith(ext):
+            stem = stem[: -len(ext)]
+            break
+    m = _NAME_RFC3339.search(stem)
+    if m:
+        y, mo, d, hh, mi, ss, frac, zone = m.groups()
+        from mixdiag.collectors.logs.log_lines import rfc3339_to_unix
+        t = rfc3339_to_unix(f"{y}-{mo}-{d}T{hh}:{mi}:{ss}" + (f".{frac}" if frac else ""), zone)
+        if t is not None:
+            return t
+    for m in _NAME_UNIX.finditer(stem):
+        digits, frac = m.groups()
+        t = int(digits) / (1000.0 if len(digits) == 13 else 1.0) + (float("0." + frac) if frac else 0.0)
+        if 946684800 <= t < 4102444800:  # 2000..2100: a clock reading, not a counter or a pid
+            return t
+    return None
+
+
+def scrape_files(directory: str | os.PathLike, *, mtime: bool = False) -> tuple[list[tuple[float, Path]], list[str]]:
+    """``(t_s, path)`` of every timed scrape in ``directory`` (time order) and the other names.
+
+    A scrape is a ``.prom``/``.txt``/``.metrics`` file whose name carries a unix time (s or ms) or an
+    RFC 3339 time; with ``mtime=True`` a ``.prom``/``.metrics`` file without one is timed by its
+    modification time (the caller says so in a note).
+    """
     d = Path(directory)
     found, other = [], []
     for p in sorted(d.iterdir()):
-        m = _SCRAPE_FILE.match(p.name)
-        if m and p.is_file():
-            found.append((float(m.group(1)), p))
+        t = name_time(p.name) if p.is_file() and p.name.lower().endswith(_SCRAPE_EXT) else None
+        if t is None and mtime and p.is_file() and p.name.lower().endswith((".prom", ".metrics")):
+            t = p.stat().st_mtime
+        if t is not None:
+            found.append((t, p))
         else:
             other.append(p.name)
     found.sort()
@@ -203,9 +238,13 @@ def _read_dir(d: Path, base: str) -> Timeline:
     """Timed scrapes in ``d`` (instance ``base``); each sub-directory holding timed scrapes is one
     more instance named after it (a run directory's ``scrapes/engine1/`` of a multi-instance run)."""
     files, other = scrape_files(d)
+    by_mtime = 0
+    if not files:  # names without a time: the files' modification times, flagged
+        files, other = scrape_files(d, mtime=True)
+        by_mtime = len(files)
     subdirs = [d / name for name in other if (d / name).is_dir() and scrape_files(d / name)[0]]
     if not files and not subdirs:
-        raise UserError(f"{d}: no scrape files named <unix_time_s>.prom in this directory")
+        raise UserError(f"{d}: no scrape files (*.prom with a unix or RFC 3339 time in the name) in this directory")
     parts = [_read_dir(sd, sd.name) for sd in subdirs]
     if files:
         timed = []
@@ -213,6 +252,9 @@ def _read_dir(d: Path, base: str) -> Timeline:
             lines, ends, stats = read_lines(p, FORMAT)
             timed.append(TimedScrape(t, _parse_lines(lines, ends, stats), stats))
         rest = [n for n in other if (d / n) not in subdirs]
+        if by_mtime:
+            timed[0].stats.note(f"{by_mtime} scrape file name(s) carry no time: timed by file modification "
+                                "time (unix clock; as exact as the copy that kept it)")
         if rest:
             timed[0].stats.note(f"{len(rest)} other file(s) in the directory not read, e.g. {rest[0]}")
         parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT))
