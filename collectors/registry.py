@@ -44,6 +44,10 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("sglang-log", "logs.sglang_log", (".log", ".txt"), "SGLang server log"),
     Collector("prom-endpoint", "prometheus.endpoint", (), "an engine's live /metrics URL (sampled, or one dump)"),
     Collector("prom-http", "prometheus.prom_http", (), "Prometheus server HTTP API (URL)"),
+    # client-side records (what a benchmark client saw of each stream), collectors/clients/
+    Collector("client-load", "clients.load_records", (".jsonl",), "mixdiag load records (JSON lines)"),
+    Collector("vllm-bench", "clients.vllm_bench", (".json",), "vllm bench serve --save-result --save-detailed JSON"),
+    Collector("guidellm", "clients.guidellm_report", (".json",), "guidellm benchmarks report JSON"),
 )
 BY_FORMAT = {c.format: c for c in COLLECTORS}
 _cache: dict[str, ModuleType | Exception] = {}

@@ -1,0 +1,47 @@
+"""Per-request client token times -> a Timeline ``tokens`` frame (one row per streamed chunk)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from mixdiag.collectors.provenance import source_entry
+from mixdiag.schema import Timeline
+
+DEFAULT_INSTANCE = "client"
+
+
+@dataclass
+class ClientRequest:
+    """One request as the client saw it: when it was sent and when each chunk of tokens arrived."""
+
+    request_id: str
+    start_s: float | None
+    token_times_s: list[float] = field(default_factory=list)
+    tokens_per_event: list[int] | None = None   # None: one token per chunk
+
+
+def to_timeline(reqs: list[ClientRequest], fmt: str, path, *, instance: str | None, clock: str,
+                quality: str = "measured", total: int, skipped: int, examples=(), notes=(), **extra) -> Timeline:
+    """The tokens frame of ``reqs`` on ``clock`` ('unix' or 'relative') with provenance in meta."""
+    inst = instance or DEFAULT_INSTANCE
+    rows = []
+    for r in reqs:
+        n = r.tokens_per_event or [1] * len(r.token_times_s)
+        for i, (t, k) in enumerate(zip(r.token_times_s, n)):
+            rows.append((inst, r.request_id, float(t), int(k), float("nan"), 1.0 if i == 0 else 0.0))
+    tokens = pd.DataFrame(rows, columns=["instance", "request_id", "t_s", "n_tokens", "step", "is_first"])
+    tokens = tokens.sort_values(["request_id", "t_s"], kind="stable")
+    entry = source_entry(fmt, path, total=total, parsed=total - skipped, skipped=skipped, examples=examples,
+                         partial=skipped > 0, notes=list(notes), instances=[inst], measured_at="client", **extra)
+    meta = {"clock": clock, "sources": [entry], "signals": {inst: {"tokens": quality}},
+            "client": {"requests": len(reqs), "token_events": len(rows), "quality": quality}}
+    return Timeline(tokens=tokens, meta=meta)
+
+
+def cumulative(start: float, ttft: float, itls) -> list[float]:
+    """Token times from a start, a TTFT and the inter-token gaps that follow."""
+    out = [start + ttft]
+    for gap in itls:
+        out.append(out[-1] + float(gap))
+    return out

@@ -1,0 +1,71 @@
+"""``vllm bench serve --save-result --save-detailed`` result JSON -> client tokens.
+
+The file (vLLM's benchmarks/serve.py, formerly benchmark_serving.py) holds run totals and, with
+``--save-detailed``, per-request lists: ``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls``
+(a list of gaps in s per request), ``errors``, and in newer vLLM ``start_times``. A request's
+token times are ``start + ttft`` and then the cumulative gaps. vLLM takes start times from
+``time.perf_counter()`` (a process-local clock), so the result is ``clock = "relative"`` (seconds
+from the first start) unless ``t0`` (unix seconds of the first request, e.g. from the client
+machine's log) is given, or the starts already look like unix time. Without ``start_times``,
+every request starts at 0: each stream's own ITLs are right, but streams cannot be lined up.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from mixdiag.collectors.clients.client_tokens import ClientRequest, cumulative, to_timeline
+from mixdiag.errors import UserError
+
+FORMAT = "vllm-bench"
+_EPOCH_2001 = 1e9
+
+
+def sniff(head: bytes, name: str) -> bool:
+    h = head.lstrip()
+    return h.startswith(b"{") and b'"ttfts"' in head or (h.startswith(b"{") and b'"request_throughput"' in head
+                                                        and b'"itls"' in head)
+
+
+def read(source, *, instance: str | None = None, t0: float | None = None, **options):
+    """Read a vLLM bench result; ``t0`` anchors the first start on the unix clock."""
+    path = os.fspath(source)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except ValueError as e:
+        raise UserError(f"{path}: not a JSON document ({str(e).splitlines()[0]})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ttfts"), list) or not isinstance(doc.get("itls"), list):
+        raise UserError(f"{path}: no per-request 'ttfts'/'itls' lists; rerun vllm bench serve with "
+                        "--save-result --save-detailed")
+    ttfts, itls = doc["ttfts"], doc["itls"]
+    n = len(ttfts)
+    starts = doc.get("start_times")
+    errors = doc.get("errors") or [""] * n
+    notes = []
+    if not isinstance(starts, list) or len(starts) != n:
+        starts, clock = [0.0] * n, "relative"
+        notes.append("no per-request start_times: every request starts at 0 (per-stream ITLs only)")
+    elif t0 is not None or min(starts, default=0) > _EPOCH_2001:
+        base = min(starts)
+        offset = (float(t0) - base) if t0 is not None and base < _EPOCH_2001 else 0.0
+        starts, clock = [s + offset for s in starts], "unix"
+    else:
+        base = min(starts)
+        starts, clock = [s - base for s in starts], "relative"
+        notes.append("start_times are perf_counter seconds: relative clock (pass t0 to anchor on unix time)")
+    reqs, skipped, examples = [], 0, []
+    for i in range(n):
+        err = errors[i] if i < len(errors) else ""
+        ttft = ttfts[i]
+        gaps = itls[i] if i < len(itls) else None
+        if err or not isinstance(ttft, (int, float)) or ttft <= 0 or not isinstance(gaps, list):
+            skipped += 1
+            examples.append(f"request {i}: {'error: ' + str(err)[:100] if err else 'no ttft/itls'}")
+            continue
+        reqs.append(ClientRequest(f"vllm-bench-{i}", starts[i], cumulative(float(starts[i]), float(ttft), gaps)))
+    if n == 0:
+        raise UserError(f"{path}: the result lists no requests")
+    return to_timeline(reqs, FORMAT, path, instance=instance, clock=clock, total=n, skipped=skipped,
+                       examples=examples, notes=notes, backend=doc.get("backend"), model=doc.get("model_id"),
+                       date=doc.get("date"))
