@@ -111,7 +111,7 @@ def query_range(url: str, promql: str, start: float, end: float, step_s: float,
     return list(out.values())
 
 
-_URL_PARAMS = ("selector", "start", "end", "step", "window")
+_URL_PARAMS = ("selector", "start", "end", "step", "window", "aggregate")
 
 
 def _seconds(name: str, text: str) -> float:
@@ -142,7 +142,7 @@ def split_url(url: str) -> tuple[str, dict]:
         raise UserError(f"unknown URL parameter(s) {', '.join(unknown)}; use {', '.join(_URL_PARAMS)}")
     out: dict = {}
     for k, vals in params.items():
-        out[k] = vals[-1] if k == "selector" else _seconds(k, vals[-1])
+        out[k] = vals[-1] if k in ("selector", "aggregate") else _seconds(k, vals[-1])
     base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
     return base, out
 
@@ -172,6 +172,12 @@ def read(source: str, *, instance: str | None = None, selector: str = "", start:
         raise UserError(f"empty window: start {start} is not before end {end}")
     stats = LineStats(format=FORMAT, path=source)
     stats.note(f"window [{start:.3f}, {end:.3f}] step {step_s:g}s; selector {selector or '(none)'}")
+    aggregate = str(options.get("aggregate") or from_url.get("aggregate") or "auto")
+    if aggregate not in ("auto", "yes", "no"):
+        raise UserError(f"aggregate={aggregate!r}: use auto, yes or no")
+    if aggregate == "yes" or (aggregate == "auto" and instance is None
+                              and count_vllm_targets(source, selector, end, timeout_s) >= AGGREGATE_FROM_TARGETS):
+        return read_aggregated(source, start, end, step_s, selector, max(timeout_s, 60.0), stats)
     by_t: dict[float, Scrape] = {}
     for q in queries(selector):
         for series in query_range(source, q, start, end, step_s, timeout_s):
@@ -210,3 +216,97 @@ def read(source: str, *, instance: str | None = None, selector: str = "", start:
     from mixdiag.collectors.gpu import dcgm
 
     return dcgm.fill_intervals(tl, options.get("gpu_map"))  # DCGM_FI_PROF_* series -> sm_active
+
+
+# --- Fleet path: let Prometheus aggregate (one query per signal, not one series per sample) ---------
+#: Per-target keys of the aggregation (vLLM DP engine as its own instance, as in the raw path).
+_BY = "instance, engine"
+#: Column -> PromQL template over one step (``{r}``) and the selector (``{s}``); vLLM names
+#: (formats.md §1.1), the ITL histogram falling back to its pre-0.11 name with ``or``.
+#: ``_inc(x)`` is the exact increase since one step earlier, as the raw path computes it: a drop is
+#: a reset (the new value is the increase), a series born in the step counts from zero. ``increase()``
+#: would need two samples inside the step and extrapolates; this does neither.
+def _inc(name: str) -> str:
+    return f"(({name}{{s}} - {name}{{s}} offset {{r}}) >= 0 or {name}{{s}} * 1)"
+
+
+def _inc_either(base: str, suffix: str) -> str:
+    return f"({_inc('vllm:' + base + suffix)} or {_inc('vllm:time_per_output_token_seconds' + suffix)})"
+
+
+AGG_QUERIES: dict[str, str] = {
+    "prefill_tokens": f"sum by ({{by}}) ({_inc('vllm:prompt_tokens_total')})",
+    "output_tokens": f"sum by ({{by}}) ({_inc('vllm:generation_tokens_total')})",
+    "preempted_reqs": f"sum by ({{by}}) ({_inc('vllm:num_preemptions_total')})",
+    "running_reqs": "sum by ({by}) (vllm:num_requests_running{s})",
+    "waiting_reqs": "sum by ({by}) (vllm:num_requests_waiting{s})",
+    "itl_count": f"sum by ({{by}}) {_inc_either('inter_token_latency_seconds', '_count')}",
+    "itl_sum": f"sum by ({{by}}) {_inc_either('inter_token_latency_seconds', '_sum')}",
+}
+for _col, _q in (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99)):
+    AGG_QUERIES[_col] = (f"histogram_quantile({_q}, sum by ({{by}}, le) "
+                         f"{_inc_either('inter_token_latency_seconds', '_bucket')})")
+#: ``auto`` aggregates in Prometheus from this many vLLM targets on (below it, raw series are cheap).
+AGGREGATE_FROM_TARGETS = 20
+
+
+def _agg_promql(template: str, selector: str, step_s: float) -> str:
+    m = _matchers(selector)
+    return template.format(by=_BY, s="{" + m + "}" if m else "", r=f"{int(round(step_s * 1000))}ms")
+
+
+def count_vllm_targets(url: str, selector: str, at: float, timeout_s: float = 30.0) -> int:
+    """How many targets expose ``vllm:generation_tokens_total`` at ``at`` (one instant query)."""
+    m = _matchers(selector)
+    q = f"count(count by (instance) (last_over_time(vllm:generation_tokens_total{{{m}}}[1h])))"
+    data = _get(url, "/api/v1/query", {"query": q, "time": f"{at:.3f}"}, timeout_s)
+    res = data.get("result") or []
+    return int(float(res[0]["value"][1])) if res else 0
+
+
+def read_aggregated(url: str, start: float, end: float, step_s: float, selector: str = "",
+                    timeout_s: float = 60.0, stats: LineStats | None = None) -> Timeline:
+    """Interval rows computed by Prometheus: per target and step, token increases, gauges and ITL
+    quantiles (``histogram_quantile`` of the bucket increases), one ``query_range`` per column.
+
+    The row ending at ``t`` covers ``(t - step, t]``; ``increase`` extrapolates to the window edges,
+    so token counts are not integers (as in any Grafana panel built on them).
+    """
+    import pandas as pd
+
+    cols: dict[tuple[str, float], dict] = {}
+    for col, tmpl in AGG_QUERIES.items():
+        for series in query_range(url, _agg_promql(tmpl, selector, step_s), start + step_s, end, step_s, timeout_s):
+            m = series["metric"]
+            inst = m.get("instance", "prometheus") + (f"/engine{m['engine']}" if "engine" in m else "")
+            for t, v in series["values"]:
+                try:
+                    cols.setdefault((inst, float(t)), {})[col] = float(v)
+                except (TypeError, ValueError):
+                    continue
+            if stats is not None:
+                stats.lines_total += 1
+                stats.parsed()
+    multi_engine = len({i.split("/engine")[1] for i, _ in cols if "/engine" in i}) > 1
+    rows = []
+    for (inst, t), vals in sorted(cols.items()):
+        name = inst if multi_engine else inst.split("/engine")[0]
+        row = {"instance": name, "t_start_s": t - step_s, "t_end_s": t, "granularity": "interval", **vals}
+        s, c = row.pop("itl_sum", math.nan), row.get("itl_count", math.nan)
+        row["itl_mean_s"] = s / c if c and c > 0 and math.isfinite(s) else math.nan
+        for q in ("itl_p50_s", "itl_p90_s", "itl_p99_s"):
+            if q in row and not math.isfinite(row[q]):
+                row[q] = math.nan  # no outputs in the step: histogram_quantile answers NaN
+        row["kind"] = "idle" if row.get("prefill_tokens") == 0 and row.get("output_tokens") == 0 else "unknown"
+        rows.append(row)
+    steps = pd.DataFrame(rows) if rows else None
+    if steps is not None:
+        steps["step"] = steps.groupby("instance").cumcount()
+    used = {c: "promql" for c in AGG_QUERIES if c != "itl_sum"}
+    insts = sorted(set(steps["instance"])) if steps is not None else []
+    signals = {i: {c: "measured" for c in used} for i in insts}
+    meta = {"source": FORMAT, "clock": "unix", "sources": [stats.to_meta()] if stats else [], "signals": signals,
+            "metric_sources": {i: dict(used) for i in insts},
+            "notes": [f"aggregated in Prometheus: {len(AGG_QUERIES)} range queries for {len(insts)} targets"],
+            "partial": False, "targets": insts}
+    return Timeline(steps=steps, series=None, meta=meta)

@@ -1,0 +1,188 @@
+"""Fleet scale: a real Prometheus holding N vLLM instances x 15 min at a 15 s step, analysed by mixdiag.
+
+Backfills the TSDB with ``promtool tsdb create-blocks-from openmetrics`` (vLLM names, formats.md
+§1.1), starts ``prometheus`` on 127.0.0.1, then measures
+
+* a bare fetch-and-parse of the same raw series over the window (``query_range`` + JSON),
+* ``mixdiag analyze http://127.0.0.1:PORT/?start=..&end=..&step=15 --json`` in a child process
+  (wall time, peak RSS from ``getrusage(RUSAGE_CHILDREN)``),
+
+and prints the ratio (target <= 3x), absolute time (<= 15 s at 500) and RSS (<= 1 GB). One instance
+in ``--burst-every`` carries prefill bursts (4096 prompt tokens, ITL 60 ms instead of 20 ms) every
+5th step; the verdicts per instance group are printed. Usage::
+
+    .venv/bin/python benchmarks/bench_fleet.py --instances 500
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+STEP_S = 15
+
+
+def openmetrics(path: Path, n_inst: int, t0: int, points: int, burst_every: int, seed: int = 0) -> int:
+    """Write the fleet as OpenMetrics; returns the number of samples."""
+    rng = random.Random(seed)
+    fams: dict[str, list[str]] = {k: [] for k in ("prompt", "gen", "pre", "run", "wait", "bkt", "sum", "cnt")}
+    n = 0
+    for i in range(n_inst):
+        lab = f'instance="vllm-{i:04d}:8000",job="vllm",engine="0",model_name="m"'
+        burst = burst_every > 0 and i % burst_every == 0
+        prompt = gen = pre = itl_sum = cnt = 0.0
+        bkt = [0.0] * len(ITL_LE)
+        for k in range(points):
+            t = t0 + k * STEP_S
+            if k:
+                slow = burst and k % 5 == 0
+                outs = 1500 + rng.randint(-50, 50)
+                prompt += 4096 * 6 if slow else 200 + rng.randint(0, 50)
+                gen += outs
+                itl = (0.06 if slow else 0.02) * (1 + rng.uniform(-0.05, 0.05))
+                itl_sum += outs * itl
+                cnt += outs
+                for b, le in enumerate(ITL_LE):
+                    if itl <= le:
+                        bkt[b] += outs
+            fams["prompt"].append(f"vllm:prompt_tokens_total{{{lab}}} {prompt} {t}")
+            fams["gen"].append(f"vllm:generation_tokens_total{{{lab}}} {gen} {t}")
+            fams["pre"].append(f"vllm:num_preemptions_total{{{lab}}} {pre} {t}")
+            fams["run"].append(f"vllm:num_requests_running{{{lab}}} {32 + rng.randint(-2, 2)} {t}")
+            fams["wait"].append(f"vllm:num_requests_waiting{{{lab}}} {rng.randint(0, 3)} {t}")
+            for b, le in enumerate(ITL_LE):
+                fams["bkt"].append(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="{le}"}} {bkt[b]} {t}')
+            fams["bkt"].append(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {cnt} {t}')
+            fams["sum"].append(f"vllm:inter_token_latency_seconds_sum{{{lab}}} {itl_sum} {t}")
+            fams["cnt"].append(f"vllm:inter_token_latency_seconds_count{{{lab}}} {cnt} {t}")
+            n += 5 + len(ITL_LE) + 3
+    head = {"prompt": ("vllm:prompt_tokens", "counter"), "gen": ("vllm:generation_tokens", "counter"),
+            "pre": ("vllm:num_preemptions", "counter"), "run": ("vllm:num_requests_running", "gauge"),
+            "wait": ("vllm:num_requests_waiting", "gauge")}
+    with open(path, "w") as f:
+        for key, (name, typ) in head.items():
+            f.write(f"# TYPE {name} {typ}\n")
+            f.write("\n".join(fams[key]) + "\n")
+        f.write("# TYPE vllm:inter_token_latency_seconds histogram\n")
+        for key in ("bkt", "sum", "cnt"):
+            f.write("\n".join(fams[key]) + "\n")
+        f.write("# EOF\n")
+    return n
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"prometheus at {url} not ready after {timeout_s} s")
+
+
+def bare_fetch(url: str, start: float, end: float) -> tuple[float, int]:
+    """Fetch and JSON-parse every raw vLLM series over the window: the floor any reader pays."""
+    t = time.perf_counter()
+    body = urllib.parse.urlencode({"query": '{__name__=~"vllm:.*"}', "start": start, "end": end,
+                                   "step": STEP_S}).encode()
+    with urllib.request.urlopen(url + "/api/v1/query_range", data=body, timeout=300) as r:
+        doc = json.loads(r.read())
+    n = sum(len(s["values"]) for s in doc["data"]["result"])
+    return time.perf_counter() - t, n
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--instances", type=int, default=500)
+    ap.add_argument("--minutes", type=float, default=15.0)
+    ap.add_argument("--burst-every", type=int, default=10, help="every N-th instance carries prefill bursts")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    a = ap.parse_args(argv)
+    for b in ("prometheus", "promtool"):
+        if shutil.which(b) is None:
+            raise SystemExit(f"{b} not found: run 'bash scripts/setup_system.sh' (Debian package prometheus)")
+    work = Path(tempfile.mkdtemp(prefix="bench_fleet_"))
+    points = int(a.minutes * 60 / STEP_S) + 1
+    t0 = (int(time.time()) - 3 * 3600) // STEP_S * STEP_S  # old enough to be a persisted block
+    tic = time.perf_counter()
+    n = openmetrics(work / "fleet.om", a.instances, t0, points, a.burst_every)
+    gen_s = time.perf_counter() - tic
+    tic = time.perf_counter()
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(work / "fleet.om"),
+                    str(work / "tsdb")], check=True, capture_output=True)
+    print(f"backfill: {a.instances} instances x {points} points, {n} samples "
+          f"(generate {gen_s:.1f} s, promtool {time.perf_counter() - tic:.1f} s)")
+    (work / "prometheus.yml").write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(["prometheus", f"--config.file={work / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={work / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--storage.tsdb.retention.time=30d", "--log.level=warn"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(url)
+        start, end = t0, t0 + (points - 1) * STEP_S
+        bare_s, n_bare = bare_fetch(url, start, end)
+        bare_s = min(bare_s, bare_fetch(url, start, end)[0])
+        cmd = [sys.executable, "-m", "mixdiag.cli", "analyze", f"{url}/?start={start}&end={end}&step={STEP_S}",
+               "--json"]
+        tic = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        an_s = time.perf_counter() - tic
+        rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        if out.returncode != 0:
+            print(out.stderr[-2000:])
+            return 1
+        print(f"bare fetch+parse: {bare_s:.2f} s ({n_bare} samples)")
+        print(f"analyze: {an_s:.2f} s  = {an_s / bare_s:.2f}x bare (target <= 3x); "
+              f"target <= 15 s at 500: {'ok' if an_s <= 15 else 'MISSED'}")
+        print(f"peak RSS of the analyze process: {rss_gb:.2f} GB (target <= 1 GB)")
+        report(json.loads(out.stdout), a.burst_every)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}")
+    return 0
+
+
+def report(doc: dict, burst_every: int) -> None:
+    """Spikes by cause on burst and steady instances."""
+    spikes = doc.get("spikes") or []
+    by: dict[str, dict[str, int]] = {"burst": {}, "steady": {}}
+    for s in spikes:
+        inst = str(s.get("instance", ""))
+        i = int(inst.split("-")[1].split(":")[0]) if inst.startswith("vllm-") else -1
+        grp = "burst" if burst_every > 0 and i % burst_every == 0 else "steady"
+        cause = s.get("cause", "?")
+        by[grp][cause] = by[grp].get(cause, 0) + 1
+    print(f"verdict: {doc.get('verdict')}")
+    for grp, causes in by.items():
+        print(f"spikes on {grp} instances: " + (", ".join(f"{c} {n}" for c, n in sorted(causes.items())) or "none"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
