@@ -131,8 +131,11 @@ class Simulator:
         info = []
         for rk in self.ranks:
             stall = int(p.host_stall_ms * MS)
-            rk.cpu += int(c.host_gap_ms * MS * rng.uniform(0.8, 1.25)) + stall
-            info.append({"cpu_start": rk.cpu - stall, "prep": rk.cpu})
+            start = rk.cpu
+            rk.cpu += int(c.host_gap_ms * MS * rng.uniform(0.8, 1.25))
+            if stall:  # the stall is counted from when the GPU runs dry, so it is the idle time it causes
+                rk.cpu = max(rk.cpu, rk.gpu, rk.d2h_end) + stall
+            info.append({"cpu_start": start, "prep": rk.cpu})
         # input copies (per scheduled token, per request)
         for rk, inf in zip(self.ranks, info):
             pt = p.prefill_tokens if rk.r == 0 else 0
