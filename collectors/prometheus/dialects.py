@@ -153,6 +153,10 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
                     out["kind"] = "decode" if extend == 0 else "prefill"
                     out["q_token_allocation"] = "measured"
                     used["kind"] = SGLANG_PASSES
+                    if extend > 0 and (row.get("decode_rows") or 0) > 0:
+                        # decode tokens computed with no decode pass: they rode in the extend passes
+                        out["kind"], out["q_token_allocation"] = "mixed", "inferred"
+                        used["kind"] = SGLANG_PASSES + INFERRED
         used.update(dict.fromkeys(SGLANG_PASS_GRAPH.values(), SGLANG_PASSES))
         out["q_graph_mode"] = "measured"
         ran = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if out[c] > 0]

@@ -313,7 +313,7 @@ class SglangMetrics(_Dialect):
         if imb and imb > 0:
             if self._balancedness is None:
                 self._balancedness = Summary("sglang:eplb_balancedness", "Expert balancedness (avg/max tokens per GPU).",
-                                             s + ["forward_mode"], registry=self.registry)
+                                             list(self._sched) + ["forward_mode"], registry=self.registry)
             mode = "extend" if extend else "decode"
             self._balancedness.labels(**self._sched, forward_mode=mode).observe(1.0 / imb)
         kv_s, kv_b = _num(record, "kv_transfer_s"), _num(record, "kv_transfer_bytes")
