@@ -1,4 +1,4 @@
-"""The dashboard in headless Chromium: load a run, four panels and spike markers, click a spike.
+"""The dashboard in headless Chromium: load a run, four panels and spike markers, click a spike, across pages.
 
 One app and one browser for the whole module (starting Chromium costs seconds on 2 cores).
 """
@@ -15,6 +15,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 from mixdiag.dashboard.app import create_app  # noqa: E402
 from mixdiag.dashboard.settings import DashboardConfig  # noqa: E402
 from mixdiag.dashboard.figures import PANEL_TITLES  # noqa: E402
+from mixdiag.dashboard.pages import timeline  # noqa: E402
 from mixdiag.dashboard.screenshot import ThreadedServer, chrome, chrome_options  # noqa: E402
 
 
@@ -31,8 +32,8 @@ def session(faulty_run):
 
 
 def tab(driver, name):
-    """Click a page's tab once the app has rendered it (Dash renders after its scripts load)."""
-    xpath = f"//*[contains(@class,'tab') and normalize-space()='{name}']"
+    """Follow a page's link once the app has rendered it (Dash renders after its scripts load)."""
+    xpath = f"//a[contains(@class,'nav-tab') and normalize-space()='{name}']"
     WebDriverWait(driver, 40).until(EC.element_to_be_clickable((By.XPATH, xpath))).click()
 
 
@@ -41,17 +42,17 @@ def test_load_a_run_see_four_panels_and_spike_markers_click_a_spike(session):
     driver.get(srv.url)
     # Sources page: pick the run and load it (the data directory holds it as run1/)
     tab(driver, "Sources")
-    wait.until(EC.element_to_be_clickable((By.ID, "data-choice"))).click()
+    wait.until(EC.element_to_be_clickable((By.ID, "sources-data-choice"))).click()
     option = wait.until(EC.element_to_be_clickable((By.XPATH, "//*[contains(text(),'run: run1/')]")))
     option.click()
-    driver.find_element(By.ID, "load-btn").click()
-    wait.until(EC.text_to_be_present_in_element((By.ID, "source-status"), "loaded run1"))
+    driver.find_element(By.ID, "sources-load-btn").click()
+    wait.until(EC.text_to_be_present_in_element((By.ID, "sources-status"), "loaded run1"))
     ds = app.mixdiag_store.get(None)
     d = ds.diagnosis
 
     tab(driver, "Overview")
-    wait.until(EC.text_to_be_present_in_element((By.ID, "verdict"), d.verdict[:40]))
-    assert driver.find_element(By.ID, "stat-spikes").text == str(len(d.spikes))
+    wait.until(EC.text_to_be_present_in_element((By.ID, "overview-verdict"), d.verdict[:40]))
+    assert driver.find_element(By.ID, "overview-stat-spikes").text == str(len(d.spikes))
 
     tab(driver, "Timeline")
     wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace")))
@@ -74,10 +75,11 @@ def test_load_a_run_see_four_panels_and_spike_markers_click_a_spike(session):
         .find_elements(By.CSS_SELECTOR, "path.point")[0]
     ActionChains(driver).move_to_element(point).pause(0.3).click().perform()
     wait.until(EC.text_to_be_present_in_element((By.ID, "spike-cause"), "ep_hotspot"))
+    assert driver.current_url.rstrip("/").endswith("/spike")  # the click opened the Spike page
     assert f"step {int(target['step'])}" in driver.find_element(By.ID, "spike-cause").text
-    evidence = driver.find_element(By.ID, "evidence-table").text
+    evidence = driver.find_element(By.ID, "spike-evidence-table").text
     assert "expert_imbalance" in evidence and "4" in evidence
-    assert driver.find_elements(By.CSS_SELECTOR, "#neighbours-table tbody tr")
+    assert driver.find_elements(By.CSS_SELECTOR, "#spike-neighbours-table tbody tr")
     assert "predicted height" in driver.find_element(By.ID, "spike-heights").text
 
 
@@ -97,7 +99,7 @@ def test_zoom_on_one_panel_zooms_all_and_resamples(session):
         f"const l = {gd}._fullLayout; return [1, 2, 3, 4].map(i => l['xaxis' + (i > 1 ? i : '')].range)")
     for r in ranges:
         assert r == pytest.approx([1.0, 2.0])
-    full = app.mixdiag_store.view(app.mixdiag_store.get(None), "engine0").itl
+    full = timeline.view(app.mixdiag_store.get(None), "engine0").itl
     assert len(xs) < len(full)
 
 
@@ -107,12 +109,12 @@ def test_upload_a_capture_in_the_browser(session):
     app, srv, driver, wait = session
     log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "vllm_log_31193.txt"  # real vLLM lines
     tab(driver, "Sources")
-    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#upload input[type=file]"))).send_keys(str(log))
-    wait.until(EC.text_to_be_present_in_element((By.ID, "source-status"), f"loaded upload: {log.name}"))
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#sources-upload input[type=file]"))).send_keys(str(log))
+    wait.until(EC.text_to_be_present_in_element((By.ID, "sources-status"), f"loaded upload: {log.name}"))
     ds = app.mixdiag_store.get(None)
     assert ds.label == f"upload: {log.name}" and ds.timeline.meta["sources"][0]["format"] == "vllm-log"
     tab(driver, "Overview")
-    wait.until(EC.text_to_be_present_in_element((By.ID, "verdict"), ds.diagnosis.verdict[:30]))
+    wait.until(EC.text_to_be_present_in_element((By.ID, "overview-verdict"), ds.diagnosis.verdict[:30]))
 
 
 def test_browser_console_log_is_empty(session):
