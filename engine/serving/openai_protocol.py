@@ -91,13 +91,14 @@ def _prompt_ids(prompt, encode, vocab_size: int) -> list[int]:
 
 def parse_request(body: dict, kind: str, *, model_name: str, encode, vocab_size: int,
                   max_model_len: int) -> GenerationRequest:
-    """Validate ``body`` of ``/v1/completions`` (``kind="completion"``) or chat; 400/404 on bad input."""
+    """Validate ``body`` of ``/v1/completions`` (``kind="completion"``) or chat; ApiError 400 on bad input."""
     model = body.get("model")
     if not isinstance(model, str):
         raise bad("'model' is required", "model")
     if model != model_name:
-        raise ApiError(404, f"The model `{model}` does not exist.", type="NotFoundError", param="model",
-                       code="model_not_found")
+        # 400 (not vLLM's 404) so every client-side input mistake is one status; the code says which
+        raise ApiError(400, f"The model `{model}` does not exist; this server serves `{model_name}`.",
+                       param="model", code="model_not_found")
     for key in _UNSUPPORTED:
         if body.get(key) not in (None, False, [], ""):
             raise bad(f"'{key}' is not supported by the reference engine", key)

@@ -1,0 +1,84 @@
+"""A real server on 127.0.0.1 (uvicorn in a thread, any free port) over a tiny engine."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+TINY = """
+name = "serve-test"
+seed = 1
+max_steps = 10
+[model]
+preset = "tiny"
+num_layers = 1
+max_model_len = 512
+[cache]
+block_size = 16
+num_blocks = 256
+[scheduler]
+policy = "token_budget"
+max_num_batched_tokens = 128
+[engine]
+num_threads = 1
+[workload]
+time_unit = "step"
+[[workload.groups]]
+name = "x"
+count = 1
+arrival = "burst"
+start = 0
+prompt_len = { dist = "fixed", value = 8 }
+output_len = { dist = "fixed", value = 8 }
+"""
+
+
+def write_scenario(d: Path) -> Path:
+    p = d / "serve-test.toml"
+    p.write_text(TINY)
+    return p
+
+
+class Running:
+    def __init__(self, url, state, server, thread):
+        self.url, self.state, self.server, self.thread = url, state, server, thread
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5).json()
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(20)
+
+
+def start(tmp: Path, **cfg) -> Running:
+    from mixdiag.engine.serving.launch import ServeOptions, build_state
+    from mixdiag.engine.serving.server import ServerConfig, bind, create_app, make_uvicorn
+    from mixdiag.engine.telemetry.instrumentation import InstrumentationConfig
+
+    scfg = ServerConfig(port=0, **cfg)
+    state = build_state(ServeOptions(scenario=str(write_scenario(tmp))), scfg,
+                        InstrumentationConfig(nvtx=False, final_scrape=False))
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = make_uvicorn(create_app(state), scfg)
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return Running(url, state, server, th)
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not come up")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    run = start(tmp_path_factory.mktemp("serve"))
+    yield run
+    run.stop()
