@@ -177,3 +177,40 @@ def test_scrape_directory(tmp_path):
 def test_sniff(head, name, want):
     assert prom_text.sniff(head, name) is want
 
+
+
+@pytest.mark.parametrize("names,times", [
+    (["scrape-1700000000123.prom", "scrape-1700000001623.prom"], [1700000000.123, 1700000001.623]),  # ms
+    (["m_1700000000.txt", "m_1700000002.txt"], [1700000000.0, 1700000002.0]),  # s, anywhere in the name
+    (["2023-11-14T22:13:20Z.prom", "2023-11-14T22:13:21.5Z.prom"], [1700000000.0, 1700000001.5]),  # RFC 3339
+    (["metrics_2023-11-14_22-13-20.prom", "metrics_2023-11-14_22-13-22.prom"], [1700000000.0, 1700000002.0]),
+    (["node7-pid12345-1700000000.prom", "node7-pid12345-1700000003.prom"], [1700000000.0, 1700000003.0]),
+])
+def test_user_named_scrapes_are_one_instance_on_the_unix_clock(tmp_path, names, times):
+    reg, m = _engine_registry()
+    for n in names:
+        m["steps"].labels("decode").inc(3)
+        (tmp_path / n).write_bytes(generate_latest(reg))
+    tl = prom_text.read(tmp_path, instance="u")
+    assert tl.instances == ["u"] and tl.meta["clock"] == "unix" and len(tl.steps) == 1
+    assert (tl.steps["t_start_s"][0], tl.steps["t_end_s"][0]) == pytest.approx(tuple(times))
+    assert prom_text.sniff(b"", str(tmp_path))
+
+
+def test_scrapes_without_a_time_use_mtime_and_say_so(tmp_path):
+    import os
+    reg, m = _engine_registry()
+    for i, n in enumerate(["a.prom", "b.prom", "c.prom"]):
+        m["steps"].labels("decode").inc(1)
+        (tmp_path / n).write_bytes(generate_latest(reg))
+        os.utime(tmp_path / n, (1700000000 + 10 * i, 1700000000 + 10 * i))
+    tl = prom_text.read(tmp_path, instance="u")
+    assert tl.instances == ["u"] and len(tl.steps) == 2 and tl.steps["t_end_s"].iloc[-1] == 1700000020
+    assert any("modification time" in n for s in tl.meta["sources"] for n in s["notes"])
+
+
+@pytest.mark.parametrize("name,t", [("1700000000.prom", 1700000000.0), ("x-99.prom", None),
+                                    ("run-20231114.prom", None), ("1700000000123.txt", 1700000000.123)])
+def test_name_time(name, t):
+    got = prom_text.name_time(name)
+    assert got == (pytest.approx(t) if t is not None else None)

@@ -188,3 +188,30 @@ def test_expert_balancedness_line():
     assert ser["sglang_log:eplb_current_pass_balancedness"] == 0.612
     assert ser["sglang_log:eplb_forward_pass_id"] == 12 and tl.instances == ["s/DP0-TP0-EP0"]
     assert tl.meta["sources"][0]["lines_parsed"] == 1
+
+
+@pytest.mark.parametrize("name", [f[0] for f in FIXTURES if f[2] or f[3]])
+def test_fixture_rows_carry_the_new_signals(name):
+    tl = sglang_log.read(FIX / name)
+    s = tl.steps
+    assert (s["step_source"] == "log").all()
+    pre = s[s["kind"].isin(["prefill", "mixed"])]
+    # #new-seq: requests whose prefill began in the batch
+    assert (pre["arrivals"].fillna(-1) == pre["prefill_reqs"].fillna(-1)).all()
+    assert set(pre["q_token_allocation"]) <= {"measured", "inferred"}
+
+
+def test_retraction_and_balancedness_fill_the_rows_they_follow():
+    text = ("[2026-05-01 10:00:00] Decode batch, #running-req: 8, #token: 100, token usage: 0.90, cuda graph: True, "
+            "gen throughput (token/s): 80.00, #queue-req: 0\n"
+            "[2026-05-01 10:00:00] Decode out of memory happened. #retracted_reqs: 2, #new_token_ratio: 0.1474 -> 0.1845\n"
+            "[2026-05-01 10:00:01] [Expert Balancedness] forward_pass_id=3 current_pass_balancedness=0.500\n"
+            "[2026-05-01 10:00:01] [Expert Balancedness] forward_pass_id=4 current_pass_balancedness=0.250\n"
+            "[2026-05-01 10:00:02] Decode batch, #running-req: 6, #token: 80, token usage: 0.70, cuda graph: True, "
+            "gen throughput (token/s): 60.00, #queue-req: 2\n")
+    tl = sglang_log.read(io.StringIO(text), instance="s")
+    s = tl.steps
+    assert list(s["preempted_reqs"].fillna(0)) == [2.0, 0.0]
+    assert s["expert_imbalance"].iloc[0] == pytest.approx((2.0 + 4.0) / 2)  # 1 / balancedness, averaged
+    assert s["q_expert_imbalance"].iloc[0] == "measured"
+    assert tl.meta["signals"]["s"]["preempted_reqs"] == "measured"

@@ -171,3 +171,68 @@ def test_sniff():
     assert vllm_log.sniff((FIX / "vllm_log_31193.txt").read_bytes(), "x")
     assert vllm_log.sniff((FIX / "vllm_log_6790.txt").read_bytes(), "x")
     assert not vllm_log.sniff((FIX / "sglang_log_13023.txt").read_bytes(), "x")
+
+
+P = "(EngineCore_DP{dp} pid=2010410) INFO 12-22 21:44:{s:02d} [core.py:349] "
+A = "(APIServer pid=11574) INFO 12-22 21:44:{s:02d} [loggers.py:259] "
+
+
+def _iter(dp, s, ctx_tok, gen_req):
+    return (P.format(dp=dp, s=s) + f"Iteration({s}): 1 context requests, {ctx_tok} context tokens, "
+            f"{gen_req} generation requests, {gen_req} generation tokens, iteration elapsed time: 10.00 ms")
+
+
+def test_multi_process_server_is_one_engine_per_dp_rank_and_keeps_stats_preemptions():
+    lines = [_iter(0, 1, 512, 8), _iter(1, 1, 0, 4), _iter(0, 2, 0, 9), _iter(1, 3, 0, 4),
+             A.format(s=5) + "Engine 000: Avg prompt throughput: 51.2 tokens/s, Avg generation throughput: 2.1 tokens/s, "
+             "Running: 9 reqs, Waiting: 0 reqs, Preemptions: 3, GPU KV cache usage: 91.0%, Prefix cache hit rate: 0.0%",
+             P.format(dp=1, s=6) + "EPLB step: avg_tokens=100.00, max_tokens=250, balancedness=0.4000",
+             A.format(s=6) + "Engine 001: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 1.0 tokens/s, "
+             "Running: 4 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.0%, Prefix cache hit rate: 0.0%"]
+    tl = vllm_log.read(io.StringIO("\n".join(lines) + "\n"), instance="v", year=2025)
+    s = tl.steps
+    assert sorted(tl.instances) == ["v/engine0", "v/engine1"]
+    assert (s["granularity"] == "step").all() and (s["step_source"] == "log").all()
+    e0 = s[s["instance"] == "v/engine0"]
+    assert list(e0["kind"]) == ["mixed", "decode"]
+    assert list(e0["preempted_reqs"].fillna(0)) == [0.0, 3.0]  # not dropped although Iteration lines exist
+    e1 = s[s["instance"] == "v/engine1"]
+    assert e1["expert_imbalance"].iloc[-1] == pytest.approx(2.5)  # max/avg = 1/balancedness
+    assert e1["q_expert_imbalance"].iloc[-1] == "measured"
+
+
+KV = ("INFO 03-01 10:00:{s:02d} [loggers.py:259] KV Transfer metrics: KVConnectorType: NixlConnector, "
+      "Num successful transfers=4, Avg xfer time (ms)=12.5, P90 xfer time (ms)=20.0, Avg post time (ms)=1.0, "
+      "P90 post time (ms)=2.0, Avg MB per transfer=8.0, Throughput (MB/s)=640.0, Avg number of descriptors=32")
+STATS = ("INFO 03-01 10:00:{s:02d} [loggers.py:259] Engine 000: Avg prompt throughput: 100.0 tokens/s, "
+         "Avg generation throughput: 50.0 tokens/s, Running: 5 reqs, Waiting: 0 reqs, GPU KV cache usage: 10.0%, "
+         "Prefix cache hit rate: 0.0%")
+TABLE = ["INFO 03-01 10:00:{s:02d} [cuda_graph.py:120] **CUDAGraph Stats:**", "",
+         "| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |",
+         "|-----------------|---------------|--------------|--------------|-------|",
+         "| 5 | 8 | 3 | FULL | 40 |", "| 2000 | 2000 | 0 | NONE | 2 |", "| 300 | 304 | 4 | PIECEWISE | 3 |"]
+
+
+def test_kv_transfer_and_graph_table_fill_the_stats_interval():
+    lines = [STATS.format(s=0)] + [KV.format(s=5)] + [t.format(s=10) for t in TABLE] + [STATS.format(s=10)]
+    tl = vllm_log.read(io.StringIO("\n".join(lines) + "\n"), instance="v", year=2025)
+    s = tl.steps
+    assert list(s["granularity"]) == ["interval", "interval"]
+    last = s.iloc[1]
+    assert last["kv_transfer_s"] == pytest.approx(4 * 0.0125) and last["kv_transfer_bytes"] == pytest.approx(32e6)
+    assert (last["graph_full_steps"], last["graph_none_steps"], last["graph_piecewise_steps"]) == (40, 2, 3)
+    assert last["q_kv_transfer"] == "measured" and last["q_graph_mode"] == "measured"
+    assert math.isnan(s.iloc[0].get("kv_transfer_s", math.nan))
+
+
+def test_kv_transfer_without_a_count_stays_series():
+    line = KV.format(s=5).replace("Num successful transfers=4, ", "")
+    tl = vllm_log.read(io.StringIO(STATS.format(s=9) + "\n" + line + "\n"), instance="v", year=2025)
+    assert "kv_transfer_s" not in tl.steps or tl.steps["kv_transfer_s"].isna().all()
+    assert "vllm_log:kv_transfer_avg_xfer_time_ms" in set(tl.series["name"])
+
+
+def test_year_assumed_is_recorded_for_fusion():
+    tl = vllm_log.read(io.StringIO(STATS.format(s=0) + "\n"), instance="v")
+    assert isinstance(tl.meta["year_assumed"], int)
+    assert "year_assumed" not in vllm_log.read(io.StringIO(STATS.format(s=0) + "\n"), year=2024).meta
