@@ -7,7 +7,9 @@ bring the load. ``--scheduler``/``--chunk-size`` override its scheduler table. F
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,5 +98,10 @@ def serve(opts: ServeOptions, server_cfg, icfg, *, announce=None) -> int:
            f"{', faults ' + ','.join(state.faults) if state.faults else ''}) model {server_cfg.model_name!r} "
            f"listening on {url}")
     (announce or (lambda m: print(m, file=sys.stderr, flush=True)))(msg)
+    # uvicorn drains on SIGTERM/SIGINT, restores the handlers it found, then re-raises the signal;
+    # with these no-op handlers in place the drained server exits 0 instead of dying by the signal.
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
     server.run(sockets=[sock])
     return 0
