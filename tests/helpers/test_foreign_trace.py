@@ -220,6 +220,9 @@ def test_kineto_json_loads_one_file_per_rank(tmp_path):
         cp = [e for e in doc["traceEvents"] if e.get("cat") == "gpu_memcpy" and e["name"].startswith("Memcpy HtoD")]
         assert sum(e["args"]["bytes"] for e in cp) == t.steps.loc[t.steps["rank"] == r, "h2d_bytes"].sum()
         k = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+        launches = [e for e in doc["traceEvents"] if e.get("name") == "cudaGraphLaunch"]
+        corr = {e["args"]["correlation"] for e in launches}
+        assert launches and sum(e["args"]["correlation"] in corr for e in k) > len(launches)  # graph nodes, one by one
         assert all({"stream", "device", "correlation", "External id"} <= e["args"].keys() for e in k)
 
 

@@ -44,12 +44,12 @@ def write_kineto(trace: Trace, out: Path, *, process_names) -> list[Path]:
             {"name": "process_name", "ph": "M", "pid": r, "tid": 0, "args": {"name": f"GPU {r}"}},
         ]
         ext = 0
-        launch_of: dict[int, tuple[int, int]] = {}
+        launch_of: dict[int, tuple[int, int, int]] = {}  # correlation -> (start, tid, External id)
         for s, e, p, t, c, n in trace.runtime:
             if p != pid:
                 continue
             ext += 1
-            launch_of[c] = (s, t)
+            launch_of[c] = (s, t, ext)
             ev.append({"ph": "X", "cat": "cuda_runtime", "name": _strip(n), "pid": p, "tid": t, "ts": us(s),
                        "dur": round((e - s) / 1000, 3), "args": {"External id": ext, "correlation": c}})
             if n.startswith("cudaMemcpy"):
@@ -58,12 +58,12 @@ def write_kineto(trace: Trace, out: Path, *, process_names) -> list[Path]:
         for s, e, d, st, c, p, n, g, node in trace.kernels:
             if p != pid:
                 continue
-            args = {"External id": c, "device": d, "context": 1, "stream": st, "correlation": c,
+            args = {"External id": launch_of.get(c, (0, 0, 0))[2], "device": d, "context": 1, "stream": st, "correlation": c,
                     "registers per thread": 128, "grid": [132, 1, 1], "block": [256, 1, 1]}
             ev.append({"ph": "X", "cat": "kernel", "name": n, "pid": d, "tid": st, "ts": us(s),
                        "dur": round((e - s) / 1000, 3), "args": args})
             if c in launch_of:
-                ls, lt = launch_of[c]
+                ls, lt, _ = launch_of[c]
                 ev.append({"ph": "s", "id": c, "pid": p, "tid": lt, "ts": us(ls), "cat": "ac2g", "name": "ac2g"})
                 ev.append({"ph": "f", "id": c, "pid": d, "tid": st, "ts": us(s), "cat": "ac2g", "name": "ac2g", "bp": "e"})
         for s, e, d, st, c, p, b, k, *_ in trace.copies:
@@ -72,7 +72,7 @@ def write_kineto(trace: Trace, out: Path, *, process_names) -> list[Path]:
             dur = max(e - s, 1)
             ev.append({"ph": "X", "cat": "gpu_memcpy", "name": COPY_NAME.get(k, "Memcpy"), "pid": d, "tid": st,
                        "ts": us(s), "dur": round(dur / 1000, 3),
-                       "args": {"External id": c, "device": d, "context": 1, "stream": st, "correlation": c,
+                       "args": {"External id": launch_of.get(c, (0, 0, 0))[2], "device": d, "context": 1, "stream": st, "correlation": c,
                                 "bytes": b, "memory bandwidth (GB/s)": round(b / dur, 3)}})
         for s, e, d, st, c, p, ty in trace.syncs:
             if p == pid:

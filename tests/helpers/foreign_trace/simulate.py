@@ -36,6 +36,8 @@ def simulate(engine: str = "vllm", seed: int = 0, n_steps: int = 400, faults=Non
     if n_steps < 1:
         raise ValueError("n_steps must be >= 1")
     faults = validate_faults(spec, faults)
+    if fmt == "kineto":
+        graph_trace = "node"  # Kineto has no graph-level mode: replayed kernels appear one by one
     sim = Simulator(spec, cost, rng, graph_trace, nvtx)
     done = 0
     while True:  # with ``scale``, keep adding batches of steps until the kernel table is that large
