@@ -1,11 +1,14 @@
 """One engine seen through several sources: step views (log lines, traces) and interval views
-(Prometheus scrapes), fused so each spike is attributed once, with the best evidence either view has.
+(Prometheus scrapes), fused into evidence columns on each view's rows, so each spike is attributed
+once (by :mod:`mixdiag.diagnosis.attribution`, the only place causes are decided) with the best
+evidence either view has.
 
 Instances named ``X@source`` (how ``collectors.load`` names clashing inputs) are views of engine
 ``X``; a lone step-only view and a lone interval-only view that overlap in time are one engine too.
-The scrapes' ``steps_total{kind}`` increases tell which steps each interval covers, which lets
-interval gauges and counters (EP imbalance, off-FULL decode dispatches, KV transfers, preemptions)
-speak for the log steps inside, and lets the ITL sum of an interval expose host time between steps.
+The interval rows' per-kind step counts (``prefill_steps``, ``decode_steps``, ``mixed_steps``) tell
+which steps each interval covers, which lets interval gauges and counters (EP imbalance, off-FULL
+decode dispatches, KV transfers, preemptions) speak for the log steps inside, and lets the ITL sum
+of an interval expose host time between steps.
 """
 from __future__ import annotations
 
@@ -78,13 +81,6 @@ def _interval_step_ranges(iv: pd.DataFrame, steps: pd.DataFrame) -> list[tuple[i
     return None
 
 
-def _extend_only(ev: dict) -> bool:
-    """A mixed step whose context requests scheduled one token each: 1-token EXTENDs of requests
-    whose KV was installed from a prefill worker (PD), not a prompt chunk mixed into decode."""
-    tok, reqs = ev.get("prefill_tokens"), ev.get("prefill_reqs")
-    return tok is not None and reqs is not None and np.isfinite(tok) and np.isfinite(reqs) and 0 < tok <= reqs
-
-
 def install_steps(st: pd.DataFrame) -> pd.Series:
     """Step rows that are PD installs by their shape: mixed, every context request one token."""
     if "prefill_reqs" not in st.columns:
@@ -108,134 +104,11 @@ def _among_largest_batches(st: pd.DataFrame | None, ab: tuple[int, int] | None, 
     return bool(me >= sizes.iloc[min(n_off, len(sizes)) - 1])
 
 
-def _interval_evidence(spikes: list[dict], frames, ranges, key, cfg: DiagnosisConfig, step_views) -> list[dict]:
-    """A step spike the step view left ``unknown`` (log lines carry no imbalance, transfers or
-    preemptions) takes the evidence of the scrape interval that holds it: imbalance well above
-    the intervals' median -> ep_hotspot; decode-only steps dispatched off the FULL graph ->
-    graph_fallback; a KV transfer -> pd_transfer; a preemption -> kv_pressure. A step the step
-    view called mixing whose context requests scheduled one token each (the 1-token EXTENDs a PD
-    install schedules) is pd_transfer when its interval counted a KV transfer. Interval evidence
-    is coarser than the step's, so confidence is scaled twice."""
-    ivs = {}
-    for f in frames:
-        iv = f[f["granularity"] == "interval"]
-        if len(iv):
-            inst = str(iv["instance"].iloc[0])
-            ivs[key(inst)] = (inst, iv.set_index("step"))
-    if not ivs or not ranges:
-        return spikes
-    a = cfg.attribution
-    # intervals whose KV transfer a step of their own installed (1-token EXTENDs): the transfer
-    # is that step's, not evidence for the decode steps beside it
-    installs = {}
-    for (i, k), (lo, hi) in ranges.items():
-        st = step_views.get(key(i))
-        if st is not None:
-            installs[(i, k)] = bool(install_steps(st.iloc[lo:hi]).any())
-    out = []
-    for sp in spikes:
-        eng = key(sp["instance"])
-        pd_install = sp["cause"] == "mixing" and _extend_only(sp["evidence"])
-        if (sp["cause"] != "unknown" and not pd_install) or sp["granularity"] != "step" or eng not in ivs:
-            out.append(sp)
-            continue
-        inst, iv = ivs[eng]
-        pos = int(sp["evidence"].get("_position", -1))
-        hit = [k for (i, k), (lo, hi) in ranges.items() if i == inst and lo <= pos < hi]
-        if not hit or sp["evidence"].get("kind") != ("mixed" if pd_install else "decode"):
-            out.append(sp)
-            continue
-        r = iv.loc[hit[0]]
-        if pd_install:  # only a transfer can explain it; with none counted, mixing stands
-            if (r.get("kv_transfer_bytes") or 0) > 0:
-                ev = dict(sp["evidence"]) | {"interval": int(hit[0]),
-                                             "interval_kv_transfer_bytes": float(r["kv_transfer_bytes"])}
-                sp = sp | {"cause": "pd_transfer", "evidence": ev, "confidence": round(0.6 * a.interval_factor, 3)}
-            out.append(sp)
-            continue
-        imb = r.get("expert_imbalance")
-        med = float(iv["expert_imbalance"].median()) if iv["expert_imbalance"].notna().any() else np.nan
-        ev = dict(sp["evidence"]) | {"interval": int(hit[0])}
-        cause = None
-        if pd.notna(imb) and imb >= a.imbalance_abs and np.isfinite(med) and imb >= a.imbalance_rel * med:
-            cause, ev["interval_expert_imbalance"] = "ep_hotspot", float(imb)
-        elif (r.get("graph_off_decode_steps") or 0) > 0 and _among_largest_batches(
-                step_views.get(eng), ranges.get((inst, hit[0])), pos, int(r["graph_off_decode_steps"])):
-            cause, ev["interval_graph_off_decode_steps"] = "graph_fallback", float(r["graph_off_decode_steps"])
-        elif (r.get("kv_transfer_bytes") or 0) > 0 and not installs.get((inst, hit[0]), False):
-            cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", float(r["kv_transfer_bytes"])
-        elif (r.get("preempted_reqs") or 0) > 0:
-            cause, ev["interval_preempted_reqs"] = "kv_pressure", float(r["preempted_reqs"])
-        if cause is None:
-            out.append(sp)
-        else:
-            out.append(sp | {"cause": cause, "evidence": ev,
-                             "confidence": round(0.6 * a.interval_factor, 3)})
-    return out
-
-
-def _host_gap_spikes(frames, step_views, ranges, kept: list[dict], cfg: DiagnosisConfig, key) -> list[dict]:
-    """Host stalls the interval view can still see when a slow step hides them.
-
-    ITL time observed in an interval (``itl_mean_s x itl_count``) minus the time its steps took
-    per decode request (sum of ``decode_reqs x latency`` from the step view) is time requests
-    waited *between* steps. Per decode request, its excess over the rolling median is a host
-    stall when it exceeds ``(interval_ratio - 1) x`` the ITL baseline (some ITL in the interval
-    was then at least ``interval_ratio`` x the baseline).
-    """
-    have = {(sp["instance"], int(sp["step"])) for sp in kept if sp["granularity"] == "interval"}
-    out = []
-    for inst, iv, g, excess, thr, _ in _host_gaps(frames, step_views, ranges, cfg, key):
-        for idx in iv.index[(excess > thr).to_numpy()]:
-            r = iv.loc[idx]
-            row_key = (inst, int(r["step"]))
-            if row_key in have or r.get("preempted_reqs", 0) or r.get("kv_transfer_bytes", 0):
-                continue
-            ev = {"granularity": "interval", "host_gap_per_request_s": float(g[idx]),
-                  "host_gap_excess_s": float(excess[idx]), "baseline_s": float(r["baseline_s"]),
-                  "reason": "ITL time in the interval exceeds the time its steps took: requests waited between steps"}
-            out.append({"instance": inst, "step": row_key[1], "t_s": float(r["t_end_s"]),
-                        "itl_s": float(r["latency_s"]) if pd.notna(r["latency_s"]) else float(r["baseline_s"] + excess[idx]),
-                        "baseline_s": float(r["baseline_s"]), "cause": "host_stall",
-                        "confidence": round(0.6 * cfg.attribution.interval_factor, 3), "evidence": ev,
-                        "missing_signals": [], "t_start_s": float(r["t_start_s"]), "t_end_s": float(r["t_end_s"]),
-                        "granularity": "interval"})
-    return out
-
-
-def _preemption_spikes(frames, kept: list[dict], cfg: DiagnosisConfig) -> list[dict]:
-    """Intervals that counted preemptions, as kv_pressure spikes when no spike there says so.
-
-    A recompute preemption evicts a running request until it is re-admitted and re-prefilled:
-    its next token comes steps later, a stall its user feels even when no step is slow (tier (a)
-    sees it as a request stall). Log lines do not show the victims; the counter places the
-    stall's start to the interval.
-    """
-    have = {(sp["instance"], int(sp["step"])) for sp in kept if sp["granularity"] == "interval"}
-    out = []
-    for f in frames:
-        iv = f[f["granularity"] == "interval"]
-        if not len(iv) or "preempted_reqs" not in iv.columns:
-            continue
-        for r in iv[iv["preempted_reqs"].fillna(0) > 0].itertuples(index=False):
-            row_key = (str(r.instance), int(r.step))
-            if row_key in have:
-                continue
-            ev = {"granularity": "interval", "preempted_reqs": float(r.preempted_reqs),
-                  "reason": "requests were preempted in the interval: each waits to be re-admitted and re-prefilled"}
-            base = float(r.baseline_s) if pd.notna(r.baseline_s) else np.nan
-            out.append({"instance": row_key[0], "step": row_key[1], "t_s": float(r.t_end_s),
-                        "itl_s": float(r.latency_s) if pd.notna(r.latency_s) else base, "baseline_s": base,
-                        "cause": "kv_pressure", "confidence": round(0.8 * cfg.attribution.interval_factor, 3),
-                        "evidence": ev, "missing_signals": [], "t_start_s": float(r.t_start_s),
-                        "t_end_s": float(r.t_end_s), "granularity": "interval"})
-    return out
-
-
 def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
     """Per interval view: (instance, interval rows, host gap per waiting request, its excess over
-    the rolling median, the threshold, the gap beyond the usual per-step gap x steps) - see
-    :func:`_host_gap_spikes`. NaN where the step view
+    the rolling median, the threshold, the gap beyond the usual per-step gap x steps): ITL time
+    observed in an interval (``itl_mean_s x itl_count``) minus the time its steps took per decode
+    request is time requests waited *between* steps. NaN where the step view
     does not cover the interval or the scrapes carry no ITL sum."""
     for f in frames:
         iv = f[f["granularity"] == "interval"].sort_values("step")
@@ -272,17 +145,37 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
         yield inst, iv, g, excess, thr, unusual
 
 
-def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisConfig) -> list[dict]:
-    """One engine seen through step rows (log lines, a trace) and interval rows (scrapes).
+#: Evidence columns :func:`fuse_evidence` adds (NaN where the other view says nothing).
+INTERVAL_EVIDENCE = ("fused_steps_in_interval", "fused_slow_steps_in_interval", "fused_host_gap_per_request_s",
+                     "fused_host_gap_excess_s", "fused_host_gap_threshold_s", "fused_host_gap_unusual_s")
+STEP_EVIDENCE = ("fused_interval", "fused_interval_expert_imbalance", "fused_interval_imbalance_median",
+                 "fused_interval_graph_off_decode_steps", "fused_among_largest_batches",
+                 "fused_interval_kv_transfer_bytes", "fused_pd_install", "fused_interval_preempted_reqs")
 
-    The step view says which step was slow and why, so an interval spike that holds a step
-    spike of the same engine adds nothing and is dropped. An interval spike with no slow step
-    inside (while the step view covers the interval) means the ITL excess happened *between*
-    steps: a KV transfer or preemption if the interval counted one, else a host stall - unless
-    the ITL sum shows no time between steps either (then ``unknown``: a bucketed P99 or an ITL
-    that began in the previous interval, not a stall).
+
+def _time_or_count_window(st: pd.DataFrame, ab, r) -> pd.DataFrame:
+    """The step rows an interval row covers: by the step counters (plus the step before: the
+    interval's first ITL spans it), else by time with 1 s of slack (whole-second log stamps)."""
+    if ab is not None:
+        return st.iloc[max(ab[0] - 1, 0):ab[1]]
+    t = st["t_end_s"]
+    return st[(t >= r.t_start_s - 1.0) & (t <= r.t_end_s)]
+
+
+def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
+    """One engine seen through step rows (log lines, a trace) and interval rows (scrapes): each
+    view's rows get the other view's evidence as ``fused_*`` columns (in place); the causes are
+    :mod:`~mixdiag.diagnosis.attribution`'s. Returns whether the input has a step view at all.
+
+    Interval rows: the steps inside (``fused_steps_in_interval``), how many were slow, and the host
+    gap the ITL sum leaves between steps (see :func:`_host_gaps`). An interval spike that holds a
+    slow step of the same engine is that step's spike seen coarser: it stops being a spike of its own
+    (``is_spike`` False), so each spike is attributed once. Step rows: the interval (scrape) that
+    holds them, its expert imbalance and the intervals' median, its off-FULL decode dispatches and
+    whether this step is among the batches that left FULL, its KV transfer, whether a step of its
+    own installed that transfer (``fused_pd_install``), its preemptions.
     Intervals are matched to steps by the scrapes' step counters when they add up to the step
-    view's steps, else by time (log lines stamped in whole seconds: 1 s of slack).
+    view's steps, else by time.
     """
     key = _engine_keys(frames)
     step_views: dict[str, pd.DataFrame] = {}
@@ -290,8 +183,11 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
         st = f[f["granularity"] == "step"]
         if len(st):
             step_views[key(str(f["instance"].iloc[0]))] = st.sort_values("step")
+    for f in frames:
+        for col in INTERVAL_EVIDENCE + STEP_EVIDENCE:
+            f[col] = np.nan
     if not step_views:
-        return spikes
+        return False
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for f in frames:
         iv = f[f["granularity"] == "interval"].sort_values("step")
@@ -300,59 +196,52 @@ def fuse_sources(frames: list[pd.DataFrame], spikes: list[dict], cfg: DiagnosisC
             r = _interval_step_ranges(iv, step_views[eng])
             if r is not None:
                 ranges.update({(str(f["instance"].iloc[0]), int(k)): ab for k, ab in zip(iv["step"], r)})
-    # (instance, interval) -> (excess, threshold, unusual host gap per waiting request); see _host_gaps
-    gaps = {(inst, int(k)): (float(e), float(t), float(u))
-            for inst, iv, _, excess, thr, unusual in _host_gaps(frames, step_views, ranges, cfg, key)
-            for k, e, t, u in zip(iv["step"], excess, thr, unusual)}
-    out = []
-    for sp in spikes:
-        eng = key(sp["instance"])
-        if sp["granularity"] != "interval" or eng not in step_views:
-            out.append(sp)
-            continue
-        st = step_views[eng]
-        ab = ranges.get((sp["instance"], int(sp["step"])))
-        if ab is not None:  # plus the step before: the first ITL of the interval spans it
-            inside = st.iloc[max(ab[0] - 1, 0):ab[1]]
-        else:
-            t = st["t_end_s"]
-            inside = st[(t >= sp["t_start_s"] - 1.0) & (t <= sp["t_end_s"])]
-        if not len(inside):
-            out.append(sp)  # the step view does not cover this interval
-            continue
-        if inside["is_spike"].any():
-            continue  # a slow step explains it; the step spike carries the attribution
-        ev = dict(sp["evidence"])
-        ev["steps_in_interval"] = int(len(inside))
-        ev["slow_steps_in_interval"] = 0
-        if ev.get("kv_transfer_bytes", 0) or ev.get("kv_transfer_s", 0):
-            cause, conf = "pd_transfer", 0.75
-        elif ev.get("preempted_reqs", 0):
-            cause, conf = "kv_pressure", 0.75
-        else:
-            cause, conf = "host_stall", 0.6
-            ev["reason"] = "ITL spiked but no step in the interval was slow: the time went between steps"
-            _, thr, gap = gaps.get((sp["instance"], int(sp["step"])), (np.nan, np.nan, np.nan))
-            if np.isfinite(gap) and np.isfinite(thr):
-                ev["host_gap_unusual_s"] = gap
-                if gap <= thr:  # the ITL sum says requests did not wait between steps either
-                    cause = "unknown"
-                    ev["reason"] = ("ITL P99 spiked, but no step was slow and the ITL sum leaves no time between "
-                                    "steps (a histogram-bucket or interval-edge effect)")
-        out.append(sp | {"cause": cause, "confidence": round(conf * cfg.attribution.interval_factor, 3),
-                         "evidence": ev})
-    out = _interval_evidence(out, frames, ranges, key, cfg, step_views)
-    out += _host_gap_spikes(frames, step_views, ranges, out, cfg, key)
-    out += _preemption_spikes(frames, out, cfg)
-    # keep the steps frame in line with the spikes that remain
-    kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in out if sp["granularity"] == "interval"}
+    by_inst = {str(f["instance"].iloc[0]): f for f in frames if len(f)}
+    for inst, iv, g, excess, thr, unusual in _host_gaps(frames, step_views, ranges, cfg, key):
+        by_inst[inst].loc[iv.index, list(INTERVAL_EVIDENCE[2:])] = np.column_stack(
+            [g.to_numpy(dtype=float), excess.to_numpy(dtype=float), thr.to_numpy(dtype=float),
+             np.asarray(unusual, dtype=float)])
+    ivs = {}
     for f in frames:
-        iv = f["granularity"] == "interval"
-        if iv.any():
-            keys = list(zip(f.loc[iv, "instance"], f.loc[iv, "step"].astype(int)))
-            f.loc[iv, "cause"] = [kept.get(k) for k in keys]
-            f.loc[iv, "is_spike"] = [k in kept for k in keys]
-    return out
+        iv = f[f["granularity"] == "interval"]
+        if not len(iv):
+            continue
+        inst = str(iv["instance"].iloc[0])
+        ivs[key(inst)] = (inst, iv.set_index("step"))
+        st = step_views.get(key(inst))
+        if st is None:
+            continue
+        inside = [_time_or_count_window(st, ranges.get((inst, int(r.step))), r) for r in iv.itertuples(index=False)]
+        f.loc[iv.index, "fused_steps_in_interval"] = [float(len(x)) for x in inside]
+        slow = [float(x["is_spike"].sum()) for x in inside]
+        f.loc[iv.index, "fused_slow_steps_in_interval"] = slow
+        f.loc[iv.index, "is_spike"] = iv["is_spike"].to_numpy(dtype=bool) & ~(np.asarray(slow) > 0)
+    for f in frames:
+        st_mask = f["granularity"] == "step"
+        if not st_mask.any() or key(str(f["instance"].iloc[0])) not in ivs:
+            continue
+        eng = key(str(f["instance"].iloc[0]))
+        inst, iv = ivs[eng]
+        med = float(iv["expert_imbalance"].median()) if iv["expert_imbalance"].notna().any() else np.nan
+        for (i, k), (lo, hi) in ranges.items():
+            if i != inst or lo >= len(f):
+                continue
+            r = iv.loc[k]
+            goff = float(r["graph_off_decode_steps"]) if "graph_off_decode_steps" in iv.columns else np.nan
+            sv = step_views.get(eng)
+            pos = np.arange(lo, min(hi, len(f)))
+            idx = f.index[pos]
+            f.loc[idx, "fused_interval"] = float(k)
+            f.loc[idx, "fused_interval_expert_imbalance"] = float(r["expert_imbalance"])
+            f.loc[idx, "fused_interval_imbalance_median"] = med
+            f.loc[idx, "fused_interval_graph_off_decode_steps"] = goff
+            if goff > 0:
+                f.loc[idx, "fused_among_largest_batches"] = [
+                    float(_among_largest_batches(sv, ranges.get((inst, k)), int(p), int(goff))) for p in pos]
+            f.loc[idx, "fused_interval_kv_transfer_bytes"] = float(r["kv_transfer_bytes"])
+            f.loc[idx, "fused_pd_install"] = float(bool(install_steps(sv.iloc[lo:hi]).any()))
+            f.loc[idx, "fused_interval_preempted_reqs"] = float(r["preempted_reqs"])
+    return True
 
 
 def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[str, np.ndarray]:

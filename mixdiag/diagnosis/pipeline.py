@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from mixdiag.diagnosis.attribution import AttributionConfig, InstanceContext, attribute
+from mixdiag.diagnosis.attribution import (AttributionConfig, InstanceContext, attribute, attribute_between_steps,
+                                           attribute_fused, attribute_preemptions)
 from mixdiag.schema import Timeline
 from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
-from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_sources, graph_off_decode_column  # noqa: F401
+from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
 from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 from mixdiag.diagnosis.result import SPIKE_COLUMNS, Diagnosis, count_by_cause, itl_summary, last_spike_of, make_headline  # noqa: F401
 
@@ -110,9 +111,8 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
 def _interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
     """Interval rows: token sums over many steps do not say that one step held both segments.
 
-    With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``, from
-    ``steps_total{kind}``): a mixed step ran -> both segments; prefill-only steps next to decode
-    steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
+    With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``): a mixed step
+    ran -> both segments; prefill-only steps next to decode steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
     """
     def col(name):
         return sig[name].fillna(0) if name in sig.columns else None
@@ -171,12 +171,20 @@ def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = 
     return f"{n_top} of {n_spikes} TPOT spikes in {unit} are caused by {lead}{tail}."
 
 
+def _spike(inst: str, row: pd.Series, itl_s, baseline_s, a, missing: list) -> dict:
+    """One spike record (mixdiag.schema.SPIKE_COLUMNS) from its row and attribution."""
+    return {"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]), "itl_s": float(itl_s),
+            "baseline_s": float(baseline_s), "cause": a.cause, "confidence": a.confidence, "evidence": a.evidence,
+            "missing_signals": missing, "t_start_s": float(row["t_start_s"]), "t_end_s": float(row["t_end_s"]),
+            "granularity": row["granularity"]}
+
+
 def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagnosis:
     """Detect and attribute TPOT spikes in ``timeline``; never reads ground truth."""
     cfg = config or DiagnosisConfig()
-    frames, spikes, instances = [], [], {}
+    views, spikes, instances = [], [], {}
     seen_faulty = faults_seen_by_intervals(timeline, cfg)
-    for inst in timeline.instances:
+    for inst in timeline.instances:  # detection, per instance
         rows = timeline.steps[timeline.steps["instance"] == inst]
         tokens = timeline.tokens[timeline.tokens["instance"] == inst]
         if not len(rows):
@@ -188,34 +196,49 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
             sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst))
         else:
             sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
-        quality = ctx.quality
-        missing = [s for s in SIGNALS if quality.get(s) == "absent"]
+        sig["instance"] = inst
+        views.append((inst, sig, ctx))
+        instances[inst] = {"signals": ctx.quality, "latency_source": source,
+                           "periodicity": {k: (None if not np.isfinite(v) else round(float(v), 6))
+                                           for k, v in period.items()}}
+    frames = [sig for _, sig, _ in views]
+    has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
+    for inst, sig, ctx in views:  # attribution, per spike
+        missing = [s for s in SIGNALS if ctx.quality.get(s) == "absent"]
         causes = [None] * len(sig)
         for i in np.flatnonzero(sig["is_spike"].to_numpy()):
             row = sig.iloc[i]
             a = attribute(row, ctx, cfg.attribution)
-            causes[i] = a.cause
             if row.get("request_stall", False):
                 itl_s = row["stall_max_s"]
                 a.evidence["request_stall_s"] = float(itl_s)
             else:
                 itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
-            if row["granularity"] == "step":
-                a.evidence["_position"] = int(i)
-            spikes.append({"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]),
-                           "itl_s": float(itl_s), "baseline_s": float(row["baseline_s"]), "cause": a.cause,
-                           "confidence": a.confidence, "evidence": a.evidence, "missing_signals": missing,
-                           "t_start_s": float(row["t_start_s"]), "t_end_s": float(row["t_end_s"]),
-                           "granularity": row["granularity"]})
+            a = attribute_fused(row, a, cfg.attribution)
+            causes[i] = a.cause
+            spikes.append(_spike(inst, row, itl_s, row["baseline_s"], a, missing))
         sig["cause"] = pd.Series(causes, index=sig.index, dtype=object)
-        sig["instance"] = inst
-        frames.append(sig)
-        instances[inst] = {"signals": quality, "latency_source": source,
-                           "periodicity": {k: (None if not np.isfinite(v) else round(float(v), 6))
-                                           for k, v in period.items()}}
-    spikes = fuse_sources(frames, spikes, cfg)
-    for sp in spikes:
-        sp["evidence"].pop("_position", None)
+    # interval rows that are no spike of their own but show waits between steps, then preemptions
+    for judge in ((attribute_between_steps, attribute_preemptions) if has_step_view else ()):
+        have = {(sp["instance"], sp["step"]) for sp in spikes if sp["granularity"] == "interval"}
+        for inst, sig, _ in views:
+            iv = sig[sig["granularity"] == "interval"].sort_values("step", kind="stable")
+            for _, row in iv.iterrows():
+                if (inst, int(row["step"])) in have or (a := judge(row, cfg.attribution)) is None:
+                    continue
+                base = float(row["baseline_s"]) if pd.notna(row["baseline_s"]) else np.nan
+                lat = row["latency_s"]
+                if pd.isna(lat):
+                    lat = base + a.evidence["host_gap_excess_s"] if "host_gap_excess_s" in a.evidence else base
+                spikes.append(_spike(inst, row, lat, base, a, []))
+    # keep the steps frame in line with the spikes
+    kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in spikes if sp["granularity"] == "interval"}
+    for f in frames:
+        iv = f["granularity"] == "interval"
+        if iv.any():
+            keys = list(zip(f.loc[iv, "instance"], f.loc[iv, "step"].astype(int)))
+            f.loc[iv, "cause"] = [kept.get(k) for k in keys]
+            f.loc[iv, "is_spike"] = [k in kept for k in keys]
     steps = pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
         gap_before_s=pd.Series(dtype=float), is_spike=pd.Series(dtype=bool), cause=pd.Series(dtype=object),
         itl_max_s=pd.Series(dtype=float), latency_s=pd.Series(dtype=float), baseline_s=pd.Series(dtype=float),

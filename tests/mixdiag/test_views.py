@@ -219,3 +219,40 @@ def test_two_engines_each_seen_through_a_log_and_scrapes():
     for eng in ("engine0", "engine1"):
         sp = d.spikes[d.spikes["instance"].str.startswith(eng)]
         assert "mixing" in set(sp["cause"]) and "host_stall" in set(sp["cause"])
+
+
+def _step_row(**kw):
+    return pd.Series({"granularity": "step", "kind": "decode", "fused_interval": 3.0} | kw)
+
+
+@pytest.mark.parametrize("fused,expect", [
+    ({}, "unknown"),                                                            # the interval says nothing
+    ({"fused_interval_expert_imbalance": 4.0, "fused_interval_imbalance_median": 1.1}, "ep_hotspot"),
+    ({"fused_interval_expert_imbalance": 1.2, "fused_interval_imbalance_median": 1.1}, "unknown"),
+    ({"fused_interval_graph_off_decode_steps": 2.0, "fused_among_largest_batches": 1.0}, "graph_fallback"),
+    ({"fused_interval_graph_off_decode_steps": 2.0, "fused_among_largest_batches": 0.0}, "unknown"),
+    ({"fused_interval_kv_transfer_bytes": 1e6, "fused_pd_install": 0.0}, "pd_transfer"),
+    ({"fused_interval_kv_transfer_bytes": 1e6, "fused_pd_install": 1.0}, "unknown"),  # its install step's
+    ({"fused_interval_preempted_reqs": 1.0}, "kv_pressure"),
+    ({"fused_interval": np.nan, "fused_interval_preempted_reqs": 1.0}, "unknown"),  # no interval holds it
+])
+def test_attribution_turns_fused_interval_evidence_into_a_cause(fused, expect):
+    """Fusion only writes fused_* columns; attribution alone decides the cause and its confidence."""
+    from mixdiag.diagnosis.attribution import Attribution, attribute_fused
+    own = Attribution("unknown", 0.3, {"kind": "decode"})
+    got = attribute_fused(_step_row(**fused), own)
+    assert got.cause == expect
+    assert (got is own) == (expect == "unknown")
+
+
+def test_fusion_writes_evidence_columns_not_causes():
+    from mixdiag.diagnosis.fusion import INTERVAL_EVIDENCE, STEP_EVIDENCE
+    tl = build()
+    d = diagnose(Timeline(steps=pd.concat([_log_view(tl), _scrape_view(tl)], ignore_index=True)))
+    assert set(INTERVAL_EVIDENCE + STEP_EVIDENCE) <= set(d.steps.columns)
+    st = d.steps[d.steps["granularity"] == "step"]
+    assert st["fused_interval"].notna().any()  # log steps know the scrape interval that holds them
+    src = "".join((Path(__file__).parents[2] / "mixdiag" / "diagnosis" / f).read_text()
+                  for f in ("fusion.py", "pipeline.py", "attribution.py", "signals.py", "spikes.py"))
+    for name in ("mixdiag_engine", "vllm:", "sglang:", ":increase", "_total"):
+        assert name not in src  # source names stop at the collectors
