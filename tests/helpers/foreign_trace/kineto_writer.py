@@ -45,6 +45,7 @@ def write_kineto(trace: Trace, out: Path, *, process_names) -> list[Path]:
         ]
         ext = 0
         launch_of: dict[int, tuple[int, int, int]] = {}  # correlation -> (start, tid, External id)
+        flowed: set[int] = set()
         for s, e, p, t, c, n in trace.runtime:
             if p != pid:
                 continue
@@ -62,7 +63,8 @@ def write_kineto(trace: Trace, out: Path, *, process_names) -> list[Path]:
                     "registers per thread": 128, "grid": [132, 1, 1], "block": [256, 1, 1]}
             ev.append({"ph": "X", "cat": "kernel", "name": n, "pid": d, "tid": st, "ts": us(s),
                        "dur": round((e - s) / 1000, 3), "args": args})
-            if c in launch_of:
+            if c in launch_of and c not in flowed:  # one flow per launch (a graph's first node)
+                flowed.add(c)
                 ls, lt, _ = launch_of[c]
                 ev.append({"ph": "s", "id": c, "pid": p, "tid": lt, "ts": us(ls), "cat": "ac2g", "name": "ac2g"})
                 ev.append({"ph": "f", "id": c, "pid": d, "tid": st, "ts": us(s), "cat": "ac2g", "name": "ac2g", "bp": "e"})
