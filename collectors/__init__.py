@@ -82,6 +82,9 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     if ignored:  # files of a directory in no known format: say so, never drop them silently
         tl = timelines[0]
         timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored})
+    if len(timelines) > 1:  # a year-less log (vLLM) takes its year from the unix-clock inputs beside it
+        from mixdiag.collectors.logs.log_lines import align_assumed_years
+        timelines = align_assumed_years(timelines, inputs, lambda s, f, **kw: registry.module(f).read(s, **kw), options)
     tl = timelines[0] if len(timelines) == 1 else _combine(timelines, inputs)
     for src, fmt in sm:
         tl = registry.module(fmt).read(src, steps=tl, **options)

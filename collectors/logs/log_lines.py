@@ -190,3 +190,52 @@ def attach_events(steps: list[dict], events: list[tuple[str, float | None, str, 
     for r in steps:
         r.pop("_acc", None)
     return orphans
+
+
+def _first_last_t(tl: Timeline) -> tuple[float, float] | None:
+    ts = []
+    if tl.steps is not None and len(tl.steps):
+        ts += [float(tl.steps["t_start_s"].min()), float(tl.steps["t_end_s"].max())]
+    if tl.series is not None and len(tl.series):
+        ts += [float(tl.series["t_s"].min()), float(tl.series["t_s"].max())]
+    ts = [t for t in ts if math.isfinite(t)]
+    return (min(ts), max(ts)) if ts else None
+
+
+def align_assumed_years(timelines: list[Timeline], inputs: list[tuple[Any, str]], read, options: dict) -> list[Timeline]:
+    """Re-read year-less logs (``meta["year_assumed"]``) in the year of the unix-clock inputs beside them.
+
+    vLLM prints ``MM-DD hh:mm:ss``; alone, the reader assumes the latest year that puts the log in
+    the past. Fused with scrapes, traces or a container-stamped log of the same run, the right year
+    is the one (among the reference's year and its neighbours, for runs across New Year) that puts
+    the log's first line closest to the reference span. ``read(src, fmt, year=...)`` re-reads.
+    """
+    refs = [_first_last_t(tl) for tl in timelines
+            if tl.meta.get("clock") == "unix" and "year_assumed" not in tl.meta]
+    refs = [r for r in refs if r is not None]
+    if not refs:
+        return timelines
+    lo, hi = min(r[0] for r in refs), max(r[1] for r in refs)
+    out = []
+    for tl, (src, fmt) in zip(timelines, inputs):
+        span = _first_last_t(tl) if "year_assumed" in tl.meta else None
+        if span is None:
+            out.append(tl)
+            continue
+        first = datetime.fromtimestamp(span[0], tz=timezone.utc)
+        ref_year = datetime.fromtimestamp(lo, tz=timezone.utc).year
+
+        def gap(year: int) -> float:
+            t = naive_to_unix(year, first.month, first.day, first.strftime("%H:%M:%S"))
+            return math.inf if t is None else (0.0 if lo <= t <= hi else min(abs(t - lo), abs(t - hi)))
+
+        best = min((ref_year - 1, ref_year, ref_year + 1), key=gap)
+        if best == tl.meta["year_assumed"]:
+            out.append(tl)
+            continue
+        new = read(src, fmt, year=best, **options)
+        new.meta["notes"] = list(new.meta.get("notes", [])) + [
+            f"log year taken from the unix-clock inputs read with it: {best}"]
+        new.meta.pop("year_assumed", None)
+        out.append(new)
+    return out
