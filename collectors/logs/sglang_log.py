@@ -268,7 +268,7 @@ def _event(m: re.Match, inst: str, t: float | None, out: LogRows, raw: str, retr
     for k, v in vals.items():
         out.series.append({"instance": inst, "name": prefix + k, "labels": "", "t_s": t, "value": v})
     if events is not None:
-        # a retraction frees KV for the batch about to run; balancedness is avg/max, imbalance max/avg
+        # retraction: counted on the batch row at or before it; balancedness is avg/max, imbalance max/avg
         if retract and vals.get("retracted_reqs") is not None:
             events.append((inst, t, "preempted_reqs", vals["retracted_reqs"], "sum"))
         bal = vals.get("current_pass_balancedness")
