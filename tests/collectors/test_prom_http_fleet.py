@@ -1,0 +1,75 @@
+"""prom_http's fleet path: Prometheus aggregates (PromQL per column) over a backfilled vLLM fleet."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.prometheus_server import PrometheusServer
+from mixdiag.collectors.prometheus import prom_http
+
+ROOT = Path(__file__).resolve().parents[2]
+N_INST, BURST_EVERY, MINUTES = 24, 4, 3
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_fleet", ROOT / "benchmarks" / "bench_fleet.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """A real Prometheus (127.0.0.1) holding N_INST vLLM instances x MINUTES at a 15 s step."""
+    assert shutil.which("promtool"), "promtool missing: bash scripts/setup_system.sh"
+    bench = _bench()
+    work = tmp_path_factory.mktemp("fleet")
+    points = MINUTES * 4 + 1
+    t0 = (int(time.time()) - 3 * 3600) // 15 * 15
+    bench.openmetrics(work / "fleet.om", N_INST, t0, points, BURST_EVERY)
+    (work / "tsdb").mkdir()
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(work / "fleet.om"),
+                    str(work / "tsdb")], check=True, capture_output=True, timeout=120)
+    with PrometheusServer([], work) as prom:
+        yield prom.url, t0, t0 + (points - 1) * 15
+
+
+@pytest.mark.prometheus
+def test_aggregated_rows_match_raw_rows(fleet):
+    url, start, end = fleet
+    agg = prom_http.read(f"{url}/?start={start}&end={end}&step=15")
+    assert any("aggregated in Prometheus" in n for n in agg.meta["notes"])  # auto: >= 20 targets
+    raw = prom_http.read(f"{url}/?start={start}&end={end}&step=15&aggregate=no")
+    assert len(agg.instances) == N_INST and sorted(agg.instances) == sorted(raw.instances)
+    a = agg.steps.set_index(["instance", "t_end_s"]).sort_index()
+    r = raw.steps.set_index(["instance", "t_end_s"]).sort_index()
+    common = a.index.intersection(r.index)
+    assert len(common) >= N_INST * (MINUTES * 4 - 1)
+    for col, tol in [("output_tokens", 1e-3), ("prefill_tokens", 1e-3), ("running_reqs", 0),
+                     ("itl_p50_s", 1e-3), ("itl_p99_s", 1e-3), ("itl_mean_s", 1e-3)]:
+        x, y = a.loc[common, col].to_numpy(), r.loc[common, col].to_numpy()
+        assert x == pytest.approx(y, rel=tol, nan_ok=True), col
+
+
+@pytest.mark.prometheus
+def test_burst_instances_show_prompt_spikes_and_itl_rises(fleet):
+    url, start, end = fleet
+    st = prom_http.read(f"{url}/?start={start}&end={end}&step=15&aggregate=yes").steps
+    burst = st["instance"].str.extract(r"vllm-(\d+)")[0].astype(int) % BURST_EVERY == 0
+    big = st["prefill_tokens"] > 10_000
+    assert big[burst].sum() >= MINUTES and big[~burst].sum() == 0
+    assert (st.loc[big, "itl_p50_s"] > 0.05).all() and (st.loc[~big, "itl_p50_s"] < 0.03).all()
+    assert set(st["granularity"]) == {"interval"}
+
+
+@pytest.mark.parametrize("value", ["maybe", "1"])
+def test_bad_aggregate_parameter(value):
+    from mixdiag.errors import UserError
+
+    with pytest.raises(UserError, match="aggregate="):
+        prom_http.read(f"http://127.0.0.1:1/?window=60&aggregate={value}")
