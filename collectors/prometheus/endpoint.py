@@ -94,7 +94,7 @@ def sniff(head: bytes, name: str) -> bool:
     try:
         return url_kind(name) == "engine"
     except UserError:
-        return False
+        return True  # neither kind: claim it, so read() says why in one line (not "HTTP 501" from the API)
 
 
 def _marker_scrape(scrape) -> object:
@@ -176,6 +176,25 @@ def summary_lines(tl: Timeline) -> list[str]:
     return out
 
 
+SUMMARY_COLUMNS = ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count", "prefill_tokens",
+                   "output_tokens", "preempted_reqs", "running_reqs", "waiting_reqs", "mixed_steps",
+                   "large_step_share")
+
+
+def summary_rows(tl: Timeline) -> dict[str, dict]:
+    """``{instance: {column: value}}`` of a since-start Timeline (JSON-ready; NaN -> None)."""
+    if not tl.meta.get("since_start") or tl.steps is None:
+        return {}
+    out = {}
+    for _, r in tl.steps.iterrows():
+        vals = {c: r.get(c) for c in SUMMARY_COLUMNS if c in tl.steps}
+        out[str(r["instance"])] = {c: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
+                                   for c, v in vals.items()}
+    out_meta = tl.meta["since_start"]
+    return {"t_start_s": out_meta["t_start_s"], "t_end_s": out_meta["t_end_s"],
+            "start_known": out_meta["start_known"], "instances": out}
+
+
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None
@@ -235,6 +254,7 @@ def read(source: str, *, instance: str | None = None, duration_s: float | None =
         raise UserError(f"--duration must be 0..{MAX_DURATION_S:.0f} s, got {duration_s:g}")
     if not (0.05 <= interval_s <= 3600):
         raise UserError(f"--interval must be 0.05..3600 s, got {interval_s:g}")
+    url_kind(source)  # one-line UserError for a URL that is neither kind (cached after detection)
     if progress is None:
         progress = sys.stderr.isatty()
     pairs, interrupted = sample(source, duration_s, interval_s, progress=progress)

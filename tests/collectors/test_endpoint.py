@@ -143,3 +143,39 @@ def test_single_dump_file_since_start(tmp_path):
 def test_bad_options_are_one_line_errors(opts, msg):
     with pytest.raises(UserError, match=msg):
         endpoint.read("http://127.0.0.1:1/metrics", progress=False, **opts)
+
+
+def _cli_json(argv):
+    import io
+    import json
+    from contextlib import redirect_stdout
+
+    from mixdiag.cli import main as cli_main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        rc = cli_main(argv + ["--json"])
+    return rc, json.loads(out.getvalue())
+
+
+def test_analyze_cli_samples_a_metrics_url(metrics_server):
+    base, _ = metrics_server
+    rc, doc = _cli_json(["analyze", base + "/metrics", "--duration", "3", "--interval", "0.5"])
+    assert rc == 0 and "since_start" not in doc
+    # the two burst intervals (ITL 60 ms against 20 ms) are the spikes
+    assert len(doc["spikes"]) == 2
+
+
+def test_analyze_cli_one_dump_prints_since_start(metrics_server):
+    base, _ = metrics_server
+    rc, doc = _cli_json(["analyze", base + "/metrics", "--duration", "0"])
+    (row,) = doc["since_start"]["instances"].values()
+    assert rc == 0 and row["output_tokens"] == 100.0 and 0.01 < row["itl_p50_s"] <= 0.025
+
+
+def test_watch_follows_a_vllm_metrics_url(metrics_server):
+    base, state = metrics_server
+    rc, doc = _cli_json(["watch", "--engine", base + "/metrics", "--interval", "0.5", "--window", "30",
+                         "--count", "7", "--no-serve"])
+    assert rc == 0 and doc["polls"] == 7 and doc["diagnoses"] == 6 and state["n"] == 7
+    assert sum(doc["spikes_total"].values()) >= 1  # the burst intervals are published as spikes
