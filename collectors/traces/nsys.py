@@ -17,11 +17,14 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME, SQLITE_MAGIC, STRINGS, NsysDb, pid_of
-from mixdiag.collectors.traces.nsys_kernels import (gap_steps, launch_names, project, runtime_graph_launches,
+from mixdiag.collectors.traces.nsys_kernels import (launch_names, project, runtime_graph_launches,
                                              sm_active_samples, window_means)
+from mixdiag.collectors.traces.foreign_steps import reconstruct
+from mixdiag.collectors.traces.nsys_activity import MEMCPY_TABLE, read_activity
 from mixdiag.collectors.traces.nsys_nvtx import find_steps
+from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.traces.trace_steps import DEFAULT_STEP_GAP_S, PHASE_COLUMNS, graph_modes
+from mixdiag.collectors.traces.trace_steps import PHASE_COLUMNS, graph_modes
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -34,19 +37,21 @@ def sniff(head: bytes, name: str) -> bool:
     return head.startswith(SQLITE_MAGIC)
 
 
-def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STEP_GAP_S, **options) -> Timeline:
-    """Read one export. ``step_gap_s``: GPU idle time that separates steps in the gap heuristic."""
+def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
+         **options) -> Timeline:
+    """Read one export. ``step_gap_s``: GPU idle time that separates steps in the gap heuristic
+    (default: from the trace's gap distribution); ``step_range``: a range name that marks steps."""
     path = Path(os.fspath(source))
     db = NsysDb(path)
     try:
-        return _read(db, path, instance or path.stem.split(".")[0], float(step_gap_s))
+        return _read(db, path, instance or path.stem.split(".")[0], step_gap_s, step_range)
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: truncated or corrupt SQLite export ({' '.join(str(e).split())[:200]})") from None
     finally:
         db.close()
 
 
-def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
+def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_range: str | None) -> Timeline:
     if not (db.has(KERNEL) or db.has(NVTX) or db.has(RUNTIME)):
         raise UserError(f"{path}: not an Nsight Systems export (no {KERNEL}, {RUNTIME} or {NVTX} table)")
     clock, offset_s = db.clock()
@@ -61,7 +66,8 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
     graph_rows = int(db.scalar(f"SELECT count(*) FROM {GRAPH_TRACE}")) if db.has(GRAPH_TRACE) else 0
     cuda_traced = db.has(RUNTIME) and db.has(STRINGS) and bool(any(launch_names(db)))
 
-    if nv.source is not None:
+    foreign = None
+    if nv.source == "nvtx-mixdiag" and not step_range:
         ranges = nv.ranges
         agg, n = project(db, ranges)
         notes += n
@@ -70,16 +76,25 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
         steps = _nvtx_steps(ranges, agg, cuda_traced)
         step_source = nv.source
     elif kernels_total or graph_rows:
-        agg, n = gap_steps(db, int(round(step_gap_s * 1e9)))
+        act = read_activity(db)
+        gap_ns = None if step_gap_s is None else int(round(float(step_gap_s) * 1e9))
+        steps, n, step_source = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
         notes += n
-        notes.append(f"no step ranges: steps split where the GPU idled > {step_gap_s * 1e3:g} ms (heuristic)")
+        if step_range and not (len(steps) and (steps["step_source"] == "range").any()):
+            notes.append(f"no '{step_range}' ranges on an engine thread: steps found another way")
+        if step_source == "kernel-gaps":
+            notes.append("no step ranges and no sync pattern: steps split on GPU idle gaps (heuristic)")
+        elif step_source == "sync-pattern":
+            notes.append("steps from the engine thread's sampled-token copy + synchronize pattern (heuristic)")
         host_graphs = runtime_graph_launches(db)
-        graphs_visible = graph_rows > 0 or bool(len(agg) and agg["graph_launches"].sum() > 0)
+        graphs_visible = graph_rows > 0 or bool(len(steps) and steps["graph_launches"].sum() > 0)
         graph_known = (db.has(RUNTIME) or graphs_visible) and not (host_graphs and not graphs_visible)
         if not graph_known:
             notes.append(f"{host_graphs} graph launch calls but no graph GPU rows: graph mode unknown")
-        steps = _gap_steps(agg, graph_known)
-        step_source = "kernel-gaps"
+        foreign = {"graph_known": graph_known, "copies": db.has(MEMCPY_TABLE),
+                   "multi": len(steps) and steps["group"].nunique() > 1}
+        if len(steps):
+            steps = _foreign_steps(steps, graph_known)
     else:
         steps = pd.DataFrame(columns=["group", "step"])
         step_source = None
@@ -99,21 +114,23 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
         notes.append(f"SM activity from GPU_METRICS '{sm_name}'")
 
     in_steps = int(steps["gpu_kernels"].sum()) if len(steps) else 0
-    unattributed = kernels_total - in_steps if step_source != "kernel-gaps" else 0
+    unattributed = kernels_total - in_steps if step_source == "nvtx-mixdiag" else 0
     examples = list(nv.examples)
     if unattributed > 0 and step_source:
         examples.append(f"{unattributed} of {kernels_total} kernels launched outside any step range "
                         f"or without a matching runtime call")
-    signals = {inst: _signals(step_source, cuda_traced, sm_name, nv.stats_fields) for inst in names}
+    signals = {inst: _signals(step_source, cuda_traced, sm_name, nv.stats_fields, foreign, steps[steps["instance"] == inst])
+               for inst in names}
     # "Lines" are rows: candidate NVTX ranges, kernels, graph-trace rows. Ignored = read but not
     # step material themselves (phase ranges folded into their steps, graph rows of NVTX steps).
     total = nv.rows_read + kernels_total + graph_rows
-    parsed = (len(nv.ranges) if nv.source else 0) + in_steps + (graph_rows if step_source == "kernel-gaps" else 0)
+    parsed = (len(nv.ranges) if step_source == "nvtx-mixdiag" else 0) + in_steps + (graph_rows if foreign else 0)
     skipped = nv.skipped + unattributed
     entry = source_entry(
         FORMAT, path, total=total, parsed=parsed, skipped=skipped, lines_ignored=max(total - parsed - skipped, 0),
         examples=examples, partial=partial, notes=notes,
         step_source=step_source, heuristic=step_source not in (None, "nvtx-mixdiag"),
+        **({"step_gap_ms": step_gap_s * 1e3} if step_gap_s is not None and step_source == "kernel-gaps" else {}),
         kernels_total=kernels_total, kernels_in_steps=in_steps, graph_trace_rows=graph_rows,
         projection="correlationId+process" if "globalPid" in db.columns(KERNEL) else "correlationId",
         instances=names, **db.export_info())
@@ -125,7 +142,9 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float) -> Timeline:
 _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",
                  "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "sm_active", "schedule_s",
                  "prepare_s", "forward_s", "kv_transfer_s", "kv_transfer_bytes", "expert_imbalance",
-                 "preempted_reqs", "gpu_kernels", "gpu_kernel_s", "graph_launches", "scheduled_tokens"]
+                 "preempted_reqs", "gpu_kernels", "gpu_kernel_s", "graph_launches", "scheduled_tokens",
+                 "step_source", "comm_s", "comm_share", "rank_skew", "device_idle_before_s", "q_token_allocation",
+                 "q_graph_mode", "q_expert_imbalance", "q_kv_transfer", "q_sm_active"]
 
 
 def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> pd.DataFrame:
@@ -148,19 +167,24 @@ def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> p
     return s
 
 
-def _gap_steps(agg: pd.DataFrame, graph_known: bool) -> pd.DataFrame:
-    s = agg.copy()
-    s["start_ns"], s["end_ns"] = s["gpu_start_ns"], s["gpu_end_ns"]
+def _foreign_steps(s: pd.DataFrame, graph_known: bool) -> pd.DataFrame:
+    """Steps of a foreign engine (:mod:`.foreign_steps`) in the steps frame's columns."""
+    s = s.copy()
     s["granularity"] = "step"
-    s["kind"] = "unknown"
-    if graph_known:
-        s["graph_mode"] = graph_modes(s["graph_launches"], s["eager_between"])
-        s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
-    else:
+    if not graph_known:
         s["graph_mode"] = "unknown"
         s["graph_replayed"] = np.nan
-    s["forward_s"] = (s["gpu_end_ns"] - s["gpu_start_ns"]) / 1e9
+    else:
+        s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
+    s["q_graph_mode"] = np.where(s["graph_mode"] == "unknown", "", "measured")
+    span = (s["gpu_end_ns"] - s["gpu_start_ns"]) / 1e9
+    s["forward_s"] = span
     s["gpu_kernel_s"] = s["gpu_kernel_ns"] / 1e9
+    s["comm_s"] = s["comm_ns"] / 1e9
+    s["comm_share"] = (s["comm_s"] / span.where(span > 0)).clip(0, 1)
+    s["q_expert_imbalance"] = np.where(s["rank_skew"].notna(), "inferred", "")
+    s["q_kv_transfer"] = np.where(s["kv_transfer_s"].notna(), "inferred", "")
+    s["decode_reqs"] = s["decode_rows"]
     return s
 
 
@@ -195,10 +219,11 @@ def _series(samples: pd.DataFrame, steps: pd.DataFrame, base: str, offset_s: flo
     })
 
 
-def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, stats_fields=frozenset()) -> dict:
+def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, stats_fields=frozenset(),
+             foreign: dict | None = None, steps: pd.DataFrame | None = None) -> dict:
     mixdiag = step_source == "nvtx-mixdiag"
     stats = stats_fields if mixdiag else frozenset()
-    return {
+    out = {
         "steps": "measured" if mixdiag else ("inferred" if step_source else "absent"),
         "kind": "measured" if mixdiag else "absent",
         "token_allocation": "measured" if mixdiag else "absent",  # mixdiag.diagnosis.signals' name for the two below
@@ -211,3 +236,12 @@ def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, st
         "kv_transfer": "measured" if "kv_transfer_bytes" in stats else "absent",
         "preemption": "measured" if "preempted_reqs" in stats else "absent",
     }
+    if foreign is not None and steps is not None and len(steps):
+        inferred_kind = bool((steps["q_token_allocation"] == "inferred").any())
+        for key in ("kind", "token_allocation", "prefill_tokens", "decode_rows"):
+            out[key] = "inferred" if inferred_kind else "absent"
+        out["graph_mode"] = "measured" if foreign["graph_known"] else "absent"
+        out["kv_transfer"] = "inferred" if steps["kv_transfer_s"].notna().any() else "absent"
+        out["expert_imbalance"] = "inferred" if steps["rank_skew"].notna().any() else "absent"
+        out["comm"] = "inferred" if steps["comm_s"].gt(0).any() else "absent"
+    return out

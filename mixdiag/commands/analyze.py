@@ -23,10 +23,14 @@ def register(sub, common):
     h.add_argument("--model-config", metavar="FILE", help="ledger model config file (JSON/TOML) instead of --model")
     h.add_argument("--device", default="h200", help="device model (h200, h100, a100; default h200)")
     h.add_argument("--context-len", type=int, default=4096, metavar="C", help="decode context length assumed (default 4096)")
+    from mixdiag.commands.trace_flags import add_step_flags
+    add_step_flags(p)
+    from mixdiag.commands.ingest import add_source_flags
+    add_source_flags(p)
     p.set_defaults(func=run)
 
 
-def load_inputs(paths: list[str], fmt: str = "auto") -> Timeline:
+def load_inputs(paths: list[str], fmt: str = "auto", **options) -> Timeline:
     """One Timeline from one or several inputs on one clock (via ``mixdiag.collectors.load``)."""
     from mixdiag.schema import SchemaError, Timeline  # pandas: imported when a verb runs, not for --help
 
@@ -38,7 +42,7 @@ def load_inputs(paths: list[str], fmt: str = "auto") -> Timeline:
     except ImportError:
         load = None
     if load is not None:
-        return load(paths if len(paths) > 1 else paths[0], format=fmt)
+        return load(paths if len(paths) > 1 else paths[0], format=fmt, **options)
     # Without collectors: run directories written by Timeline.save.
     if not all(Path(p).is_dir() for p in paths):
         raise UserError("only run directories can be read (mixdiag.collectors is not installed)")
@@ -57,7 +61,9 @@ def run(args, console):
         raise UserError("--top must be >= 0")
     if args.html and Path(args.html).exists():
         raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
-    tl = load_inputs(args.inputs, args.format)
+    from mixdiag.commands.trace_flags import step_options
+    from mixdiag.commands.ingest import source_options
+    tl = load_inputs(args.inputs, args.format, **step_options(args), **source_options(args))
     console.note(f"loaded {tl!r}", level=1)
     d = diagnose(tl)
     if args.html:
@@ -68,5 +74,11 @@ def run(args, console):
         write_html(d, args.html, model=resolve(args.model, args.model_config), device=device(args.device),
                    context_len=args.context_len, title=f"mixdiag analyze {' '.join(args.inputs)}")
         console.note(f"wrote {args.html}")
-    console.result(render(d, top=args.top), d.to_json())
+    human, doc = render(d, top=args.top), d.to_json()
+    if tl.meta.get("since_start"):  # one dump: the run's totals since process start, not spikes
+        from mixdiag.collectors.prometheus.endpoint import summary_lines, summary_rows
+        human = "\n".join(summary_lines(tl)) + "\n(one scrape has no time axis: sample the URL with " \
+            "--duration S, or give a directory of timed scrapes, to locate spikes)"
+        doc = {**doc, "since_start": summary_rows(tl)}
+    console.result(human, doc)
     return 0

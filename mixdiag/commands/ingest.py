@@ -28,8 +28,8 @@ def register(sub, common):
     p.add_argument("--out", metavar="DIR|FILE.csv",
                    help="write the Timeline to DIR (Parquet + meta.json) or the steps to FILE.csv; never overwrites")
     p.add_argument("--instance", help="name of the instance (single input only)")
-    p.add_argument("--step-gap-ms", type=float, default=None,
-                   help="trace collectors without step ranges: GPU idle gap that separates steps (default 0.5)")
+    from mixdiag.commands.trace_flags import add_step_flags
+    add_step_flags(p)
     add_source_flags(p)
     p.set_defaults(func=run)
 
@@ -158,10 +158,8 @@ def run(args, console):
     options = source_options(args)
     if args.instance:
         options["instance"] = args.instance
-    if args.step_gap_ms is not None:
-        if not args.step_gap_ms > 0:
-            raise UserError("--step-gap-ms must be > 0")
-        options["step_gap_s"] = args.step_gap_ms / 1e3
+    from mixdiag.commands.trace_flags import step_options
+    options.update(step_options(args))
     console.note(f"reading {len(args.inputs)} input(s)", level=1)
     tl = load(args.inputs, format=args.format, **options)
     summary = summarize(tl)

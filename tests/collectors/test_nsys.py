@@ -29,7 +29,7 @@ def _sql(path, q, params=()):
 ])
 def test_real_exports_ingest_with_counts_from_the_file(name, group, clock):
     path = FIX / name
-    tl = nsys.read(path)
+    tl = nsys.read(path, step_gap_s=GAP_NS / 1e9)  # the same gap as the SQL count below
     src = tl.meta["sources"][0]
     kernels = dict(_sql(path, f"SELECT {group}, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL GROUP BY {group}"))
     # Steps per group, counted by SQLite's own window functions: a step starts where a kernel

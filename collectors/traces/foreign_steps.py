@@ -1,0 +1,383 @@
+"""Steps of engines we did not write, from what any CUDA trace holds (trace-format independent).
+
+Input is an :class:`Activity` (column arrays of GPU work, runtime calls and ranges; the Nsight
+reader builds it in :mod:`.nsys_activity`). Per process, steps are found by, best first:
+
+1. ``range``: a known step range name (:data:`.step_ranges.STEP_RANGES`, or ``--step-range``);
+   work launched inside a range on its thread is the step's;
+2. ``sync``: the engine thread's sampled-token pattern - every step ends with a device-to-host
+   copy of the sampled ids that the thread then waits for (``cudaStreamSynchronize`` /
+   ``cudaEventSynchronize``); the thread is the one that launches most kernels;
+3. ``gap``: GPU idle gaps longer than a threshold taken from the trace's own gap distribution
+   (Otsu split of the log-gap histogram) unless given.
+
+Each GPU item is joined to its launch call by correlation id inside its process, so the step of a
+kernel or copy is the step of its call; no Python loop runs per kernel. Token allocation comes from
+:mod:`.token_inference`; the remaining per-step evidence (graph mode, comm share, KV transfer, idle
+before, rank skew) is computed here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.collectors.traces.token_inference import infer_tokens
+from mixdiag.collectors.traces.trace_steps import graph_counts, graph_modes, split_on_gaps
+
+LAUNCH, GRAPH_LAUNCH, MEMCPY, SYNC = 0, 1, 2, 3
+H2D, D2H = 1, 2
+#: rank_skew at or above this reads as "high" (docs/collectors-traces.md).
+RANK_SKEW_HIGH = 1.2
+
+
+@dataclass
+class Items:
+    """GPU work items of one export. ``what``: 0 kernel, 1 graph row, 2 copy. Copies carry
+    ``nbytes``/``kind``; kernels ``flags`` (bit 1 prefill family, 2 decode family, 4 comm, 8
+    transfer kernel) and ``graph`` (1 when replayed from a CUDA graph, node-level trace)."""
+
+    grp: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    dev: np.ndarray
+    stream: np.ndarray
+    corr: np.ndarray
+    what: np.ndarray
+    nbytes: np.ndarray
+    kind: np.ndarray
+    flags: np.ndarray
+    graph: np.ndarray
+
+
+@dataclass
+class Calls:
+    """Runtime calls: ``what`` is LAUNCH, GRAPH_LAUNCH, MEMCPY or SYNC."""
+
+    grp: np.ndarray
+    tid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    corr: np.ndarray
+    what: np.ndarray
+
+
+@dataclass
+class Activity:
+    items: Items
+    calls: Calls | None
+    ranges: pd.DataFrame            # grp, tid, start, end, name (step and transfer ranges only)
+    notes: list[str] = field(default_factory=list)
+
+
+def _sub(obj, sel):
+    return type(obj)(**{k: v[sel] for k, v in obj.__dict__.items()})
+
+
+def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | None = None,
+                range_names: tuple[str, ...] = ()) -> tuple[pd.DataFrame, list[str], str | None]:
+    """Steps of every process in ``act``; returns (steps, notes, meta step_source)."""
+    notes: list[str] = []
+    frames, sources = [], []
+    names = (step_range,) if step_range else range_names
+    it = act.items
+    order = np.argsort(it.grp, kind="stable")
+    bounds = np.flatnonzero(np.diff(it.grp[order], prepend=np.int64(-2**62)))
+    cgrp = act.calls.grp if act.calls is not None else None
+    for gi, lo in enumerate(bounds):
+        hi = bounds[gi + 1] if gi + 1 < len(bounds) else len(order)
+        g = int(it.grp[order[lo]])
+        items = _sub(it, order[lo:hi])
+        calls = _sub(act.calls, cgrp == g) if cgrp is not None else None
+        ranges = act.ranges[act.ranges["grp"] == g] if len(act.ranges) else act.ranges
+        steps, how, n = _group_steps(g, items, calls, ranges, names, gap_ns)
+        notes += n
+        if len(steps):
+            frames.append(steps)
+            sources.append(how)
+    if not frames:
+        return pd.DataFrame(), notes, None
+    steps = pd.concat(frames, ignore_index=True)
+    _rank_skew(steps)
+    steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
+    src = {"range": "nvtx-engine-naming", "sync": "sync-pattern", "gap": "kernel-gaps"}
+    return steps, notes, src[min(sources, key=["range", "sync", "gap"].index)]
+
+
+# ---- one process ---------------------------------------------------------------------------
+def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, names, gap_ns):
+    notes: list[str] = []
+    call_idx = np.full(len(items.start), -1, dtype=np.int64)
+    main_tid = None
+    if calls is not None and len(calls.start):
+        co = np.argsort(calls.corr, kind="stable")
+        pos = np.clip(np.searchsorted(calls.corr[co], items.corr), 0, len(co) - 1)
+        hit = calls.corr[co][pos] == items.corr
+        call_idx = np.where(hit, co[pos], -1)
+        launches = calls.what <= GRAPH_LAUNCH
+        if launches.any():
+            tids, counts = np.unique(calls.tid[launches], return_counts=True)
+            main_tid = int(tids[np.argmax(counts)])
+    on_main = (call_idx >= 0) & (calls.tid[np.maximum(call_idx, 0)] == main_tid) if main_tid is not None else None
+    call_step, how = None, None
+    if main_tid is not None:
+        call_step = _range_steps(calls, ranges, names, main_tid)
+        how = "range" if call_step is not None else None
+        if call_step is None:
+            call_step = _sync_steps(calls, items, call_idx, main_tid)
+            how = "sync" if call_step is not None else None
+    if call_step is not None:
+        step = np.where(on_main, call_step[np.maximum(call_idx, 0)], -1)
+        own = on_main
+    else:
+        # gap: the engine's own work (its thread's launches, else kernels and the busiest stream's copies)
+        if on_main is not None and on_main.any():  # kernels of any thread (some lack a runtime row)
+            own = on_main | (items.what != 2)
+        else:
+            streams, counts = np.unique(items.stream[items.what != 2], return_counts=True)
+            busiest = streams[np.argmax(counts)] if len(streams) else -1
+            own = ((items.what != 2) & (items.flags & 8 == 0)) | ((items.what == 2) & (items.stream == busiest))
+        step = np.full(len(items.start), -1, dtype=np.int64)
+        idx = np.flatnonzero(own & (items.what != 2))   # kernels and graph rows make steps; copies join them
+        idx = idx[np.argsort(items.start[idx], kind="stable")]
+        threshold = gap_ns if gap_ns is not None else gap_threshold(items.start[idx], items.end[idx])
+        if gap_ns is None:
+            notes.append(f"process {pid_text(g)}: step gap {threshold / 1e6:.3g} ms from the trace's gap distribution")
+        step[idx] = split_on_gaps(items.start[idx], items.end[idx], threshold)
+        if len(idx):
+            n_st = int(step[idx[-1]]) + 1
+            heads = np.flatnonzero(np.diff(step[idx], prepend=-1))
+            s0 = items.start[idx][heads]
+            e0 = np.maximum.accumulate(np.maximum.reduceat(items.end[idx], heads))
+            cp = np.flatnonzero(own & (items.what == 2))
+            # inputs go to the step they precede, outputs (D2H) to the step they follow
+            nxt = np.searchsorted(e0, items.start[cp], side="left")
+            prv = np.searchsorted(s0, items.start[cp], side="right") - 1
+            k = np.where(items.kind[cp] == D2H, prv, nxt)
+            ok = (k >= 0) & (k < n_st)
+            step[cp[ok]] = k[ok]
+        how = "gap"
+    if not (step >= 0).any():
+        return pd.DataFrame(), "gap", notes
+    item_cpu = np.where(call_idx >= 0, calls.start[np.maximum(call_idx, 0)], -1) if calls is not None and len(
+        calls.start) else np.full(len(items.start), -1)
+    out = _aggregate(g, items, step, how, np.where(step >= 0, item_cpu, -1) if how != "gap" else None)
+    xr = ranges[ranges["transfer"]] if len(ranges) and "transfer" in ranges else None
+    if how == "gap":  # no engine thread known: only peer copies (and connector ranges) count
+        own = own | (items.what != 2) | (items.kind != 10)
+    _transfers(out, items, own, xr, item_cpu if how != "gap" else np.full(len(items.start), -1))
+    return out, how, notes
+
+
+def pid_text(g) -> str:
+    return str(int(g) >> 24 & 0xFFFFFF) if int(g) > 0xFFFFFF else f"group {int(g)}"
+
+
+def _range_steps(calls: Calls, ranges: pd.DataFrame, names, main_tid) -> np.ndarray | None:
+    if ranges is None or not len(ranges):
+        return None
+    for name in names:
+        r = ranges[(ranges["name"] == name) & (ranges["tid"] == main_tid)]
+        if len(r) < 2:
+            continue
+        s = r["start"].to_numpy(dtype=np.int64)
+        e = r["end"].to_numpy(dtype=np.int64)
+        o = np.argsort(s, kind="stable")
+        s, e = s[o], e[o]
+        outer = s >= np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
+        s, e = s[outer], e[outer]
+        k = np.searchsorted(s, calls.start, side="right") - 1
+        ok = (k >= 0) & (calls.tid == main_tid) & (calls.start <= e[np.maximum(k, 0)])
+        return np.where(ok, k, -1)
+    return None
+
+
+def _sync_steps(calls: Calls, items: Items, call_idx: np.ndarray, main_tid) -> np.ndarray | None:
+    """Boundaries = the engine thread's D2H copy calls followed by launches of the next step."""
+    main = calls.tid == main_tid
+    d2h_calls = call_idx[(items.what == 2) & (items.kind == D2H) & (call_idx >= 0)]
+    d2h_calls = d2h_calls[main[d2h_calls]]
+    n_sync = int((main & (calls.what == SYNC)).sum())
+    if len(d2h_calls) < 2 or n_sync < 0.5 * len(np.unique(d2h_calls)):
+        return None
+    b = np.unique(calls.start[d2h_calls])
+    lt = np.sort(calls.start[main & (calls.what <= GRAPH_LAUNCH)])
+    # keep the last copy of a run of copies with no launch between them (the step's last output)
+    nxt = np.searchsorted(lt, np.append(b[1:], np.iinfo(np.int64).max)) - np.searchsorted(lt, b)
+    b = b[(nxt > 0) | (np.arange(len(b)) == len(b) - 1)]
+    if len(b) < 2:
+        return None
+    step = np.searchsorted(b, calls.start, side="left")
+    return np.where(main, step, -1)
+
+
+def gap_threshold(start: np.ndarray, end: np.ndarray, default_ns: int = 500_000) -> int:
+    """Idle gap that separates steps: Otsu split of the log10 histogram of positive GPU gaps.
+
+    Falls back to ``default_ns`` when the gaps are not bimodal (classes less than 10x apart) or
+    too few to tell.
+    """
+    if len(start) < 3:
+        return default_ns
+    run_end = np.maximum.accumulate(end)
+    gaps = start[1:] - run_end[:-1]
+    gaps = gaps[gaps > 100]
+    if len(gaps) < 8:
+        return default_ns
+    lg = np.log10(gaps.astype("float64"))
+    hist, edges = np.histogram(lg, bins=64)
+    p = hist / hist.sum()
+    mids = (edges[:-1] + edges[1:]) / 2
+    w0 = np.cumsum(p)
+    m0 = np.cumsum(p * mids)
+    mt = m0[-1]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        between = (mt * w0 - m0) ** 2 / (w0 * (1 - w0))
+    if not np.isfinite(between[:-1]).any():
+        return default_ns
+    k = int(np.nanargmax(between[:-1]))
+    lo_mean = m0[k] / w0[k]
+    hi_mean = (mt - m0[k]) / (1 - w0[k])
+    if hi_mean - lo_mean < 1.0:
+        return default_ns
+    return int(10 ** edges[k + 1])
+
+
+def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.DataFrame:
+    sel = step >= 0
+    st = step[sel]
+    n = int(st.max()) + 1
+    start, end, what = items.start[sel], items.end[sel], items.what[sel]
+    first = np.full(n, np.iinfo(np.int64).max)
+    last = np.full(n, np.iinfo(np.int64).min)
+    np.minimum.at(first, st, start)
+    np.maximum.at(last, st, end)
+    present = first < np.iinfo(np.int64).max
+    is_k = what == 0
+    dur = (end - start).astype("float64")
+    flags = items.flags[sel]
+    gkey = np.where(what == 1, items.corr[sel], np.where(is_k & (items.graph[sel] > 0), items.corr[sel], -1))
+    gk = what != 2
+    launches, between = graph_counts(st[gk], start[gk].astype("float64"), gkey[gk], n)
+    kind, nbytes = items.kind[sel], items.nbytes[sel].astype("float64")
+    copy = what == 2
+    h2d, d2h = copy & (kind == H2D), copy & (kind == D2H)
+    dev = np.zeros(n)
+    dev[st] = items.dev[sel]
+    cpu = first.copy()
+    if item_cpu is not None:
+        c = item_cpu[sel]
+        cpu = np.full(n, np.iinfo(np.int64).max)
+        np.minimum.at(cpu, st[c >= 0], c[c >= 0])
+        cpu = np.where(cpu == np.iinfo(np.int64).max, first, cpu)
+    graph_rows = what == 1
+    out = pd.DataFrame({
+        "group": g, "step": np.arange(n), "step_source": how,
+        "gpu_start_ns": first, "gpu_end_ns": last, "start_ns": first, "end_ns": last,
+        "gpu_kernels": np.bincount(st[is_k], minlength=n),
+        "gpu_kernel_ns": np.bincount(st[is_k], dur[is_k], minlength=n), "cpu_start_ns": cpu,
+        "opaque_ns": np.bincount(st[graph_rows], dur[graph_rows], minlength=n),
+        "graph_launches": launches, "eager_between": between, "device": dev,
+        "comm_ns": np.bincount(st[is_k & (flags & 4 > 0)], dur[is_k & (flags & 4 > 0)], minlength=n),
+        "prefill_family": np.bincount(st[is_k & (flags & 1 > 0)], minlength=n) > 0,
+        "decode_family": np.bincount(st[is_k & (flags & 2 > 0)], minlength=n) > 0,
+        "h2d_bytes": np.bincount(st[h2d], nbytes[h2d], minlength=n),
+        "d2h_bytes": np.bincount(st[d2h], nbytes[d2h], minlength=n),
+    })
+    # H2D copies by their order inside the step: token- vs request-proportional buffers
+    hs, hst, hb = st[h2d], start[h2d], nbytes[h2d]
+    o = np.lexsort((hst, hs))
+    hs, hb = hs[o], hb[o]
+    heads = np.searchsorted(hs, hs, side="left")
+    ordinal = np.arange(len(hs)) - heads
+    out["h2d_copies"] = np.bincount(hs, minlength=n)
+    tok = infer_tokens(out, hs, ordinal, hb)
+    out = pd.concat([out, tok], axis=1)
+    out = out[present].reset_index(drop=True)
+    out["step"] = np.arange(len(out))
+    _idle_before(out, items)
+    return out
+
+
+def _idle_before(out: pd.DataFrame, items: Items) -> None:
+    """GPU idle time before each step's first item (any stream of the process)."""
+    o = np.argsort(items.start, kind="stable")
+    s, e = items.start[o], np.maximum.accumulate(items.end[o])
+    t = out["gpu_start_ns"].to_numpy()
+    k = np.searchsorted(s, t, side="left") - 1
+    prev = np.where(k >= 0, e[np.maximum(k, 0)], t)
+    out["device_idle_before_s"] = np.maximum(t - prev, 0) / 1e9
+
+
+def _transfers(steps: pd.DataFrame, items: Items, own: np.ndarray, ranges: pd.DataFrame | None,
+               item_cpu: np.ndarray) -> bool:
+    """KV transfer per step of one process: copies the engine thread did not issue, transfer
+    kernels it did not launch, and connector ranges. Items closer than 100 us form one episode,
+    charged whole to the first step that starts (on the host when launch calls are known, else on
+    the GPU) at or after the episode's start: the step that consumes the KV."""
+    n = len(steps)
+    nbytes, secs = np.zeros(n), np.zeros(n)
+    cand = ~own & ((items.what == 2) | ((items.what == 0) & (items.flags & 8 > 0)))
+    s, e = items.start[cand], items.end[cand]
+    b = items.nbytes[cand].astype("float64")
+    key = np.where(item_cpu[cand] >= 0, item_cpu[cand], s)
+    if ranges is not None and len(ranges):
+        r0, r1 = ranges["start"].to_numpy(), ranges["end"].to_numpy()
+        s, e, b, key = np.concatenate([s, r0]), np.concatenate([e, r1]), np.concatenate([b, np.zeros(len(r0))]), \
+            np.concatenate([key, r0])
+    if not len(s):  # nothing seen: unknown, not zero (the export may not trace the connector)
+        steps["kv_transfer_bytes"], steps["kv_transfer_s"] = np.nan, np.nan
+        return False
+    o = np.argsort(s, kind="stable")
+    s, e, b, key = s[o], e[o], b[o], key[o]
+    run = np.maximum.accumulate(e)
+    ep = np.cumsum(np.concatenate([[True], s[1:] > run[:-1] + 100_000]))
+    heads = np.flatnonzero(np.diff(ep, prepend=0))
+    ep_key = key[heads]
+    starts = np.maximum.accumulate(steps["cpu_start_ns"].to_numpy())
+    k = np.minimum(np.searchsorted(starts, ep_key, side="left"), n - 1)
+    np.add.at(nbytes, k[ep - 1], b)
+    np.add.at(secs, k[ep - 1], (e - s) / 1e9)
+    # transfer kernels carry no byte count: time known, bytes not
+    steps["kv_transfer_bytes"] = np.where((secs > 0) & (nbytes == 0), np.nan, nbytes)
+    steps["kv_transfer_s"] = secs
+    return True
+
+
+def _rank_skew(steps: pd.DataFrame) -> None:
+    """Multi-process exports: slowest rank's compute time over the (lower) median rank's, per step.
+
+    Steps are matched across processes by order when every process has the same count, else by
+    nearest GPU start time against the first process.
+    """
+    steps["rank_skew"] = np.nan
+    groups = list(steps.groupby("group").groups.items())
+    if len(groups) < 2 or not (steps["comm_ns"] > 0).any():  # ranks that never exchange are not EP ranks
+        return
+    # graph-level trace: kernels inside a replayed graph are invisible, so is the rank's compute
+    compute = np.where(steps["opaque_ns"] > 0, np.nan, steps["gpu_kernel_ns"] - steps["comm_ns"]).astype("float64")
+    pos = [steps.index.get_indexer(ix) for _, ix in groups]
+    pos = [p[np.argsort(steps["gpu_start_ns"].to_numpy()[p], kind="stable")] for p in pos]
+    ref = pos[0]
+    n = len(ref)
+    if all(len(p) == n for p in pos):
+        match = [np.arange(n) for _ in pos]
+    else:
+        rs = steps["gpu_start_ns"].to_numpy()[ref]
+        match = []
+        for p in pos:
+            k = np.clip(np.searchsorted(rs, steps["gpu_start_ns"].to_numpy()[p]), 0, n - 1)
+            match.append(k)
+    table = np.full((len(pos), n), np.nan)
+    for r, (p, m) in enumerate(zip(pos, match)):
+        table[r, m] = compute[p]
+    srt = np.sort(table, axis=0)
+    cnt = np.sum(~np.isnan(table), axis=0)
+    med = srt[np.maximum((cnt - 1) // 2, 0), np.arange(n)]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        skew = np.where(cnt == len(pos), np.nanmax(np.where(np.isnan(table), -np.inf, table), axis=0) / med, np.nan)
+    vals = steps["rank_skew"].to_numpy().copy()
+    for p, m in zip(pos, match):
+        vals[p] = skew[m]
+    steps["rank_skew"] = vals

@@ -1,0 +1,130 @@
+"""Read an Nsight Systems export into a :class:`.foreign_steps.Activity` (column batches).
+
+Kernels, graph-trace rows and copies (with bytes and direction), the runtime calls that launch,
+copy or synchronise, and the ranges named in :mod:`.step_ranges`. Kernel names are classified once
+per ``StringIds`` entry (prefill/decode attention family, comm, transfer), then looked up per row.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.collectors.traces import step_ranges as sr
+from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
+from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, NVTX, PID_MASK, RUNTIME, STRINGS, NsysDb
+from mixdiag.collectors.traces.nsys_kernels import fetch_columns, launch_names
+from mixdiag.collectors.traces.nsys_nvtx import _message_sql, _range_types
+
+MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _flags(db: NsysDb) -> np.ndarray:
+    """Flag per StringIds id: 1 prefill family, 2 decode family, 4 comm, 8 transfer kernel."""
+    if not db.has(STRINGS):
+        return np.zeros(1, dtype=np.int64)
+    top = int(db.scalar(f"SELECT max(id) FROM {STRINGS}") or 0)
+    flags = np.zeros(top + 1, dtype=np.int64)
+    for i, s in db.conn.execute(f"SELECT id, value FROM {STRINGS}"):
+        if not s or i is None or i < 0:
+            continue
+        f = 0
+        if sr.PREFILL_KERNEL_RE.search(s):
+            f |= 1
+        elif sr.DECODE_KERNEL_RE.search(s):
+            f |= 2
+        if sr.TRANSFER_KERNEL_RE.search(s):
+            f |= 8
+        if sr.COMM_KERNEL_RE.search(s):
+            f |= 4
+        flags[i] = f
+    return flags
+
+
+def _lookup(flags: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    ok = (ids >= 0) & (ids < len(flags))
+    return np.where(ok, flags[np.where(ok, ids, 0)], 0)
+
+
+def read_activity(db: NsysDb, progress=None) -> Activity:
+    """Everything the foreign-step reconstruction needs, as int64 column arrays."""
+    notes: list[str] = []
+    kcols = db.columns(KERNEL)
+    grp_col = "IFNULL(globalPid, -1)" if "globalPid" in kcols else "deviceId"
+    flags = _flags(db)
+    parts = []
+    if db.has(KERNEL):
+        names = [c for c in ("shortName", "demangledName") if c in kcols] or ["-1"]
+        graph = "CASE WHEN graphId IS NULL THEN 0 ELSE 1 END" if "graphId" in kcols else "0"
+        cols = fetch_columns(db, f'SELECT {grp_col}, start, "end", deviceId, IFNULL(streamId, -1), '
+                                 f'IFNULL(correlationId, -1), {graph}, ' + ", ".join(f"IFNULL({n}, -1)" for n in names)
+                             + f" FROM {KERNEL}", n_cols=7 + len(names))
+        g, s, e, d, st, c, gr = cols[:7]
+        f = np.zeros(len(s), dtype=np.int64)
+        for ids in cols[7:]:
+            f |= _lookup(flags, ids)
+        parts.append((g, s, e, d, st, c, np.zeros_like(s), np.zeros_like(s), np.zeros_like(s), f, gr))
+        if progress:
+            progress(len(s))
+    if db.has(GRAPH_TRACE):
+        gc = db.columns(GRAPH_TRACE)
+        gg = "IFNULL(globalPid, -1)" if "globalPid" in gc and "globalPid" in kcols else "deviceId"
+        g, s, e, d, st, c = fetch_columns(db, f'SELECT {gg}, start, "end", deviceId, IFNULL(streamId, -1), '
+                                              f"IFNULL(correlationId, -1) FROM {GRAPH_TRACE}", n_cols=6)
+        z = np.zeros_like(s)
+        parts.append((g, s, e, d, st, c, z + 1, z, z, z, z + 1))
+    if db.has(MEMCPY_TABLE):
+        mc = db.columns(MEMCPY_TABLE)
+        mg = "IFNULL(globalPid, -1)" if "globalPid" in mc and "globalPid" in kcols else "deviceId"
+        g, s, e, d, st, c, b, k = fetch_columns(
+            db, f'SELECT {mg}, start, "end", deviceId, IFNULL(streamId, -1), IFNULL(correlationId, -1), '
+                f"IFNULL(bytes, 0), IFNULL(copyKind, 0) FROM {MEMCPY_TABLE}", n_cols=8)
+        z = np.zeros_like(s)
+        parts.append((g, s, e, d, st, c, z + 2, b, k, z, z))
+    arrays = [np.concatenate([p[i] for p in parts]) if parts else _EMPTY for i in range(11)]
+    items = Items(*arrays)
+    return Activity(items, _calls(db), _ranges(db), notes)
+
+
+def _calls(db: NsysDb) -> Calls | None:
+    if not db.has(RUNTIME) or not db.has(STRINGS) or not {"globalTid", "correlationId", "nameId"} <= db.columns(RUNTIME):
+        return None
+    kern, graph = launch_names(db)
+    memcpy = db.string_ids(" OR ".join("value LIKE ?" for _ in sr.MEMCPY_CALL_LIKE), sr.MEMCPY_CALL_LIKE)
+    sync = db.string_ids(" OR ".join("value LIKE ?" for _ in sr.SYNC_CALL_LIKE), sr.SYNC_CALL_LIKE)
+    what = {}
+    for ids, w in ((kern, LAUNCH), (graph, GRAPH_LAUNCH), (memcpy, MEMCPY), (sync, SYNC)):
+        what.update({int(i): w for i in ids})
+    if not what:
+        return None
+    ids = ",".join(str(i) for i in what)
+    tid, s, e, c, name = fetch_columns(db, f'SELECT globalTid, start, "end", IFNULL(correlationId, -1), nameId '
+                                           f"FROM {RUNTIME} WHERE nameId IN ({ids})", n_cols=5)
+    keys = np.fromiter(what.keys(), dtype=np.int64)
+    vals = np.fromiter(what.values(), dtype=np.int64)
+    o = np.argsort(keys)
+    w = vals[o][np.searchsorted(keys[o], name)]
+    return Calls(tid & PID_MASK, tid, s, e, c, w)
+
+
+def _ranges(db: NsysDb) -> pd.DataFrame:
+    empty = pd.DataFrame({"grp": _EMPTY, "tid": _EMPTY, "start": _EMPTY, "end": _EMPTY, "name": [], "transfer": []})
+    if not db.has(NVTX) or not {"start", "end", "eventType", "globalTid"} <= db.columns(NVTX):
+        return empty
+    msg, join = _message_sql(db)
+    types = _range_types(db)
+    step_names = sr.ENGINE_STEP_NAMES
+    likes = ["%nixl%", "%ucx%", "%mooncake%", "%kv%transfer%", "%kv%connector%", "%kv%load%", "%kv_layer%",
+             "%send_kv%", "%recv_kv%"]
+    sql = (f'SELECT n.start, n."end", n.globalTid, {msg} AS msg FROM {NVTX} n {join} '
+           f"WHERE n.eventType IN ({','.join('?' * len(types))}) AND n.\"end\" IS NOT NULL "
+           f"AND (msg IN ({','.join('?' * len(step_names))}) OR " + " OR ".join("msg LIKE ?" for _ in likes) + ")")
+    rows = db.conn.execute(sql, (*types, *step_names, *likes)).fetchall()
+    if not rows:
+        return empty
+    df = pd.DataFrame(rows, columns=["start", "end", "tid", "name"]).dropna()
+    df = df.astype({"start": "int64", "end": "int64", "tid": "int64"})
+    df["grp"] = df["tid"] & PID_MASK
+    df["name"] = df["name"].astype(str).str.strip()
+    df["transfer"] = df["name"].map(lambda s: bool(sr.TRANSFER_RANGE_RE.search(s))) & ~df["name"].isin(step_names)
+    return df
