@@ -47,6 +47,26 @@ def evidence_summary(cause: str, ev: dict) -> str:
     return ", ".join(parts)
 
 
+def budget_lines(d) -> list[str]:
+    """The budget table of each instance: excess token-time and P99 without each cause."""
+    b = getattr(d, "budget", None)
+    out: list[str] = []
+    for inst, ib in (b.instances.items() if b is not None else ()):
+        if not ib.n_units:
+            continue
+        out += ["", f"ITL excess budget, {inst} ({ib.n_units} {ib.source.replace('_', ' ')}): baseline "
+                    f"{_ms(ib.baseline_s)}, P99 {_ms(ib.p99_s)} (all excess removed: {_ms(ib.p99_floor_s)}), "
+                    f"excess token-time {ib.excess_s:.3f} s",
+                f"{'cause':<16} {'spikes':>7} {'excess s':>9} {'share':>7} {'tail':>6} {'P99 without':>12} {'P99 -':>10}",
+                "-" * 72]
+        for c, cb in ib.by_cause.items():
+            if not cb.spikes and cb.excess_s <= 0:
+                continue
+            out.append(f"{c:<16} {cb.spikes:>7} {cb.excess_s:>9.3f} {cb.share_of_excess:>7.0%} {cb.tail_share:>6.0%} "
+                       f"{_ms(cb.p99_without_s):>12} {_ms(cb.p99_reduction_s):>10}")
+    return out
+
+
 def render(d, top: int = 10) -> str:
     """The human report of ``analyze``."""
     out = [d.verdict, ""]
@@ -64,6 +84,8 @@ def render(d, top: int = 10) -> str:
             m = sp["cause"] == c
             out.append(f"{c:<16} {n:>7} {n / len(sp):>7.0%} {sp.loc[m, 'confidence'].mean():>10.2f} "
                        f"{height[m].mean():>11.1f}x")
+    out += budget_lines(d)
+    if len(sp):
         out += ["", f"top {min(top, len(sp))} spikes (by height over baseline):",
                 f"{'instance':<10} {'step':>7} {'t_s':>10} {'itl':>10} {'baseline':>10} {'cause':<15} {'conf':>5}  evidence"]
         t0 = d.steps["t_start_s"].min() if len(d.steps) else 0.0

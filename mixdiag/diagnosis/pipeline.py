@@ -24,6 +24,7 @@ from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
 from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
 from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+from mixdiag.diagnosis.budget import budget_of
 from mixdiag.diagnosis.result import SPIKE_COLUMNS, Diagnosis, count_by_cause, itl_summary, last_spike_of, make_headline  # noqa: F401
 
 @dataclass(frozen=True)
@@ -253,4 +254,4 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
     headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
-                     instances=instances, config=cfg)
+                     instances=instances, config=cfg, budget=budget_of(timeline.tokens, steps, sp))

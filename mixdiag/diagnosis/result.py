@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import CAUSES
+from mixdiag.diagnosis.budget import Budget
 from mixdiag.schema import SPIKE_COLUMNS as _SPIKE_SCHEMA, Timeline
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class Diagnosis:
     headline: Headline
     instances: dict = field(default_factory=dict)  # instance -> {signals, periodicity, latency_source}
     config: DiagnosisConfig | None = None
+    budget: Budget = field(default_factory=Budget)  # ITL excess by cause, P99 without each (budget.py)
 
     @property
     def last_spike(self) -> dict:
@@ -144,6 +146,7 @@ class Diagnosis:
                 "itl": self.itl,
                 "spikes": rows,
                 "by_cause": dict(self.by_cause),
+                "budget": self.budget.to_json(),
                 "instances": self.instances}
 
 

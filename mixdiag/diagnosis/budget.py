@@ -1,0 +1,224 @@
+"""Tail-latency budget by cause: how much of the ITL excess over baseline each cause accounts for,
+and what P99 would be without it (docs/analyze.md, section "Budget").
+
+Units, per instance, from the finest latency the diagnosis used:
+
+* **token gaps** (token events): every inter-token gap, charged to one culprit step - the step
+  the gap spans when it spans one; when it spans several (the request sat out steps), the
+  spiking step among them with the largest latency, else the slowest of them;
+* **step latency** (step rows, no tokens): every step that decodes or spiked, ``latency_s``;
+* **interval ITL** (interval rows only): ``itl_p99_s`` of each interval, weighted by ``itl_count``.
+
+Each unit's excess is ``max(0, latency - baseline)`` with the culprit row's baseline, charged to
+the culprit's cause when the row spiked and to ``none`` (baseline noise below the spike
+threshold) when it did not. Excess shares therefore sum to 1 over the causes plus ``none``.
+The counterfactual "P99 without cause c" lowers every unit charged to ``c`` by its excess and
+recomputes P99 (intervals: the median of interval P99s, as the headline does).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.causes import CAUSES
+
+#: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
+BUDGET_CAUSES = (*CAUSES, "none")
+#: Columns of :attr:`Budget.units`: one row per latency unit (gap, step or interval).
+UNIT_COLUMNS = ["instance", "t_s", "latency_s", "baseline_s", "excess_s", "weight", "cause"]
+
+
+@dataclass(frozen=True)
+class CauseBudget:
+    """One cause's share of one instance's excess."""
+
+    spikes: int
+    excess_s: float          # excess token-time charged to the cause (s)
+    share_of_excess: float   # excess_s / the instance's total excess (0 when there is none)
+    tail_share: float        # share of the excess inside units at or above the P99
+    p99_without_s: float     # P99 with this cause's excess removed from its units
+    p99_reduction_s: float   # p99_s - p99_without_s
+    p99_share: float         # p99_reduction_s / p99_excess_s (causes overlap in the tail: no sum to 1)
+
+
+@dataclass(frozen=True)
+class InstanceBudget:
+    """The budget of one instance."""
+
+    source: str              # token_gaps | step_latency | interval_itl
+    n_units: int
+    baseline_s: float        # median baseline of the units
+    p99_s: float             # measured P99 of the units
+    p99_floor_s: float       # P99 with every unit's excess removed
+    p99_excess_s: float      # p99_s - p99_floor_s
+    excess_s: float          # total excess token-time (sum over causes and none)
+    by_cause: dict[str, CauseBudget]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-instance budgets, totals per cause, and the units behind them (for the exporter)."""
+
+    instances: dict[str, InstanceBudget] = field(default_factory=dict)
+    units: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=UNIT_COLUMNS), repr=False)
+
+    def excess_by_cause(self) -> dict[str, float]:
+        """Total excess (s) per cause over all instances, every budget key present."""
+        out = {c: 0.0 for c in BUDGET_CAUSES}
+        for ib in self.instances.values():
+            for c, cb in ib.by_cause.items():
+                out[c] += cb.excess_s
+        return out
+
+    def excess_after(self, counted_until: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """Excess per cause of units newer than ``counted_until[instance]`` (a watcher's earlier
+        publications) and the new per-instance newest unit time. With ``{}``: every unit."""
+        until, out = dict(counted_until), {c: 0.0 for c in BUDGET_CAUSES}
+        u = self.units
+        for inst, grp in (u.groupby("instance", sort=True) if len(u) else ()):
+            t = grp["t_s"].to_numpy(dtype="float64")
+            new = grp[t > until.get(str(inst), -math.inf)]
+            for c, s in new.groupby("cause", sort=False)["excess_s"]:
+                out[c if c in out else "unknown"] += float(s.sum())
+            until[str(inst)] = max(until.get(str(inst), -math.inf), float(np.nanmax(t)))
+        return out, until
+
+    def to_json(self) -> dict:
+        """The ``budget`` key of ``mixdiag analyze --json``."""
+        def num(v):
+            return None if not math.isfinite(v) else float(v)
+
+        inst = {}
+        for name, ib in self.instances.items():
+            inst[name] = {"source": ib.source, "n_units": ib.n_units, "baseline_s": num(ib.baseline_s),
+                          "p99_s": num(ib.p99_s), "p99_floor_s": num(ib.p99_floor_s),
+                          "p99_excess_s": num(ib.p99_excess_s), "excess_s": num(ib.excess_s),
+                          "by_cause": {c: {k: (v if isinstance(v, int) else num(v)) for k, v in vars(cb).items()}
+                                       for c, cb in ib.by_cause.items()}}
+        total = self.excess_by_cause()
+        s = sum(total.values())
+        return {"instances": inst,
+                "total": {"excess_s": s, "by_cause": {c: {"excess_s": v, "share_of_excess": v / s if s > 0 else 0.0}
+                                                      for c, v in total.items()}}}
+
+
+def _spans(st: pd.DataFrame, itl: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Positions [lo, hi) in ``st`` of the steps each gap spans (the rule of spikes.charge_itl)."""
+    step_ids = st["step"].to_numpy()
+    ends = st["t_end_s"].to_numpy()
+    have = (itl["step"].notna() & itl["prev_step"].notna()).to_numpy()
+    lo = np.empty(len(itl), dtype=np.int64)
+    hi = np.empty(len(itl), dtype=np.int64)
+    lo[have] = np.searchsorted(step_ids, itl["prev_step"].to_numpy()[have], side="right")
+    hi[have] = np.searchsorted(step_ids, itl["step"].to_numpy()[have], side="right")
+    if (~have).any():  # no step ids: the steps that ended within the gap (1 ms of slack)
+        lo[~have] = np.searchsorted(ends, itl["prev_t_s"].to_numpy()[~have] + 1e-3, side="right")
+        hi[~have] = np.searchsorted(ends, itl["t_s"].to_numpy()[~have] + 1e-3, side="right")
+    return lo, hi
+
+
+def _culprits(st: pd.DataFrame, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """One step position per gap (-1: the gap spans no step of this frame)."""
+    n = len(st)
+    out = np.where((hi - lo == 1) & (lo < n), lo, -1)
+    spike = st["is_spike"].fillna(False).to_numpy(dtype=bool)
+    lat = st["latency_s"].to_numpy(dtype="float64")
+    # spiking steps rank above non-spiking ones, then by latency
+    score = np.where(spike, 1e9, 0.0) + np.nan_to_num(lat, nan=-1.0)
+    for i in np.flatnonzero(hi - lo > 1):  # rare: the request sat out steps
+        a, b = lo[i], min(hi[i], n)
+        if a < b:
+            out[i] = a + int(np.argmax(score[a:b]))
+    return out
+
+
+def _token_units(inst: str, st: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
+    st = st.sort_values("step", kind="stable").reset_index(drop=True)
+    tok = tokens.sort_values(["request_id", "t_s"], kind="stable")
+    g = tok.groupby("request_id", sort=False)
+    itl = tok.assign(prev_t_s=g["t_s"].shift(1), prev_step=g["step"].shift(1))
+    itl = itl[itl["prev_t_s"].notna()]
+    lo, hi = _spans(st, itl)
+    pos = _culprits(st, lo, hi)
+    ok = pos >= 0
+    p = pos[ok]
+    lat = (itl["t_s"] - itl["prev_t_s"]).to_numpy(dtype="float64")[ok]
+    return _units(inst, itl["t_s"].to_numpy(dtype="float64")[ok], lat, st["baseline_s"].to_numpy(dtype="float64")[p],
+                  np.ones(len(p)), st["is_spike"].fillna(False).to_numpy(dtype=bool)[p],
+                  st["cause"].to_numpy(dtype=object)[p])
+
+
+def _row_units(inst: str, rows: pd.DataFrame, weighted: bool) -> pd.DataFrame:
+    w = rows["itl_count"].fillna(1).clip(lower=0).to_numpy(dtype="float64") if weighted and "itl_count" in rows \
+        else np.ones(len(rows))
+    return _units(inst, rows["t_end_s"].to_numpy(dtype="float64"), rows["latency_s"].to_numpy(dtype="float64"),
+                  rows["baseline_s"].to_numpy(dtype="float64"), w, rows["is_spike"].fillna(False).to_numpy(dtype=bool),
+                  rows["cause"].to_numpy(dtype=object))
+
+
+def _units(inst, t, lat, base, weight, spike, cause) -> pd.DataFrame:
+    good = np.isfinite(lat) & np.isfinite(base)
+    excess = np.where(good, np.maximum(lat - base, 0.0), 0.0)
+    c = np.where(spike & pd.notna(cause), cause, "none").astype(object)
+    c = np.array([x if x in BUDGET_CAUSES else "unknown" for x in c], dtype=object) if len(c) else c
+    return pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
+                         "excess_s": excess * weight, "weight": weight, "cause": c})[good]
+
+
+def _p99(lat: np.ndarray, intervals: bool) -> float:
+    if not len(lat):
+        return math.nan
+    return float(np.median(lat)) if intervals else float(np.quantile(lat, 0.99))
+
+
+def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> InstanceBudget:
+    iv = source == "interval_itl"
+    lat = u["latency_s"].to_numpy(dtype="float64")
+    own = np.where(u["weight"].to_numpy() > 0, u["excess_s"].to_numpy() / u["weight"].replace(0, 1).to_numpy(), 0.0)
+    cause = u["cause"].to_numpy(dtype=object)
+    p99 = _p99(lat, iv)
+    floor = _p99(lat - own, iv)
+    p99_excess = p99 - floor
+    total = float(u["excess_s"].sum())
+    tail = lat >= p99 if len(lat) else np.zeros(0, dtype=bool)
+    tail_total = float(u["excess_s"].to_numpy()[tail].sum())
+    by = {}
+    for c in BUDGET_CAUSES:
+        m = cause == c
+        ex = float(u["excess_s"].to_numpy()[m].sum())
+        without = _p99(np.where(m, lat - own, lat), iv)
+        red = p99 - without
+        by[c] = CauseBudget(spikes=int(spikes.get(c, 0)), excess_s=ex, share_of_excess=ex / total if total > 0 else 0.0,
+                            tail_share=float(u["excess_s"].to_numpy()[m & tail].sum()) / tail_total if tail_total > 0 else 0.0,
+                            p99_without_s=without, p99_reduction_s=red,
+                            p99_share=red / p99_excess if p99_excess > 0 else 0.0)
+    return InstanceBudget(source=source, n_units=len(u), baseline_s=float(u["baseline_s"].median()) if len(u) else math.nan,
+                          p99_s=p99, p99_floor_s=floor, p99_excess_s=p99_excess, excess_s=total, by_cause=by)
+
+
+def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -> Budget:
+    """The budget of a diagnosis: ``steps`` is ``Diagnosis.steps`` (latency, baseline, is_spike and
+    cause per row), ``tokens`` the Timeline's token events, ``spikes`` ``Diagnosis.spikes``."""
+    if not len(steps) or "baseline_s" not in steps:
+        return Budget()
+    insts, frames = {}, []
+    for inst, rows in steps.groupby("instance", sort=True):
+        inst = str(inst)
+        n = spikes.loc[spikes["instance"] == inst, "cause"].value_counts() if len(spikes) else pd.Series(dtype=int)
+        counts = {str(c): int(v) for c, v in n.items()}
+        step_rows = rows[rows["granularity"] == "step"]
+        tok = tokens[tokens["instance"] == inst] if len(tokens) else tokens
+        if len(step_rows) and len(tok):
+            u, source = _token_units(inst, step_rows, tok), "token_gaps"
+        elif len(step_rows):
+            keep = step_rows["has_decode"].fillna(False).astype(bool) | step_rows["is_spike"].fillna(False).astype(bool)
+            u, source = _row_units(inst, step_rows[keep], weighted=False), "step_latency"
+        else:
+            u, source = _row_units(inst, rows, weighted=True), "interval_itl"
+        insts[inst] = _instance_budget(u, source, counts)
+        frames.append(u)
+    units = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=UNIT_COLUMNS)
+    return Budget(instances=insts, units=units)
