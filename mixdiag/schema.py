@@ -141,6 +141,10 @@ TOKENS_COLUMNS: tuple[Column, ...] = (
        nonnegative=True),
     _c("step", "float64", "count", "step that produced the event, NaN when unknown"),
     _c("is_first", "float64", "bool", "1 for the request's first output event (TTFT), else 0; NaN if unknown"),
+    _c("arrival_s", "float64", "s", "first-event rows: when the request arrived (was sent), on the Timeline clock; "
+       "NaN elsewhere or if unknown (mixdiag tune's workload)"),
+    _c("prompt_tokens", "float64", "tokens", "first-event rows: the request's prompt length; NaN elsewhere or if "
+       "unknown (mixdiag tune's workload)", nonnegative=True),
 )
 
 SERIES_COLUMNS: tuple[Column, ...] = (

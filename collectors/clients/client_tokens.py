@@ -19,6 +19,7 @@ class ClientRequest:
     start_s: float | None
     token_times_s: list[float] = field(default_factory=list)
     tokens_per_event: list[int] | None = None   # None: one token per chunk
+    prompt_tokens: int | None = None            # the prompt's length where the record says
 
 
 def to_timeline(reqs: list[ClientRequest], fmt: str, path, *, instance: str | None, clock: str,
@@ -29,8 +30,12 @@ def to_timeline(reqs: list[ClientRequest], fmt: str, path, *, instance: str | No
     for r in reqs:
         n = r.tokens_per_event or [1] * len(r.token_times_s)
         for i, (t, k) in enumerate(zip(r.token_times_s, n)):
-            rows.append((inst, r.request_id, float(t), int(k), float("nan"), 1.0 if i == 0 else 0.0))
-    tokens = pd.DataFrame(rows, columns=["instance", "request_id", "t_s", "n_tokens", "step", "is_first"])
+            first = i == 0
+            arrival = float(r.start_s) if first and r.start_s is not None else float("nan")
+            plen = float(r.prompt_tokens) if first and r.prompt_tokens is not None else float("nan")
+            rows.append((inst, r.request_id, float(t), int(k), float("nan"), 1.0 if first else 0.0, arrival, plen))
+    tokens = pd.DataFrame(rows, columns=["instance", "request_id", "t_s", "n_tokens", "step", "is_first", "arrival_s",
+                                         "prompt_tokens"])
     tokens = tokens.sort_values(["request_id", "t_s"], kind="stable")
     entry = source_entry(fmt, path, total=total, parsed=total - skipped, skipped=skipped, examples=examples,
                          partial=skipped > 0, notes=list(notes), instances=[inst], measured_at="client", **extra)

@@ -43,7 +43,9 @@ def read(source, *, instance: str | None = None, **options):
                 skipped += 1
                 examples.append(f"line {no}: token_times_s is not a list of numbers")
                 continue
-            reqs.append(ClientRequest(str(rec.get("request_id", f"line-{no}")), rec.get("start_s"), list(times)))
+            plen = rec.get("prompt_tokens")
+            reqs.append(ClientRequest(str(rec.get("request_id", f"line-{no}")), rec.get("start_s"), list(times),
+                                      prompt_tokens=plen if isinstance(plen, int) and plen >= 0 else None))
     if total == 0:
         raise UserError(f"{path}: no request records (is this a `mixdiag load` file?)")
     notes = [f"statuses: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}"]

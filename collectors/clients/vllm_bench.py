@@ -63,7 +63,10 @@ def read(source, *, instance: str | None = None, t0: float | None = None, **opti
             skipped += 1
             examples.append(f"request {i}: {'error: ' + str(err)[:100] if err else 'no ttft/itls'}")
             continue
-        reqs.append(ClientRequest(f"vllm-bench-{i}", starts[i], cumulative(float(starts[i]), float(ttft), gaps)))
+        plens = doc.get("input_lens")
+        plen = plens[i] if isinstance(plens, list) and i < len(plens) and isinstance(plens[i], int) else None
+        reqs.append(ClientRequest(f"vllm-bench-{i}", starts[i], cumulative(float(starts[i]), float(ttft), gaps),
+                                  prompt_tokens=plen))
     if n == 0:
         raise UserError(f"{path}: the result lists no requests")
     return to_timeline(reqs, FORMAT, path, instance=instance, clock=clock, total=n, skipped=skipped,

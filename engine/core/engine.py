@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import math
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -216,7 +217,8 @@ class Engine:
                 first = req.first_token_s is None
                 if first:
                     req.first_token_s = t_tok
-                rec.token_events.append(TokenEvent(rid, t_tok, len(toks), first))
+                rec.token_events.append(TokenEvent(rid, t_tok, len(toks), first, req.arrival_s if first else math.nan,
+                                                   req.num_prompt_tokens if first else math.nan))
                 rec.output_tokens += len(toks)
             for req in res.finished:
                 self._finished[req.request_id] = req

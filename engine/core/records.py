@@ -24,6 +24,8 @@ class TokenEvent:
     t_s: float
     n_tokens: int
     is_first: bool
+    arrival_s: float = NAN          # first events: when the request arrived (unix s)
+    prompt_tokens: float = NAN      # first events: the request's prompt length
 
 
 @dataclass
@@ -100,9 +102,11 @@ def steps_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd.
 def tokens_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd.DataFrame:
     """The ``tokens`` rows (one per :class:`TokenEvent`) of ``records``."""
     rows = [{"instance": instance, "request_id": e.request_id, "t_s": e.t_s, "n_tokens": e.n_tokens,
-             "step": float(r.step), "is_first": 1.0 if e.is_first else 0.0}
+             "step": float(r.step), "is_first": 1.0 if e.is_first else 0.0, "arrival_s": e.arrival_s,
+             "prompt_tokens": e.prompt_tokens}
             for r in records for e in r.token_events]
-    return pd.DataFrame(rows, columns=["instance", "request_id", "t_s", "n_tokens", "step", "is_first"])
+    return pd.DataFrame(rows, columns=["instance", "request_id", "t_s", "n_tokens", "step", "is_first", "arrival_s",
+                                       "prompt_tokens"])
 
 
 #: Signal qualities the reference engine reports (meta["signals"][instance]) on CPU.

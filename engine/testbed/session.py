@@ -142,6 +142,10 @@ def _run_one(request: RunRequest, sc, progress: Progress, note: Note) -> RunResu
             injector.close()
     meta = {"source": "mixdiag-engine", "scenario": sc.name, "scenario_file": sc.source, "seed": sc.seed,
             "policy": config.scheduler.policy,
+            # the knobs the run used, so `mixdiag tune` can replay "the current setting"
+            "scheduler": {k: v for k, v in dataclasses.asdict(config.scheduler).items()
+                          if k != "cudagraph_capture_sizes"},
+            "cache": dataclasses.asdict(config.cache), "max_model_len": config.model.max_model_len,
             "model": {"layers": config.model.num_layers, "hidden_size": config.model.hidden_size,
                       "dtype": config.model.dtype, "checkpoint": sc.checkpoint},
             "faults": faults.active}

@@ -1,0 +1,171 @@
+"""Discrete-event replay of a workload through the engine's own scheduler on a modelled clock.
+
+Nothing of a policy is copied here: each step calls ``Scheduler.schedule()`` of the real class
+(``token_budget`` = vLLM V1, ``mix_running`` = SGLang, ``prefill_first``) on real
+:class:`~mixdiag.engine.core.request.Request` objects and a real
+:class:`~mixdiag.engine.core.kv_cache.KVCacheManager` block pool, then skips the model forward:
+the clock advances by the cost model's duration for the step's shape, every request the plan
+samples gets one token (its value is irrelevant: requests run to their output length), and
+``Scheduler.update_from_output`` does the bookkeeping (finishing, freeing KV) as in the engine.
+
+Requests arrive when the clock passes their arrival (checked before each step, as the testbed's
+runner does); an empty engine jumps to the next arrival. Not modelled: speculative decoding, the
+prefix cache, PD transfer, CUDA-graph padding (the cost model sees the shape only).
+
+The engine (and torch) is imported inside the functions, never at module import.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mixdiag.tuning.cost_model import StepShape
+
+SAMPLED_TOKEN = 0   # any id but EOS; requests ignore EOS anyway
+
+
+@dataclass
+class ReplayResult:
+    """Per-token ITL and per-request TTFT of one replay, with its step sequence when kept."""
+
+    itl_s: np.ndarray
+    ttft_s: np.ndarray
+    output_tokens: int
+    makespan_s: float            # first arrival -> last token
+    n_steps: int
+    preemptions: int
+    steps: list = field(default_factory=list)     # (kind, prefill_tokens, decode_rows) per step, if kept
+    shapes: list = field(default_factory=list)    # StepShape per step, if kept
+
+    def metrics(self) -> dict:
+        """P50/P99 ITL and TTFT (s), output throughput (tokens/s), steps and preemptions."""
+        q = lambda a, p: float(np.quantile(a, p)) if len(a) else math.nan  # noqa: E731
+        return {"itl_p50_s": q(self.itl_s, 0.5), "itl_p99_s": q(self.itl_s, 0.99),
+                "ttft_p50_s": q(self.ttft_s, 0.5), "ttft_p99_s": q(self.ttft_s, 0.99),
+                "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s > 0 else math.nan,
+                "steps": self.n_steps, "preemptions": self.preemptions}
+
+
+class ModelTiming:
+    """Step ``i`` lasts ``cost.step_s(shape)``; the next starts ``cost.gap_s`` after it ends."""
+
+    def __init__(self, cost):
+        self.cost = cost
+
+    def __call__(self, i: int, shape: StepShape) -> tuple[float, float]:
+        return self.cost.step_s(shape), self.cost.gap_s
+
+
+class RecordedTiming:
+    """The recorded run's own step costs (relative starts and ends), step by step — for validation."""
+
+    def __init__(self, starts, ends, t0: float):
+        self.starts = [float(s) - t0 for s in starts]
+        self.ends = [float(e) - t0 for e in ends]
+
+    def __call__(self, i: int, shape: StepShape) -> tuple[float, float]:
+        if i >= len(self.starts):
+            return 0.0, 0.0
+        dur = self.ends[i] - self.starts[i]
+        gap = self.starts[i + 1] - self.ends[i] if i + 1 < len(self.starts) else 0.0
+        return dur, gap
+
+    def start(self, i: int) -> float | None:
+        return self.starts[i] if i < len(self.starts) else None
+
+
+def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, keep_steps: bool = False,
+           max_steps: int = 5_000_000) -> ReplayResult:
+    """Replay ``requests`` (:class:`~mixdiag.tuning.workload.RequestSpec`, sorted by arrival) under
+    ``scheduler`` (a SchedulerConfig) and ``cache`` (a CacheConfig); ``timing(i, shape)`` gives
+    step ``i``'s (duration, gap to the next step) — :class:`ModelTiming` or :class:`RecordedTiming`."""
+    from mixdiag.engine.core.kv_cache import KVCacheManager
+    from mixdiag.engine.core.request import Request, SamplingParams
+    from mixdiag.engine.core.schedulers import make_scheduler
+
+    eos = 1
+    sched = make_scheduler(scheduler, KVCacheManager(cache), max_model_len, eos)
+    pool_tokens = cache.num_blocks * cache.block_size
+    t0 = requests[0].arrival_s if requests else 0.0
+    pending = [(r.arrival_s - t0, r) for r in requests]
+    nxt, now, step = 0, 0.0, 0
+    arrival: dict[str, float] = {}
+    last_tok: dict[str, float] = {}
+    itl, ttft = [], []
+    out_tokens = preempt = 0
+    steps, shapes = [], []
+    recorded = timing.start if isinstance(timing, RecordedTiming) else None
+    while (nxt < len(pending) or sched.has_unfinished()) and step < max_steps:
+        if recorded is not None and recorded(step) is not None:
+            now = max(now, recorded(step))
+        if not sched.has_unfinished() and pending[nxt][0] > now:
+            now = pending[nxt][0]      # idle: jump to the next arrival (no idle steps, as the runner)
+        while nxt < len(pending) and pending[nxt][0] <= now:
+            rel, spec = pending[nxt]
+            nxt += 1
+            plen, olen = _fit(spec.prompt_tokens, spec.output_tokens, max_model_len, pool_tokens, cache.block_size)
+            req = Request(spec.request_id, [SAMPLED_TOKEN] * plen, SamplingParams(max_tokens=olen, ignore_eos=True), rel)
+            arrival[req.request_id] = rel
+            sched.add_request(req)
+        out = sched.schedule()
+        shape = _shape(out)
+        dur, gap = timing(step, shape)
+        t_tok = now + dur
+        preempt += len(out.preempted_req_ids)
+        res = sched.update_from_output(out, {rid: [SAMPLED_TOKEN] for rid in out.sample_req_ids})
+        for rid, toks in res.new_tokens.items():
+            prev = last_tok.get(rid)
+            if prev is None:
+                ttft.append(t_tok - arrival[rid])
+            else:
+                itl.append(t_tok - prev)
+            last_tok[rid] = t_tok
+            out_tokens += len(toks)
+        if keep_steps:
+            steps.append((out.kind, shape.prefill_tokens, shape.decode_rows))
+            shapes.append(shape)
+        now = t_tok + gap
+        step += 1
+    end = max(last_tok.values()) if last_tok else 0.0
+    return ReplayResult(np.asarray(itl), np.asarray(ttft), out_tokens, end, step, preempt, steps, shapes)
+
+
+def _fit(plen: int, olen: int, max_model_len: int, pool_tokens: int, block_size: int) -> tuple[int, int]:
+    """Clip a request to what the engine accepts (max_model_len, a pool that can hold it)."""
+    cap = min(max_model_len, pool_tokens - block_size)
+    plen = max(1, min(plen, cap - 1))
+    return plen, max(1, min(olen, cap - plen))
+
+
+def _shape(out) -> StepShape:
+    """The step's shape, with the attention work of its prefill chunks and its decode context."""
+    n = out.num_scheduled_tokens
+    pre = set(out.prefill_req_ids)
+    p = d = 0
+    attn = ctx = 0.0
+    for req in out.requests:
+        k = n[req.request_id]
+        if req.request_id in pre:
+            p += k
+            attn += k * (req.num_computed_tokens + k / 2.0)
+        else:
+            d += k
+            ctx += req.num_computed_tokens
+    return StepShape(p, d, attn, ctx)
+
+
+def align(requests, rows, scheduler, cache, max_model_len: int) -> tuple[list[StepShape] | None, float]:
+    """Replay the recorded run on its own step costs; if the step sequence matches the rows
+    (kinds and token counts), return the replay's exact shapes, else None. Also the matched share."""
+    if not len(rows) or not requests:
+        return None, 0.0
+    t0 = requests[0].arrival_s
+    res = replay(requests, RecordedTiming(rows["t_start_s"], rows["t_end_s"], t0), scheduler, cache, max_model_len,
+                 keep_steps=True, max_steps=len(rows) + 1)
+    rec = list(zip(rows["kind"], rows["prefill_tokens"].astype(int), rows["decode_rows"].astype(int)))
+    same = sum(1 for a, b in zip(res.steps, rec) if a == b)
+    share = same / max(len(rec), 1)
+    ok = len(res.steps) == len(rec) and same == len(rec)
+    return (res.shapes if ok else None), share

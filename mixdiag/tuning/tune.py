@@ -1,0 +1,121 @@
+"""One tuning run: Timeline -> workload + step-cost model -> current setting -> sweep -> frontier + recommendation.
+
+The current setting is what the input says (``meta['scheduler']``/``meta['cache']`` of an engine
+run), overridden by ``current`` knob values; otherwise token_budget with a budget equal to the
+largest step seen and a KV pool too large to preempt (both stated in the notes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from mixdiag.errors import UserError
+from mixdiag.tuning import cost_model, frontier, workload
+
+#: foreign inputs: a KV pool no realistic workload fills (the replay then never preempts)
+LARGE_POOL_BLOCKS = 1 << 18
+
+
+def base_config(tl, rows, current: dict, notes: list[str]):
+    """(SchedulerConfig, CacheConfig, max_model_len) of the current setting."""
+    from mixdiag.engine.core.config import CacheConfig, SchedulerConfig
+
+    meta = tl.meta or {}
+    sched, cache, mml = meta.get("scheduler"), meta.get("cache"), int(meta.get("max_model_len") or 0)
+    if isinstance(sched, dict):
+        fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
+        base = SchedulerConfig(**{k: v for k, v in sched.items() if k in fields})
+    else:
+        budget = int(max((rows["prefill_tokens"] + rows["decode_rows"]).max(), 1)) if len(rows) else 2048
+        base = SchedulerConfig(policy=str(meta.get("policy") or "token_budget"), max_num_batched_tokens=budget,
+                               chunked_prefill_size=budget)
+        notes.append(f"current setting not recorded: assumed policy {base.policy}, chunk_size {budget} "
+                     "(the largest step seen); pass --current NAME=V to correct it")
+    cc = CacheConfig(**cache) if isinstance(cache, dict) else CacheConfig(num_blocks=LARGE_POOL_BLOCKS)
+    if not isinstance(cache, dict):
+        notes.append("KV pool size not recorded: replayed with a pool too large to preempt")
+    return frontier.apply(base, current), cc, mml or 1 << 20
+
+
+def fit_cost(tl, wl, rows, base, cache, mml, notes: list[str], ledger_model: str, ledger_device: str):
+    """The step-cost model: fitted to per-step rows (exact context when the replay aligns), else the ledger."""
+    if len(rows) >= 8:
+        reqs = [r for r in wl.requests if r.arrival_s <= float(rows["t_end_s"].max())]
+        from mixdiag.tuning.replay import align
+
+        shapes, share = align(reqs, rows, base, cache, mml)
+        if shapes is not None:
+            return cost_model.fit(rows, shapes, "exact (the replay reproduces the recorded steps)")
+        notes.append(f"the replay of the current setting matches {100 * share:.0f} % of the recorded steps: "
+                     "context features estimated from step rows")
+        return cost_model.fit(rows, cost_model.estimated_shapes(rows, cache.num_blocks * cache.block_size),
+                              "estimated from step rows")
+    from mixdiag.ledger.device_model import device
+    from mixdiag.ledger.shapes import resolve
+
+    notes.append(f"no per-step durations in the input: step costs from the shape ledger ({ledger_model}) on the "
+                 f"{ledger_device} device model, not fitted to your data")
+    return cost_model.LedgerCost(resolve(ledger_model, None), device(ledger_device))
+
+
+def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_ttft: float | None = None,
+        current: dict | None = None, window_s: float | None = None, jobs: int = 0,
+        ledger_model: str = "glm-5.3", ledger_device: str = "h200") -> dict:
+    """The whole tuning result as plain data (what ``mixdiag tune --json`` prints)."""
+    t0 = time.perf_counter()
+    for v in (slo_itl, slo_ttft):
+        if v is not None and not v > 0:
+            raise UserError("SLOs must be positive seconds")
+    if not knobs:
+        raise UserError("give at least one --knob NAME=V1,V2,... to sweep (e.g. --knob chunk_size=256,512,1024)")
+    wl = workload.from_timeline(tl)
+    if window_s is not None:
+        wl = wl.window(window_s)
+    notes = list(wl.notes)
+    steps = tl.steps[tl.steps["instance"] == wl.instance] if tl.steps is not None and len(tl.steps) else None
+    rows = cost_model.step_rows(steps)
+    base, cache, mml = base_config(tl, rows, current or {}, notes)
+    cost = fit_cost(tl, wl, rows, base, cache, mml, notes, ledger_model, ledger_device)
+    settings = frontier.grid(knobs)
+    cur_setting = {name: _current_value(base, name) for name, _ in knobs}
+    if cur_setting not in settings:
+        settings = [cur_setting] + settings
+    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs)
+    cur = next(r for r in results if r["setting"] == cur_setting)
+    for r in results:
+        r["current"] = r is cur
+    front = frontier.pareto(results)
+    on_front = {id(r) for r in front}
+    for r in results:
+        r["pareto"] = id(r) in on_front
+    rec, why = frontier.recommend(results, slo_itl, slo_ttft)
+    measured = _measured(tl, wl)
+    return {"workload": wl.summary(), "cost_model": cost.describe(), "current": cur, "measured_current": measured,
+            "settings": results, "frontier": [r["label"] for r in front],
+            "slo": {"itl_p99_s": slo_itl, "ttft_p99_s": slo_ttft},
+            "recommendation": None if rec is None else rec["label"], "recommended": rec, "reason": why,
+            "predicted_change": frontier.change(cur, rec), "notes": notes, "seconds": time.perf_counter() - t0}
+
+
+def _current_value(base, knob: str):
+    return getattr(base, frontier.KNOBS[knob][0][0])
+
+
+def _measured(tl, wl) -> dict:
+    """The input's own P99 ITL / TTFT (to set against the replay of the current setting)."""
+    import numpy as np
+
+    out = {"itl_p99_s": None, "ttft_p99_s": None}
+    if tl.tokens is None or not len(tl.tokens):
+        return out
+    tok = tl.tokens[tl.tokens["instance"] == wl.instance]
+    itl = tl.itl()
+    itl = itl[itl["instance"] == wl.instance]["itl_s"].to_numpy()
+    if len(itl):
+        out["itl_p99_s"] = float(np.quantile(itl, 0.99))
+    first = tok.sort_values("t_s").groupby("request_id").head(1).set_index("request_id")["t_s"]
+    arr = {r.request_id: r.arrival_s for r in wl.requests}
+    ttft = [first[k] - arr[k] for k in first.index if k in arr]
+    if ttft and wl.quality.get("arrivals") == "measured":
+        out["ttft_p99_s"] = float(np.quantile(ttft, 0.99))
+    return out
