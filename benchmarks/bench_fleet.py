@@ -32,18 +32,22 @@ from pathlib import Path
 
 ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 STEP_S = 15
+#: vLLM V1 ``iteration_tokens_total`` buckets (formats.md §1.1).
+ITER_LE = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+RUNNING = 32
 
 
 def openmetrics(path: Path, n_inst: int, t0: int, points: int, burst_every: int, seed: int = 0) -> int:
     """Write the fleet as OpenMetrics; returns the number of samples."""
     rng = random.Random(seed)
-    fams: dict[str, list[str]] = {k: [] for k in ("prompt", "gen", "pre", "run", "wait", "bkt", "sum", "cnt")}
+    fams: dict[str, list[str]] = {k: [] for k in ("prompt", "gen", "pre", "run", "wait", "bkt", "sum", "cnt", "it")}
     n = 0
     for i in range(n_inst):
         lab = f'instance="vllm-{i:04d}:8000",job="vllm",engine="0",model_name="m"'
         burst = burst_every > 0 and i % burst_every == 0
-        prompt = gen = pre = itl_sum = cnt = 0.0
+        prompt = gen = pre = itl_sum = cnt = it_total = 0.0
         bkt = [0.0] * len(ITL_LE)
+        it = [0.0] * len(ITER_LE)
         for k in range(points):
             t = t0 + k * STEP_S
             if k:
@@ -57,6 +61,13 @@ def openmetrics(path: Path, n_inst: int, t0: int, points: int, burst_every: int,
                 for b, le in enumerate(ITL_LE):
                     if itl <= le:
                         bkt[b] += outs
+                # iterations: decode batches of RUNNING tokens; the new prompts ride in some of them
+                # (one small chunk per step, or six 4096-token chunks in a burst)
+                chunks = [RUNNING + 4096] * 6 if slow else [RUNNING + 200]
+                sizes = [RUNNING] * (outs // RUNNING - len(chunks)) + chunks
+                for b, le in enumerate(ITER_LE):
+                    it[b] += sum(1 for x in sizes if x <= le)
+                it_total = it_total + len(sizes)
             fams["prompt"].append(f"vllm:prompt_tokens_total{{{lab}}} {prompt} {t}")
             fams["gen"].append(f"vllm:generation_tokens_total{{{lab}}} {gen} {t}")
             fams["pre"].append(f"vllm:num_preemptions_total{{{lab}}} {pre} {t}")
@@ -66,8 +77,12 @@ def openmetrics(path: Path, n_inst: int, t0: int, points: int, burst_every: int,
                 fams["bkt"].append(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="{le}"}} {bkt[b]} {t}')
             fams["bkt"].append(f'vllm:inter_token_latency_seconds_bucket{{{lab},le="+Inf"}} {cnt} {t}')
             fams["sum"].append(f"vllm:inter_token_latency_seconds_sum{{{lab}}} {itl_sum} {t}")
+            for b, le in enumerate(ITER_LE):
+                fams["it"].append(f'vllm:iteration_tokens_total_bucket{{{lab},le="{le}.0"}} {it[b]} {t}')
+            fams["it"].append(f'vllm:iteration_tokens_total_bucket{{{lab},le="+Inf"}} {it_total} {t}')
+            fams["it"].append(f"vllm:iteration_tokens_total_count{{{lab}}} {it_total} {t}")
             fams["cnt"].append(f"vllm:inter_token_latency_seconds_count{{{lab}}} {cnt} {t}")
-            n += 5 + len(ITL_LE) + 3
+            n += 5 + len(ITL_LE) + 3 + len(ITER_LE) + 2
     head = {"prompt": ("vllm:prompt_tokens", "counter"), "gen": ("vllm:generation_tokens", "counter"),
             "pre": ("vllm:num_preemptions", "counter"), "run": ("vllm:num_requests_running", "gauge"),
             "wait": ("vllm:num_requests_waiting", "gauge")}
@@ -78,6 +93,8 @@ def openmetrics(path: Path, n_inst: int, t0: int, points: int, burst_every: int,
         f.write("# TYPE vllm:inter_token_latency_seconds histogram\n")
         for key in ("bkt", "sum", "cnt"):
             f.write("\n".join(fams[key]) + "\n")
+        f.write("# TYPE vllm:iteration_tokens_total histogram\n")
+        f.write("\n".join(fams["it"]) + "\n")
         f.write("# EOF\n")
     return n
 

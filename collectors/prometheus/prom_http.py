@@ -56,8 +56,11 @@ def queries(selector: str = "") -> list[str]:
     extra = ", " + extra if extra else ""
     # Metric names hold only [a-zA-Z0-9_:], so they need no regex escaping.
     names = "|".join(p + ".*" for p in PREFIXES)
-    itl = "|".join(h + "_bucket" for h in ITL_HISTOGRAMS)
-    itl += "|" + "|".join(h.replace(":", "_", 1) + "_bucket" for h in ITL_HISTOGRAMS if ":" in h)
+    # Histograms whose buckets the interval rows read: ITL, and the dialects' TTFT / iteration tokens.
+    from mixdiag.collectors.prometheus.dialects import ITERATION_TOKENS, TTFT_HISTOGRAMS
+    hists = tuple(ITL_HISTOGRAMS) + tuple(TTFT_HISTOGRAMS) + tuple(ITERATION_TOKENS)
+    itl = "|".join(h + "_bucket" for h in hists)
+    itl += "|" + "|".join(h.replace(":", "_", 1) + "_bucket" for h in hists if ":" in h)
     # `up` marks when a target was down: its counters restart from zero when it comes back, so
     # the first interval after a down point counts everything (not just what the next scrape adds).
     return [f'{{__name__=~"{names}", __name__!~".*_bucket"{extra}}}', f'{{__name__=~"{itl}"{extra}}}',
@@ -247,6 +250,10 @@ AGG_QUERIES: dict[str, str] = {
 for _col, _q in (("itl_p50_s", 0.5), ("itl_p99_s", 0.99)):
     AGG_QUERIES[_col] = (f"histogram_quantile({_q}, sum by ({{by}}, le) "
                          f"{_inc_either('inter_token_latency_seconds', '_bucket')})")
+#: Histograms whose per-target bucket increases are fetched whole (one query each) because their
+#: reading depends on a per-row value (steps larger than the running batch, dialects.py).
+AGG_BUCKETS = {"vllm:iteration_tokens_total_bucket":
+               f"sum by ({{by}}, le) ({_inc('vllm:iteration_tokens_total_bucket')})"}
 #: ``auto`` aggregates in Prometheus from this many vLLM targets on (below it, raw series are cheap).
 AGGREGATE_FROM_TARGETS = 20
 
@@ -288,7 +295,20 @@ def read_aggregated(url: str, start: float, end: float, step_s: float, selector:
             if stats is not None:
                 stats.lines_total += 1
                 stats.parsed()
+    buckets: dict[tuple[str, float], dict] = {}
+    for name, tmpl in AGG_BUCKETS.items():
+        for series in query_range(url, _agg_promql(tmpl, selector, step_s), start + step_s, end, step_s, timeout_s):
+            m = series["metric"]
+            inst = m.get("instance", "prometheus") + (f"/engine{m['engine']}" if "engine" in m else "")
+            key = (("le", m.get("le", "")),)
+            for t, v in series["values"]:
+                try:
+                    buckets.setdefault((inst, float(t)), {}).setdefault(name, {})[key] = float(v)
+                except (TypeError, ValueError):
+                    continue
     multi_engine = len({i.split("/engine")[1] for i, _ in cols if "/engine" in i}) > 1
+    from mixdiag.collectors.prometheus.dialects import dialect_columns, quality
+    used_by: dict[str, dict[str, str]] = {}
     rows = []
     for (inst, t), vals in sorted(cols.items()):
         name = inst if multi_engine else inst.split("/engine")[0]
@@ -299,15 +319,20 @@ def read_aggregated(url: str, start: float, end: float, step_s: float, selector:
             if q in row and not math.isfinite(row[q]):
                 row[q] = math.nan  # no outputs in the step: histogram_quantile answers NaN
         row["kind"] = "idle" if row.get("prefill_tokens") == 0 and row.get("output_tokens") == 0 else "unknown"
+        if (inst, t) in buckets:
+            # the dialect rules read increases: an empty "previous" view makes each value its own increase
+            row.update(dialect_columns({}, buckets[(inst, t)], row, used_by.setdefault(name, {})))
         rows.append(row)
     steps = pd.DataFrame(rows) if rows else None
     if steps is not None:
         steps["step"] = steps.groupby("instance").cumcount()
     used = {c: "promql" for c in AGG_QUERIES if c != "itl_sum"}
     insts = sorted(set(steps["instance"])) if steps is not None else []
-    signals = {i: {c: "measured" for c in used} for i in insts}
+    signals = {i: {**{c: "measured" for c in used}, **{c: quality(v) for c, v in used_by.get(i, {}).items()}}
+               for i in insts}
     meta = {"source": FORMAT, "clock": "unix", "sources": [stats.to_meta()] if stats else [], "signals": signals,
-            "metric_sources": {i: dict(used) for i in insts},
-            "notes": [f"aggregated in Prometheus: {len(AGG_QUERIES)} range queries for {len(insts)} targets"],
+            "metric_sources": {i: {**used, **used_by.get(i, {})} for i in insts},
+            "notes": [f"aggregated in Prometheus: {len(AGG_QUERIES) + len(AGG_BUCKETS)} range queries for "
+                      f"{len(insts)} targets"],
             "partial": False, "targets": insts}
     return Timeline(steps=steps, series=None, meta=meta)

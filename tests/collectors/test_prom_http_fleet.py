@@ -51,9 +51,11 @@ def test_aggregated_rows_match_raw_rows(fleet):
     common = a.index.intersection(r.index)
     assert len(common) >= N_INST * (MINUTES * 4 - 1)
     for col, tol in [("output_tokens", 1e-3), ("prefill_tokens", 1e-3), ("running_reqs", 0),
-                     ("itl_p50_s", 1e-3), ("itl_p99_s", 1e-3), ("itl_mean_s", 1e-3)]:
+                     ("itl_p50_s", 1e-3), ("itl_p99_s", 1e-3), ("itl_mean_s", 1e-3), ("large_step_share", 1e-3)]:
         x, y = a.loc[common, col].to_numpy(), r.loc[common, col].to_numpy()
         assert x == pytest.approx(y, rel=tol, nan_ok=True), col
+    # the dialect rule (steps larger than the running batch -> mixed) reads the same on both paths
+    assert (a.loc[common, "kind"] == r.loc[common, "kind"]).all() and set(a["kind"]) == {"mixed"}
 
 
 @pytest.mark.prometheus
