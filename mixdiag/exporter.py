@@ -4,6 +4,8 @@ What it publishes (base units, ``_total`` counters, labels from closed sets only
 
 =========================================  =======  ===========================================
 ``mixdiag_spikes_total{cause}``            counter  spikes attributed to each cause (all causes)
+``mixdiag_itl_excess_seconds_total{cause}`` counter ITL excess over baseline charged to each cause
+                                                    (and ``none``: rows that did not spike); budget.py
 ``mixdiag_last_spike_cause{cause}``        gauge    1 for the latest spike's cause, 0 otherwise
 ``mixdiag_last_spike_itl_seconds``         gauge    the latest spike's measured ITL
 ``mixdiag_last_spike_timestamp_seconds``   gauge    when it happened (Timeline clock)
@@ -32,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mixdiag.causes import CAUSES
+from mixdiag.diagnosis.budget import BUDGET_CAUSES
 
 __all__ = ["CONTENT_TYPE_LATEST", "DiagnosisExporter", "Snapshot"]
 
@@ -53,6 +56,9 @@ class Snapshot:
     steps_analyzed: int = 0
     # Newest spike time counted per instance: later publications only add newer spikes.
     counted_until: dict[str, float] = field(default_factory=dict)
+    itl_excess_total_s: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in BUDGET_CAUSES})
+    # Newest budget unit (token gap, step, interval) counted per instance, as counted_until.
+    excess_until: dict[str, float] = field(default_factory=dict)
 
 
 class DiagnosisExporter:
@@ -87,9 +93,12 @@ class DiagnosisExporter:
             prev = Snapshot() if reset else self._snap
             new, until = diagnosis.by_cause_after(prev.counted_until)
             totals = {c: prev.spikes_total.get(c, 0) + new.get(c, 0) for c in CAUSES}
+            new_ex, ex_until = diagnosis.budget.excess_after(prev.excess_until)
+            excess = {c: prev.itl_excess_total_s.get(c, 0.0) + new_ex.get(c, 0.0) for c in BUDGET_CAUSES}
             newest = h.t_last_s
             lag = now - newest if timeline.meta.get("clock", "unix") == "unix" and math.isfinite(newest) else math.nan
-            self._snap = replace(prev, spikes_total=totals, counted_until=until,
+            self._snap = replace(prev, spikes_total=totals, counted_until=until, itl_excess_total_s=excess,
+                                 excess_until=ex_until,
                                  last_spike=h.last_spike or prev.last_spike, mixed_steps_ratio=h.mixed_share,
                                  itl_p50_s=h.itl_p50_s, itl_p99_s=h.itl_p99_s, itl_max_s=h.itl_max_s,
                                  analysis_lag_s=lag, analysis_duration_s=float(duration_s),
@@ -105,6 +114,12 @@ class DiagnosisExporter:
         for cause in CAUSES:
             spikes.add_metric([cause], s.spikes_total.get(cause, 0))
         yield spikes
+        ex = CounterMetricFamily(f"{ns}_itl_excess_seconds",
+                                 "Inter-token latency above baseline charged to each cause (none: no spike).",
+                                 labels=["cause"])
+        for cause in BUDGET_CAUSES:
+            ex.add_metric([cause], s.itl_excess_total_s.get(cause, 0.0))
+        yield ex
         last_cause = s.last_spike.get("cause")
         lc = GaugeMetricFamily(f"{ns}_last_spike_cause", "1 for the cause of the latest spike, 0 for the others.",
                                labels=["cause"])

@@ -13,7 +13,7 @@ Each unit's excess is ``max(0, latency - baseline)`` with the culprit row's base
 the culprit's cause when the row spiked and to ``none`` (baseline noise below the spike
 threshold) when it did not. Excess shares therefore sum to 1 over the causes plus ``none``.
 The counterfactual "P99 without cause c" lowers every unit charged to ``c`` by its excess and
-recomputes P99 (intervals: the median of interval P99s, as the headline does).
+recomputes P99 (intervals: the ``itl_count``-weighted P99 of the interval P99s).
 """
 from __future__ import annotations
 
@@ -168,14 +168,22 @@ def _units(inst, t, lat, base, weight, spike, cause) -> pd.DataFrame:
                          "excess_s": excess * weight, "weight": weight, "cause": c})[good]
 
 
-def _p99(lat: np.ndarray, intervals: bool) -> float:
+def _p99(lat: np.ndarray, weight: np.ndarray | None = None) -> float:
+    """P99 of the units; with ``weight`` (intervals: ITLs per interval) the weighted P99 of the
+    interval P99s - the tail most tokens saw, not the median interval the headline shows."""
     if not len(lat):
         return math.nan
-    return float(np.median(lat)) if intervals else float(np.quantile(lat, 0.99))
+    if weight is None:
+        return float(np.quantile(lat, 0.99))
+    order = np.argsort(lat, kind="stable")
+    cum = np.cumsum(weight[order])
+    if not cum[-1] > 0:
+        return float(np.quantile(lat, 0.99))
+    return float(lat[order][min(np.searchsorted(cum, 0.99 * cum[-1], side="left"), len(lat) - 1)])
 
 
 def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> InstanceBudget:
-    iv = source == "interval_itl"
+    iv = u["weight"].to_numpy(dtype="float64") if source == "interval_itl" else None
     lat = u["latency_s"].to_numpy(dtype="float64")
     own = np.where(u["weight"].to_numpy() > 0, u["excess_s"].to_numpy() / u["weight"].replace(0, 1).to_numpy(), 0.0)
     cause = u["cause"].to_numpy(dtype=object)

@@ -46,11 +46,31 @@ def test_counts_equal_the_report(faulty_timeline):
     assert types["mixdiag_last_spike_itl_seconds"] == "gauge"
 
 
+def excess_total(m) -> dict:
+    return {c: m[("mixdiag_itl_excess_seconds_total", (("cause", c),))] for c in (*CAUSES, "none")}
+
+
+def test_by_cause_budget_and_exporter_agree(faulty_timeline):
+    d = diagnose(faulty_timeline)
+    ex = DiagnosisExporter()
+    ex.publish(faulty_timeline, d)
+    m = scrape(ex)
+    budget = d.to_json()["budget"]
+    assert m["__types__"]["mixdiag_itl_excess_seconds"] == "counter"
+    assert excess_total(m) == pytest.approx({c: v["excess_s"] for c, v in budget["total"]["by_cause"].items()})
+    assert sum(excess_total(m).values()) == pytest.approx(budget["total"]["excess_s"]) and budget["total"]["excess_s"] > 0
+    for c, n in d.by_cause.items():  # excess only where the report counts spikes, and the counts match
+        assert budget["instances"]["engine0"]["by_cause"][c]["spikes"] == n
+        assert (excess_total(m)[c] > 0) <= (n > 0)
+    ex.publish(faulty_timeline, d)  # the same data again adds no excess
+    assert excess_total(scrape(ex)) == pytest.approx(excess_total(m))
+
+
 def test_labels_are_bounded_and_the_registry_is_private(faulty_timeline):
     ex1, ex2 = DiagnosisExporter(), DiagnosisExporter()
     ex1.publish(faulty_timeline, diagnose(faulty_timeline))
     labels = {lab for key in scrape(ex1) if key != "__types__" for lab in key[1]}
-    assert {v for k, v in labels if k == "cause"} == set(CAUSES)
+    assert {v for k, v in labels if k == "cause"} == set(CAUSES) | {"none"}  # none: excess of rows that did not spike
     assert {k for k, _ in labels} <= {"cause", "quantile"}
     assert scrape(ex2)[("mixdiag_analyses_total", ())] == 0.0
     assert REGISTRY.get_sample_value("mixdiag_analyses_total") is None
