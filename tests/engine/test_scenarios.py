@@ -23,7 +23,7 @@ EXPECTED = {
     "graph-miss": {"engine0": {"graph_fallback", "mixing"}},
     "kv-pressure": {"engine0": {"kv_pressure", "mixing"}},
     "pd-transfer": {"engine0": {"pd_transfer", "mixing"}},
-    "demo-mix": {"engine0": {"mixing", "pd_transfer", "graph_fallback", "host_stall"}},
+    "demo-mix": {"engine0": {"mixing", "pd_transfer", "graph_fallback", "ep_hotspot", "host_stall"}},
     "ep-kv-stall": {"engine0": {"ep_hotspot", "kv_pressure", "mixing", "pd_transfer", "host_stall"}},
     "two-engines": {"engine0": {"mixing", "kv_pressure"}, "engine1": {"mixing", "host_stall"}},
     "mixed-default": {"engine0": {"mixing"}},
