@@ -23,7 +23,7 @@ import pandas as pd
 import plotly.io as pio
 
 from mixdiag.dashboard.figures import timeline_figure
-from mixdiag.dashboard.page_data import timeline_view
+from mixdiag.dashboard.pages.timeline import timeline_view
 from mixdiag.diagnosis import diagnose
 from mixdiag.schema import Timeline
 
