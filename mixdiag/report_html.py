@@ -116,6 +116,27 @@ def _table(sp: pd.DataFrame, t0: float) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def budget_html(d) -> str:
+    """The budget section: per instance, excess token-time and P99 without each cause."""
+    b = getattr(d, "budget", None)
+    ms = lambda v: "-" if not np.isfinite(v) else f"{v * 1e3:.1f}"  # noqa: E731
+    parts = []
+    for inst, ib in (b.instances.items() if b is not None else ()):
+        if not ib.n_units:
+            continue
+        rows = "".join(
+            f"<tr><td style='color:{CAUSE_COLORS.get(c, '#7F7F7F')}'><b>{c}</b></td><td>{cb.spikes}</td>"
+            f"<td>{cb.excess_s:.3f}</td><td>{cb.share_of_excess:.0%}</td><td>{cb.tail_share:.0%}</td>"
+            f"<td>{ms(cb.p99_without_s)}</td><td>{ms(cb.p99_reduction_s)}</td></tr>"
+            for c, cb in ib.by_cause.items() if cb.spikes or cb.excess_s > 0)
+        parts.append(
+            f"<p><b>{html.escape(inst)}</b>: {ib.n_units} {ib.source.replace('_', ' ')}, baseline {ms(ib.baseline_s)} ms, "
+            f"P99 {ms(ib.p99_s)} ms (every excess removed: {ms(ib.p99_floor_s)} ms), excess token-time "
+            f"{ib.excess_s:.3f} s</p><table><tr><th>cause</th><th>spikes</th><th>excess (s)</th><th>share</th>"
+            f"<th>tail share</th><th>P99 without (ms)</th><th>P99 reduction (ms)</th></tr>{rows}</table>")
+    return "".join(parts) or "<p>No latency units to budget.</p>"
+
+
 def write_html(d, path: str | Path, *, model: LedgerModel, device: DeviceModel, context_len: int = 4096,
                top: int = 50, title: str = "mixdiag analyze") -> Path:
     """Write the report to ``path`` (refuses to overwrite an existing file)."""
@@ -141,6 +162,10 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} .verdict{{font-si
 <p>ITL ({html.escape(str(itl.get('source')))}): p50 {fmt(itl.get('p50_s'))}, p99 {fmt(itl.get('p99_s'))},
 max {fmt(itl.get('max_s'))}</p>
 <h2>Spikes by cause</h2><table><tr><th>cause</th><th>spikes</th></tr>{by_cause}</table>
+<h2>ITL excess budget by cause</h2>
+<p>Every inter-token gap's latency above its baseline, charged to the cause of the step it waited on
+(<i>none</i>: steps that did not spike); "P99 without" removes that cause's excess and recomputes P99.</p>
+{budget_html(d)}
 <h2>Four signals on one time axis</h2>{fig_div}
 <h2>Top spikes: measured vs predicted height</h2>
 <p>Predicted height: the shape ledger's bytes and FLOPs for the spike step's batch shape (prefill tokens,

@@ -51,3 +51,17 @@ def test_write_html_is_self_contained_and_never_overwrites(tmp_path):
     assert text.count("measured height") == 1 and "predicted height" in text
     with pytest.raises(FileExistsError):
         write_html(diagnose(build()), p, model=PRESETS["glm-5.3"], device=DEVICES["h200"])
+
+
+def test_budget_section_lists_each_cause_with_excess_and_p99_without():
+    from mixdiag.report import render
+    from mixdiag.report_html import budget_html
+
+    d = diagnose(build())
+    ib = d.budget.instances["engine0"]
+    section, text = budget_html(d), render(d)
+    charged = [c for c, cb in ib.by_cause.items() if cb.excess_s > 0]
+    assert charged and "ITL excess budget, engine0" in text
+    for c in charged:  # each charged cause appears with its excess in both reports
+        assert f"<b>{c}</b>" in section and f"{ib.by_cause[c].excess_s:.3f}" in section
+        assert any(line.startswith(c) and f"{ib.by_cause[c].excess_s:.3f}" in line for line in text.splitlines())
