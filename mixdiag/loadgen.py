@@ -2,7 +2,9 @@
 
 Requests arrive as a Poisson process (exponential gaps, mean 1/rate) or at a constant rate for
 ``duration_s``; at most ``max_concurrency`` are open at once (a later arrival waits for a slot,
-and its record keeps both its scheduled and its actual start). Each request streams
+and its record keeps both its scheduled and its actual start; one whose slot frees only after
+``duration_s`` is not sent and recorded as ``not_sent``, so a run ends by ``duration_s`` plus the
+longest request). Each request streams
 ``/v1/completions`` with a prompt of random token ids (``prompt_len`` of them, ids drawn from
 ``token_range``: every byte-level vocabulary has them) and ``max_tokens`` from ``output_len`` with
 ``ignore_eos`` so lengths are what was asked.
@@ -11,7 +13,7 @@ Output: JSON lines. A ``header`` record, one ``request`` record per request, a `
 A request record holds wall-clock (unix) seconds: ``start_s`` (request sent), ``ttft_s``,
 ``token_times_s`` (arrival of every streamed chunk that carried a choice - one engine step's
 tokens), ``itls_s`` (gaps between them), ``status`` (``ok``, ``http_<code>``, ``timeout``,
-``error``), usage counts and ``lost_tokens`` (usage's completion tokens minus tokens seen).
+``error``, ``not_sent``), usage counts and ``lost_tokens`` (usage's completion tokens minus tokens seen).
 Times come from ``time.perf_counter`` offsets on one ``time.time`` origin, so gaps are precise and
 the absolute clock is the machine's wall clock (docs/serving.md: aligning with server scrapes).
 """
@@ -212,7 +214,15 @@ async def run_load(cfg: LoadConfig, write: Callable[[dict], None], progress=None
             if delay > 0:
                 await asyncio.sleep(delay)
             async with sem:
-                rec = await _one(client, cfg, model, i, prompt, max_tokens, clock.wall0 + off, clock)
+                if time.perf_counter() - clock.perf0 >= cfg.duration_s:
+                    # its slot freed only after the sending window: not sent, so the run stays bounded
+                    rec = {"type": "request", "request_id": f"load-{i}", "scheduled_s": clock.wall0 + off,
+                           "start_s": None, "end_s": None, "status": "not_sent", "error": "no free slot before "
+                           "--duration ended (server slower than the offered rate)", "prompt_tokens": len(prompt),
+                           "max_tokens": max_tokens, "ttft_s": None, "token_times_s": [], "itls_s": [],
+                           "output_tokens": None, "usage": None}
+                else:
+                    rec = await _one(client, cfg, model, i, prompt, max_tokens, clock.wall0 + off, clock)
             statuses[rec["status"]] = statuses.get(rec["status"], 0) + 1
             lost += abs(rec.get("lost_tokens") or 0)
             write(rec)
@@ -240,7 +250,8 @@ def summarize(recs: list[dict], wall_s: float) -> dict:
     itls = [x for r in ok for x in r["itls_s"]]
     ttfts = [r["ttft_s"] for r in ok if r["ttft_s"] is not None]
     out_tok = sum(r["output_tokens"] or 0 for r in ok)
-    span = (max(r["end_s"] for r in recs) - min(r["start_s"] for r in recs)) if recs else 0.0
+    sent = [r for r in recs if r["start_s"] is not None]
+    span = (max(r["end_s"] for r in sent) - min(r["start_s"] for r in sent)) if sent else 0.0
     return {"requests": len(recs), "ok": len(ok), "wall_s": wall_s, "span_s": span,
             "output_tokens": out_tok, "output_tokens_per_s": out_tok / span if span > 0 else None,
             "requests_per_s": len(ok) / span if span > 0 else None,

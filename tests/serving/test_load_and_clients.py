@@ -116,3 +116,14 @@ def test_client_collectors_refuse_empty_or_wrong_files(tmp_path, content, fmt):
     p.write_text(content)
     with pytest.raises(UserError):
         registry.module(fmt).read(p)
+
+
+def test_arrivals_without_a_slot_before_the_window_ends_are_not_sent(server, tmp_path):
+    import time
+
+    server.state.loop.call(lambda engine: time.sleep(1.5))   # the one slot stays busy past the window
+    recs, summary = _load(server, tmp_path / "l.jsonl", rate=4.0, duration_s=1.0, max_concurrency=1,
+                          arrival="constant")
+    reqs = [r for r in recs if r["type"] == "request"]
+    assert [r["status"] for r in reqs].count("ok") == 1
+    assert summary["statuses"] == {"ok": 1, "not_sent": len(reqs) - 1} and len(reqs) == 3
