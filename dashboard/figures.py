@@ -172,6 +172,30 @@ def by_cause_figure(counts: dict[str, int]) -> go.Figure:
     return fig
 
 
+def budget_figure(excess_s: dict[str, float], p99_without_s: dict[str, float] | None = None,
+                  p99_s: float = math.nan) -> go.Figure:
+    """Horizontal bars: ITL excess token-time (s) charged to each cause (``none``: rows that did not
+    spike), in the cause palette; the bar text says what P99 would be without the cause."""
+    causes = [c for c in (*CAUSES, "none") if excess_s.get(c, 0) > 0]
+    total = sum(excess_s.get(c, 0.0) for c in causes)
+    p99w = p99_without_s or {}
+
+    def label(c):
+        share = f"{excess_s[c] / total:.0%}" if total > 0 else ""
+        w = p99w.get(c, math.nan)
+        return f"{share}, P99 without {w * 1e3:.0f} ms" if math.isfinite(w) and c != "none" else share
+
+    fig = go.Figure(go.Bar(x=[excess_s[c] for c in causes], y=causes, orientation="h",
+                           marker={"color": [_color(c) if c != "none" else "#D9D9D9" for c in causes]},
+                           text=[label(c) for c in causes], textposition="auto",
+                           hovertemplate="%{y}: %{x:.3f} s of excess<extra></extra>"))
+    title = "ITL excess over baseline by cause" + (f" (P99 {p99_s * 1e3:.0f} ms)" if math.isfinite(p99_s) else "")
+    fig.update_layout(height=300, margin={"l": 110, "r": 20, "t": 30, "b": 40}, template="plotly_white",
+                      title={"text": title, "font": {"size": 14}},
+                      yaxis={"autorange": "reversed"}, xaxis={"title": "excess token-time (s)"})
+    return fig
+
+
 def spike_figure(detail: SpikeDetail) -> go.Figure:
     """The spike and its neighbouring steps: measured ITL per step, baseline, the ledger's prediction."""
     nb = detail.neighbours

@@ -1,4 +1,5 @@
-"""Overview page: the verdict, headline numbers, spikes by cause, sources and the signals each instance has."""
+"""Overview page: the verdict, headline numbers, spikes by cause, the ITL excess budget by cause (with P99
+without each cause), sources and the signals each instance has."""
 from __future__ import annotations
 
 import math
@@ -38,7 +39,9 @@ def layout(**_query) -> html.Div:
         html.H3(id="overview-verdict", children="No data loaded yet: pick a run on the Sources page.",
                 style={"fontWeight": 500}),
         html.Div(id="overview-headline-stats"),
-        html.Div([dcc.Graph(id="overview-by-cause-graph", config=GRAPH_CONFIG)],
+        html.Div([dcc.Graph(id="overview-by-cause-graph", config=GRAPH_CONFIG),
+                  dcc.Graph(id="overview-budget-graph", config=GRAPH_CONFIG),
+                  html.Div(id="overview-budget-p99", style={"fontSize": "13px"})],
                  style={"width": "48%", "display": "inline-block", "verticalAlign": "top"}),
         html.Div([html.H4("Sources"), html.Div(id="overview-sources-table", style={"overflowX": "auto"}),
                   html.H4("Signals each instance provides"),
@@ -60,6 +63,34 @@ def on_dataset(store: DataStore, key: dict | None):
     return h.verdict, headline_cards(h), figures.by_cause_figure(h.by_cause), src, sig
 
 
+def budget_view(diagnosis) -> tuple[dict[str, float], dict[str, float], float, list[str]]:
+    """Excess by cause over all instances; P99 and "P99 without" of the instance with the most
+    excess (the figure's numbers); one line per instance and cause: "P99 without c: X (-Y)"."""
+    b = diagnosis.budget
+    excess = b.excess_by_cause()
+    lines, top = [], None
+    for inst, ib in b.instances.items():
+        if top is None or ib.excess_s > b.instances[top].excess_s:
+            top = inst
+        parts = [f"{c} {fmt_seconds(cb.p99_without_s)} (-{fmt_seconds(cb.p99_reduction_s)})"
+                 for c, cb in sorted(ib.by_cause.items(), key=lambda x: -x[1].p99_reduction_s)
+                 if c != "none" and cb.excess_s > 0]
+        if parts:
+            lines.append(f"{inst}: P99 {fmt_seconds(ib.p99_s)}; without " + ", ".join(parts))
+    ib = b.instances.get(top) if top else None
+    p99w = {c: cb.p99_without_s for c, cb in ib.by_cause.items()} if ib else {}
+    return excess, p99w, (ib.p99_s if ib else math.nan), lines
+
+
+def on_budget(store: DataStore, key: dict | None):
+    """The budget figure and the "P99 without" lines of the dataset ``key``."""
+    ds = store.get(key["id"]) if key else None
+    if ds is None:
+        raise PreventUpdate
+    excess, p99w, p99, lines = budget_view(ds.diagnosis)
+    return figures.budget_figure(excess, p99w, p99), [html.Div(line) for line in lines]
+
+
 def register(app, store: DataStore, live=None) -> None:
     """Bind the Overview's callback to ``app``."""
     @app.callback(Output("overview-verdict", "children"), Output("overview-headline-stats", "children"),
@@ -67,3 +98,8 @@ def register(app, store: DataStore, live=None) -> None:
                   Output("overview-signals-table", "children"), Input("app-dataset-key", "data"))
     def _dataset(key):
         return on_dataset(store, key)
+
+    @app.callback(Output("overview-budget-graph", "figure"), Output("overview-budget-p99", "children"),
+                  Input("app-dataset-key", "data"))
+    def _budget(key):
+        return on_budget(store, key)

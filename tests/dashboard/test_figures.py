@@ -138,3 +138,17 @@ def test_spike_figure_draws_the_ledger_prediction_when_given():
     assert any("ledger predicted 0.0900s" in t for t in texts(with_pred))
     assert not any("predicted" in t for t in texts(without))
     assert any("baseline" in t for t in texts(without))
+
+
+@pytest.mark.parametrize("excess,p99w,want_y", [
+    ({"mixing": 3.0, "ep_hotspot": 1.0, "none": 0.5, "host_stall": 0.0}, {"mixing": 0.05}, ["mixing", "ep_hotspot", "none"]),
+    ({c: 0.0 for c in CAUSES}, {}, []),
+])
+def test_budget_figure_bars_in_cause_order_and_palette(excess, p99w, want_y):
+    fig = figures.budget_figure(excess, p99w, 0.2)
+    assert list(fig.data[0].y) == want_y
+    assert list(fig.data[0].x) == [excess[c] for c in want_y]
+    assert [col for c, col in zip(want_y, fig.data[0].marker.color) if c != "none"] == \
+        [figures.CAUSE_COLORS[c] for c in want_y if c != "none"]
+    if "mixing" in want_y:
+        assert "P99 without 50 ms" in fig.data[0].text[0] and fig.data[0].text[0].startswith("67%")

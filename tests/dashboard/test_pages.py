@@ -46,6 +46,17 @@ def test_load_then_overview_and_instance_choice(store, key):
         overview.on_dataset(store, None)
 
 
+def test_overview_budget_agrees_with_the_diagnosis_and_exporter(store, key):
+    ds = store.get(key["id"])
+    fig, lines = overview.on_budget(store, key)
+    total = ds.diagnosis.budget.excess_by_cause()
+    assert dict(zip(fig.data[0].y, fig.data[0].x)) == {c: v for c, v in total.items() if v > 0}
+    assert store.exporter.snapshot.itl_excess_total_s == pytest.approx(total)
+    assert lines and "P99" in lines[0].children and "without" in lines[0].children
+    with pytest.raises(PreventUpdate):
+        overview.on_budget(store, None)
+
+
 @pytest.mark.parametrize("trigger,choice,msg", [
     ("sources-load-btn", None, "pick a run or a file first"),
     ("sources-load-btn", "../../etc", "error: '../../etc' is outside the data directory"),
