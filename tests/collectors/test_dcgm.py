@@ -59,8 +59,11 @@ def test_overlap_mean(start, end, want):
     assert (math.isnan(got) and math.isnan(want)) or got == pytest.approx(want)
 
 
+T = 1_700_000_000  # scrape files are named by unix time; offsets below are seconds after T
+
+
 def _scrapes(tmp_path, values, util=None):
-    """Timed dcgm-exporter scrapes from a real prometheus_client registry with the exporter's labels."""
+    """Timed dcgm-exporter scrapes (``<T + t>.prom``) from a real prometheus_client registry."""
     reg = CollectorRegistry()
     g = Gauge("DCGM_FI_PROF_SM_ACTIVE", "Ratio of cycles an SM has at least 1 warp assigned.",
               ["gpu", "UUID", "Hostname"], registry=reg)
@@ -69,14 +72,15 @@ def _scrapes(tmp_path, values, util=None):
         for gpu, val in enumerate(per_gpu):
             g.labels(str(gpu), f"GPU-{gpu}", "node-1").set(val)
             u.labels(str(gpu), f"GPU-{gpu}", "node-1").set(100.0 if util is None else util[i])
-        (tmp_path / f"{t}.prom").write_bytes(generate_latest(reg))
+        (tmp_path / f"{T + t}.prom").write_bytes(generate_latest(reg))
     return tmp_path
 
 
 def test_scrape_dir_maps_sm_active_onto_steps(tmp_path):
     d = _scrapes(tmp_path, [(100, (0.1, 0.3)), (101, (0.9, 0.7)), (102, (0.2, 0.2))])
     steps = Timeline(pd.DataFrame({
-        "instance": ["e0"] * 3, "step": [0, 1, 2], "t_start_s": [100.2, 101.0, 101.5], "t_end_s": [100.8, 101.0, 102.0],
+        "instance": ["e0"] * 3, "step": [0, 1, 2], "t_start_s": [T + 100.2, T + 101.0, T + 101.5],
+        "t_end_s": [T + 100.8, T + 101.0, T + 102.0],
         "granularity": ["step"] * 3, "kind": ["decode", "mixed", "decode"]}),
         meta={"sources": [{"format": "x"}], "signals": {"e0": {"kind": "measured"}}})
     tl = dcgm.read(d, steps=steps)
@@ -88,10 +92,9 @@ def test_scrape_dir_maps_sm_active_onto_steps(tmp_path):
 
 def test_gpu_util_fallback_is_estimated_and_percent_scaled(tmp_path):
     d = _scrapes(tmp_path, [(0, (0.0,)), (1, (0.0,))], util=[50.0, 100.0])
-    scrape = (d / "1.prom").read_text().replace("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_X")
-    (d / "1.prom").write_text(scrape)
-    (d / "0.prom").write_text((d / "0.prom").read_text().replace("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_X"))
-    steps = pd.DataFrame({"instance": ["e"], "step": [0], "t_start_s": [0.5], "t_end_s": [1.0],
+    for name in (f"{T}.prom", f"{T + 1}.prom"):
+        (d / name).write_text((d / name).read_text().replace("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_X"))
+    steps = pd.DataFrame({"instance": ["e"], "step": [0], "t_start_s": [T + 0.5], "t_end_s": [T + 1.0],
                           "granularity": ["step"], "kind": ["decode"]})
     tl = dcgm.read(d, steps=steps)
     assert tl.meta["sm_active_metric"] == "DCGM_FI_DEV_GPU_UTIL"
@@ -102,7 +105,7 @@ def test_gpu_util_fallback_is_estimated_and_percent_scaled(tmp_path):
 
 def test_several_instances_need_gpu_map(tmp_path):
     d = _scrapes(tmp_path, [(0, (0.1, 0.9)), (1, (0.2, 0.8))])
-    steps = pd.DataFrame({"instance": ["a", "b"], "step": [0, 0], "t_start_s": [0.5, 0.5], "t_end_s": [1.0, 1.0],
+    steps = pd.DataFrame({"instance": ["a", "b"], "step": [0, 0], "t_start_s": [T + 0.5] * 2, "t_end_s": [T + 1.0] * 2,
                           "granularity": ["step"] * 2, "kind": ["decode"] * 2})
     tl = dcgm.read(d, steps=steps)
     assert tl.steps["sm_active"].isna().all() and any("gpu_map" in n for n in tl.meta["notes"])
