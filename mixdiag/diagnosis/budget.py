@@ -6,7 +6,8 @@ Units, per instance, from the finest latency the diagnosis used:
 * **token gaps** (token events): every inter-token gap, charged to one culprit step - the step
   the gap spans when it spans one; when it spans several (the request sat out steps), the
   spiking step among them with the largest latency, else the slowest of them;
-* **step latency** (step rows, no tokens): every step that decodes or spiked, ``latency_s``;
+* **step latency** (step rows, no tokens): every step that decodes or spiked (every step when no
+  row is known to decode), ``latency_s``;
 * **interval ITL** (interval rows only): ``itl_p99_s`` of each interval, weighted by ``itl_count``.
 
 Each unit's excess is ``max(0, latency - baseline)`` with the culprit row's baseline, charged to
@@ -222,7 +223,9 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
         if len(step_rows) and len(tok):
             u, source = _token_units(inst, step_rows, tok), "token_gaps"
         elif len(step_rows):
-            keep = step_rows["has_decode"].fillna(False).astype(bool) | step_rows["is_spike"].fillna(False).astype(bool)
+            dec = step_rows["has_decode"].fillna(False).astype(bool)
+            # no decode rows known (a trace without token counts): every step, as the headline P99 does
+            keep = (dec | step_rows["is_spike"].fillna(False).astype(bool)) if dec.any() else dec | True
             u, source = _row_units(inst, step_rows[keep], weighted=False), "step_latency"
         else:
             u, source = _row_units(inst, rows, weighted=True), "interval_itl"
