@@ -1,128 +1,74 @@
-"""Attribution accuracy, measured: run the scenario suite once (cached), diagnose each run at three
-data tiers and score the spikes against ``truth.csv`` (only this benchmark reads it).
+"""Attribution accuracy, measured on inputs that look like a deployment's, against ground truth
+the diagnosis never reads. Inputs are generated per seed and cached (benchmarks/attribution_sources.py).
 
-Tiers:
-  (a) the engine's per-step records (the run directory's Timeline);
-  (b) its profiler trace only (``trace.json`` from ``mixdiag run --profile``; the profiler slows
-      a CPU run several-fold, so it records a window - steps 40..99 - and tier (b) is scored
-      on the truth inside that window);
-  (c) Prometheus scrapes at a 1 s interval (``scrapes/``) plus engine log lines (``engine.log``).
+Tiers (what the diagnosis reads; the causes its macro-F1 is taken over - those its sources can show):
+  (a) the reference engine's own per-step records (steps/tokens of the vLLM-dialect runs): all 7;
+  (b) its profiler trace only (``trace.json``; run set ``mixdiag``: --profile all --profile-light):
+      all but kv_pressure (a trace cannot see the preempted requests' wait);
+  (c) its own-dialect 1 s scrapes + vLLM log lines (run set ``mixdiag``): all 7;
+  (d) foreign-engine Nsight exports from the foreign-trace simulator - vLLM-like at graph and node
+      level with and without NVTX, SGLang-like, 2-rank EP - read via mixdiag.collectors.load; no
+      reference-engine ranges: mixing, prefill_stall, ep_hotspot, pd_transfer, graph_fallback,
+      host_stall (kv_pressure is not simulated);
+  (e) the fault scenarios run with --metrics-dialect vllm --log-format vllm --scrape-interval 1; the
+      diagnosis reads only scrapes/ and engine.log: mixing, prefill_stall, pd_transfer (NIXL
+      series), kv_pressure (vllm:num_preemptions) - vLLM exposes no graph mode per step, no expert
+      balance and no device idle time;
+  (f) the same with --metrics-dialect sglang --log-format sglang: mixing, prefill_stall, ep_hotspot
+      (eplb_balancedness), pd_transfer (kv_transfer_*), graph_fallback (``cuda graph:`` flag,
+      cuda_graph_passes_total), kv_pressure (num_retracted_requests) - no device idle time.
 
-Runs are capped at 200 steps (``--max-steps``; every scenario's faults start before step 100) so
-the suite fits in about an hour on a busy 2-core machine; ``--run-args`` changes that.
-Prints precision / recall / F1 per cause and macro-F1 per tier against the targets (0.95 / 0.90 /
-0.80) and the share of non-mixing spikes called mixing (target < 2 %). Scoring rules:
-mixdiag/diagnosis/evaluation.py. Tiers or scenarios that cannot be evaluated (a missing verb, file or
-collector) are reported with the reason, never silently dropped. ``--json`` ends with one JSON line.
+Seeds: ``--seeds tune`` (0-4) is what rules and thresholds may be tuned on; ``--seeds heldout``
+(100-104) is for the reported table only. Matching (mixdiag/diagnosis/evaluation.py): tiers a-c
+match a spike to its own step; d-f also to the step either side (a spike is right when its cause is
+the truth cause of its step or of a neighbour); tier d first maps the collector's steps onto truth's
+by time. Per tier: precision/recall/F1 per cause, macro-F1 vs target (a 0.95, b 0.90, c/e/f 0.80,
+d 0.90), share of non-mixing spikes called mixing (target < 2 %), confusion (truth x called);
+calibration over all tiers run: confidence bins [0,0.5) [0.5,0.8) [0.8,1] with count and accuracy
+(target: the >= 0.8 bin right >= 90 %).
 
-    .venv/bin/python benchmarks/bench_attribution.py [--cache DIR] [--scenarios a,b] [--json]
+    .venv/bin/python benchmarks/bench_attribution.py [--tier a,d,e,f] [--seeds tune|heldout|0,1]
+        [--confusion-out DIR] [--no-generate] [--json]
 """
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from mixdiag.diagnosis import diagnose
-from mixdiag.diagnosis.evaluation import SCORED, score, visible_truth
-from mixdiag.schema import Timeline
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attribution_sources import (FAULT_SCENARIOS, SIM_VARIANTS, TIER_RUN_SET, ensure_ref_run,  # noqa: E402
+                                 ensure_sim_trace, load_sources, note, nsys_unix_offset_s, tier_inputs)
+
+from mixdiag.diagnosis import diagnose  # noqa: E402
+from mixdiag.diagnosis.evaluation import (MISSED, SCORED, calibration, foreign_truth, judge,  # noqa: E402
+                                          map_to_truth_steps, score_judged, visible_truth)
+from mixdiag.schema import Timeline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SCENARIOS = ("mixed-default", "prefill-first", "ep-hotspot", "pd-transfer", "graph-miss", "kv-pressure",
-                     "host-stall", "demo-mix", "two-engines")
-EXPECTED = {"mixed-default": "mixing", "prefill-first": "prefill_stall", "ep-hotspot": "ep_hotspot",
-            "pd-transfer": "pd_transfer", "graph-miss": "graph_fallback", "kv-pressure": "kv_pressure",
-            "host-stall": "host_stall"}
-TARGETS = {"a": 0.95, "b": 0.90, "c": 0.80}
-#: the signal each cause cannot be told without (mixdiag/diagnosis/attribution.py)
-CAUSE_SIGNAL = {"mixing": "token_allocation", "prefill_stall": "token_allocation", "ep_hotspot": "expert_imbalance",
-                "pd_transfer": "kv_transfer", "graph_fallback": "graph_mode", "kv_pressure": "preemption",
-                "host_stall": "host_time"}
-TIER_NAMES = {"a": "per-step records", "b": "profiler trace only", "c": "1 s scrapes + engine log"}
+SEED_SETS = {"tune": (0, 1, 2, 3, 4), "heldout": (100, 101, 102, 103, 104)}
+TARGETS = {"a": 0.95, "b": 0.90, "c": 0.80, "d": 0.90, "e": 0.80, "f": 0.80}
+ALL7 = tuple(FAULT_SCENARIOS.values())
+TIER_CAUSES = {
+    "a": ALL7, "c": ALL7,
+    "b": tuple(c for c in ALL7 if c != "kv_pressure"),
+    "d": ("mixing", "prefill_stall", "ep_hotspot", "pd_transfer", "graph_fallback", "host_stall"),
+    "e": ("mixing", "prefill_stall", "pd_transfer", "kv_pressure"),
+    "f": ("mixing", "prefill_stall", "ep_hotspot", "pd_transfer", "graph_fallback", "kv_pressure"),
+}
+TOLERANCE = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 1}
+TIER_NAMES = {"a": "per-step records", "b": "profiler trace only", "c": "own-dialect 1 s scrapes + log",
+              "d": "foreign-engine Nsight exports", "e": "vLLM /metrics (1 s) + vLLM log",
+              "f": "SGLang /metrics (1 s) + SGLang log"}
+MIX_TARGET = 0.02
 
 
-def note(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
-
-
-def scenario_names(requested: str | None) -> list[str]:
-    if requested:
-        return [s for s in requested.split(",") if s]
-    d = ROOT / "engine" / "scenarios"
-    found = sorted(p.stem for p in d.glob("*.toml")) if d.is_dir() else []
-    return found or list(DEFAULT_SCENARIOS)
-
-
-def have_run_verb() -> bool:
-    return importlib.util.find_spec("mixdiag.commands.run") is not None
-
-
-def run_scenario(name: str, out: Path, run_args: list[str], timeout_s: float) -> str | None:
-    """Run one scenario into ``out`` unless a complete cached run is there; None or the failure reason."""
-    if (out / "truth.csv").exists() and (out / "steps.parquet").exists():
-        return None
-    if out.exists():  # an incomplete run of ours (interrupted): keep it aside, never delete
-        out.rename(out.with_name(f"{out.name}.incomplete-{int(time.time())}"))
-    cmd = [sys.executable, "-m", "mixdiag", "run", "--scenario", name, "--out", str(out), "-q", *run_args]
-    note(f"running {' '.join(cmd[2:])}")
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return f"mixdiag run timed out after {timeout_s:.0f} s"
-    if p.returncode != 0:
-        err = (p.stderr.strip().splitlines() or ["?"])[-1]
-        return f"mixdiag run failed (rc {p.returncode}): {err}"
-    if not (out / "truth.csv").exists():
-        return "mixdiag run wrote no truth.csv"
-    (out / "bench_run_args.txt").write_text(" ".join(run_args) + "\n")
-    return None
-
-
-def tier_timeline(tier: str, run: Path) -> tuple[Timeline | None, str | None]:
-    """The Timeline a tier sees, or the reason it cannot be built. Multi-instance runs keep each
-    engine's side files under ``instances/<engine>/``; their views are named ``<engine>@<view>``."""
-    inst_dir = run / "instances"
-    if tier != "a" and inst_dir.is_dir():
-        from mixdiag.collectors import rename_instances
-        parts, whys = [], []
-        for d in sorted(p for p in inst_dir.iterdir() if p.is_dir()):
-            tl, why = tier_timeline(tier, d)
-            if tl is None:
-                whys.append(f"{d.name}: {why}")
-                continue
-            parts.append(rename_instances(tl, {i: f"{d.name}@{i}" for i in tl.instances}))
-        if not parts:
-            return None, "; ".join(whys) or "no instances/"
-        try:
-            return Timeline.concat(parts), None
-        except Exception as e:
-            return None, f"{type(e).__name__}: {str(e).splitlines()[0]}"
-    try:
-        if tier == "a":
-            return Timeline.load(run), None
-        from mixdiag.collectors import load
-        if tier == "b":
-            trace = run / "trace.json"
-            if not trace.exists():
-                return None, "no trace.json in the run (mixdiag run --profile)"
-            return load(str(trace)), None
-        inputs = [str(p) for p in (run / "scrapes", run / "engine.log") if p.exists()]
-        if not (run / "scrapes").exists():
-            return None, "no scrapes/ in the run (mixdiag run --scrape-interval 1)"
-        return load(inputs), None
-    except Exception as e:  # report the reason, keep evaluating the other tiers
-        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-
-
-def _align_instances(tl: Timeline, truth: pd.DataFrame) -> Timeline:
+def align_instances(tl: Timeline, truth: pd.DataFrame) -> Timeline:
     """Name a tier's instances as views of truth's engines (``engine0@<source>``) when a collector
     named them after the input (``engine``, ``scrapes``, ``EngineCore_DP1``)."""
     want = sorted(set(truth["instance"]))
@@ -140,9 +86,9 @@ def _align_instances(tl: Timeline, truth: pd.DataFrame) -> Timeline:
     return rename_instances(tl, mapping)
 
 
-def _within(tv: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
-    """Truth rows inside what a tier saw: its step range per engine (a profiler window), else
-    its time span."""
+def within(tv: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
+    """Truth rows inside what a tier saw: its step range per engine (a profiler window), else its
+    time span."""
     st = tl.steps
     keep = pd.Series(False, index=tv.index)
     for inst, g in st.groupby(st["instance"].str.split("@").str[0]):
@@ -155,103 +101,103 @@ def _within(tv: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
     return tv[keep]
 
 
-def profile_boundaries(run: Path) -> set[int]:
-    """Steps right after the profiler starts and stops (``--profile A:B`` -> {A, B}): starting and
-    stopping the PyTorch profiler stalls the host for seconds, a host stall truth.csv does not
-    know about, so those steps are left out of the scoring."""
-    f = run / "bench_run_args.txt"
-    if not f.exists():
-        return set()
-    m = re.search(r"--profile\s+(\d+):(\d*)", f.read_text())
-    return {int(x) for x in m.groups() if x} if m else set()
+def _prefix(df: pd.DataFrame, key: str) -> pd.DataFrame:
+    return df.assign(instance=key + "/" + df["instance"].astype(str))
 
 
-def _drop_steps(sp: pd.DataFrame, tv: pd.DataFrame, steps: set[int]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    if not steps:
-        return sp, tv
-    t = tv[tv["step"].isin(steps)]
-    bad = pd.Series(False, index=sp.index)
-    for te in t["t_end_s"].dropna():
-        bad |= (sp["granularity"] == "interval") & (sp["t_start_s"] - 1.0 <= te) & (sp["t_end_s"] >= te)
-    bad |= (sp["granularity"] == "step") & sp["step"].isin(steps)
-    return sp[~bad], tv[~tv["step"].isin(steps)]
+def ref_case(tier: str, run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(spikes, visible truth) of one reference run at a tier (a: records; b, c, e, f: the files
+    tier_inputs names, nothing else)."""
+    truth = pd.read_csv(run / "truth.csv")
+    ref = Timeline.load(run)
+    tv = visible_truth(ref.steps, truth, tokens=ref.tokens)
+    if tier == "a":
+        return diagnose(ref).spikes, tv
+    paths, why = tier_inputs(tier, run)
+    if paths is None:
+        raise FileNotFoundError(why)
+    tl = align_instances(load_sources(paths), truth)
+    return diagnose(tl).spikes, within(tv, tl)
 
 
-def evaluate(names: list[str], cache: Path, tiers: list[str], run_args: list[str], timeout_s: float,
-             budget_s: float) -> dict:
-    t_start = time.monotonic()
-    runs, skipped = {}, {}
-    can_run = have_run_verb()
-    for name in names:
-        out = cache / name
-        if time.monotonic() - t_start > budget_s:
-            skipped[name] = f"time budget of {budget_s:.0f} s spent"
+def sim_case(path: Path, sim_truth: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(spikes renumbered in truth's steps, foreign truth) of one simulated export."""
+    tv = foreign_truth(sim_truth, nsys_unix_offset_s(path))
+    sp = diagnose(load_sources([str(path)])).spikes
+    return map_to_truth_steps(sp, tv), tv
+
+
+def cases(tier: str, seeds, cache: Path, n_steps: int, scenarios, variants, generate: bool, timeout_s: float):
+    """Yield (key, expected cause or None, thunk -> (spikes, truth)) or (key, None, reason str)."""
+    if tier == "d":
+        for v in variants:
+            for s in seeds:
+                key = f"{v}/seed{s}"
+                path, st = ensure_sim_trace(cache, v, s, n_steps)
+                yield key, None, (lambda p=path, t=st: sim_case(p, t))
+        return
+    for scn in scenarios:
+        for s in seeds:
+            key = f"{scn}/seed{s}"
+            run, why = ensure_ref_run(cache, scn, s, TIER_RUN_SET[tier], n_steps, timeout_s, generate)
+            yield key, FAULT_SCENARIOS.get(scn), (why if why else (lambda r=run: ref_case(tier, r)))
+
+
+def evaluate_tier(tier: str, seeds, cache: Path, n_steps: int, scenarios, variants, generate: bool,
+                  timeout_s: float) -> tuple[dict, pd.DataFrame]:
+    judged, truths, per_case, not_eval = [], [], {}, {}
+    t0 = time.monotonic()
+    for key, expected, job in cases(tier, seeds, cache, n_steps, scenarios, variants, generate, timeout_s):
+        if isinstance(job, str):
+            not_eval[key] = job
             continue
-        if not can_run and not (out / "truth.csv").exists():
-            skipped[name] = "'mixdiag run' is not available (engine scenarios not landed) and no cached run"
+        t1 = time.monotonic()
+        try:
+            sp, tv = job()
+        except Exception as e:  # a collector or rule failing on one input: report it, keep going
+            not_eval[key] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
             continue
-        why = run_scenario(name, out, run_args, timeout_s)
-        if why:
-            skipped[name] = why
-        else:
-            runs[name] = out
-    results = {}
-    for tier in tiers:
-        spikes, truths, per_scn, not_eval = [], [], {}, {}
-        seen_signals: set[str] = set()
-        for name, run in runs.items():
-            truth = pd.read_csv(run / "truth.csv")
-            ref = Timeline.load(run)
-            tv = visible_truth(ref.steps, truth, tokens=ref.tokens)
-            tl, why = tier_timeline(tier, run)
-            if tl is None:
-                not_eval[name] = why
-                continue
-            tl = _align_instances(tl, truth)
-            tv = _within(tv, tl)
-            t0 = time.monotonic()
-            d = diagnose(tl)
-            for info in d.instances.values():
-                seen_signals |= {k for k, q in info["signals"].items() if q != "absent"}
-            sp, tv = _drop_steps(d.spikes.copy(), tv, profile_boundaries(run))
-            s1 = score(sp, tv, by_step=True)
-            top = max(d.by_cause.items(), key=lambda kv: kv[1])[0] if len(sp) else None
-            per_scn[name] = {"spikes": len(sp), "by_cause": {c: n for c, n in d.by_cause.items() if n},
-                             "top_cause": top, "expected": EXPECTED.get(name),
-                             "expected_named": (EXPECTED[name] in set(sp["cause"])) if name in EXPECTED else None,
-                             "macro_f1": s1["macro_f1"], "diagnose_s": round(time.monotonic() - t0, 3)}
-            sp["instance"] = name + "/" + sp["instance"].astype(str)
-            tv = tv.assign(instance=name + "/" + tv["instance"].astype(str))
-            spikes.append(sp)
-            truths.append(tv)
-        if not spikes:
-            results[tier] = {"evaluated": False, "reason": "; ".join(f"{k}: {v}" for k, v in not_eval.items())
-                             or "no scenario run available", "not_evaluated": not_eval}
-            continue
-        total = score(pd.concat(spikes, ignore_index=True), pd.concat(truths, ignore_index=True))
-        # Causes whose defining signal this tier's data carries at all (a trace has no expert
-        # imbalance, KV-transfer or preemption columns): the tier's attainable macro-F1.
-        observable = [c for c, sig in CAUSE_SIGNAL.items() if sig in seen_signals or
-                      (sig == "host_time" and "host_time" in seen_signals)]
-        f1s = [total["per_cause"][c]["f1"] for c in observable if total["per_cause"][c]["f1"] is not None]
-        total["observable_causes"] = observable
-        total["macro_f1_observable"] = float(sum(f1s) / len(f1s)) if f1s else None
-        total.update({"evaluated": True, "scenarios": per_scn, "not_evaluated": not_eval,
-                      "target_macro_f1": TARGETS[tier],
-                      "meets_target": total["macro_f1"] is not None and total["macro_f1"] >= TARGETS[tier]})
-        results[tier] = total
-    return {"scenarios_run": list(runs), "scenarios_skipped": skipped, "tiers": results,
-            "wall_s": round(time.monotonic() - t_start, 1)}
+        sp, tv = _prefix(sp, key), _prefix(tv, key)
+        j = judge(sp, tv, by_step=True, tolerance=TOLERANCE[tier])
+        judged.append(j)
+        truths.append(tv)
+        by = j["cause"].value_counts().to_dict()
+        per_case[key] = {"spikes": len(j), "by_cause": by, "right": int(j["right"].sum()), "expected": expected,
+                         "expected_named": (expected in by) if expected else None,
+                         "seconds": round(time.monotonic() - t1, 2)}
+    if not judged:
+        return {"evaluated": False, "reason": "; ".join(f"{k}: {v}" for k, v in not_eval.items()) or "no input",
+                "not_evaluated": not_eval}, pd.DataFrame()
+    jall = pd.concat(judged, ignore_index=True)
+    r = score_judged(jall, pd.concat(truths, ignore_index=True), TIER_CAUSES[tier])
+    r.update({"evaluated": True, "causes": list(TIER_CAUSES[tier]), "tolerance_steps": TOLERANCE[tier],
+              "target_macro_f1": TARGETS[tier], "calibration": calibration(jall), "cases": per_case,
+              "not_evaluated": not_eval, "wall_s": round(time.monotonic() - t0, 1),
+              "meets_target": r["macro_f1"] is not None and r["macro_f1"] >= TARGETS[tier],
+              "meets_mixing_target": r["mixing_false_alarm_rate"] < MIX_TARGET})
+    return r, jall
 
 
 def _f(v) -> str:
     return "   -" if v is None else f"{v:.2f}"
 
 
+def render_confusion(conf: dict) -> list[str]:
+    cols = [c for c in (*SCORED, "unknown", MISSED) if any(c in row for row in conf.values())]
+    rows = [c for c in (*SCORED, "none") if c in conf]
+    head = "truth \\ called"
+    out = [f"  {head:<16}" + "".join(f"{c[:10]:>11}" for c in cols)]
+    for t in rows:
+        out.append(f"  {t:<16}" + "".join(f"{conf[t].get(c, 0):>11}" for c in cols))
+    return out
+
+
+def render_calibration(cal: list[dict]) -> list[str]:
+    return [f"  {b['bin']:<10} count {b['count']:>6}  accuracy {_f(b['accuracy'])}" for b in cal]
+
+
 def render(res: dict) -> str:
-    out = []
-    if res["scenarios_skipped"]:
-        out.append("scenarios not run: " + "; ".join(f"{k} ({v})" for k, v in res["scenarios_skipped"].items()))
+    out = [f"seeds {res['seeds']} ({res['seed_set']}), {res['n_steps']} steps"]
     for tier, r in res["tiers"].items():
         out.append(f"\ntier ({tier}) {TIER_NAMES[tier]}:")
         if not r["evaluated"]:
@@ -261,44 +207,83 @@ def render(res: dict) -> str:
         for c in SCORED:
             v = r["per_cause"][c]
             if v["predicted"] or v["truth_visible"]:
+                mark = "" if c in r["causes"] else "  (not in this tier's macro-F1)"
                 out.append(f"  {c:<16} {_f(v['precision']):>5} {_f(v['recall']):>5} {_f(v['f1']):>5} "
-                           f"{v['predicted']:>6} {v['truth_visible']:>6}")
+                           f"{v['predicted']:>6} {v['truth_visible']:>6}{mark}")
         ok = "meets" if r["meets_target"] else "BELOW"
-        out.append(f"  macro-F1 over causes whose signal this tier carries ({', '.join(r['observable_causes'])}): "
-                   f"{_f(r['macro_f1_observable'])}")
-        out.append(f"  macro-F1 {_f(r['macro_f1'])} (target {r['target_macro_f1']:.2f}: {ok}); non-mixing spikes "
-                   f"called mixing {r['mixing_false_alarm_rate']:.1%} (target < 2%); unknown {r['unknown_predicted']}, "
-                   f"spikes {r['spikes']}, visible truth steps detected {r['visible_truth_detected']}/"
-                   f"{r['visible_truth_steps']}")
-        for name, s in r["scenarios"].items():
-            exp = "" if s["expected"] is None else f" expected {s['expected']}: {'named' if s['expected_named'] else 'NOT named'};"
-            out.append(f"    {name:<16} spikes {s['spikes']:>5};{exp} by cause {s['by_cause']}")
-        for name, why in r["not_evaluated"].items():
-            out.append(f"    {name:<16} not evaluated: {why}")
+        out.append(f"  macro-F1 {_f(r['macro_f1'])} over {', '.join(r['macro_f1_causes'])} "
+                   f"(target {r['target_macro_f1']:.2f}: {ok}); non-mixing spikes called mixing "
+                   f"{r['mixing_false_alarm_rate']:.1%} of {r['non_mixing_spikes']} (target < 2%)")
+        out.append(f"  spikes {r['spikes']} (unknown {r['unknown_predicted']}, on cause-free steps "
+                   f"{r['spikes_without_truth']}); visible truth steps detected {r['visible_truth_detected']}/"
+                   f"{r['visible_truth_steps']}; {len(r['cases'])} inputs in {r['wall_s']} s")
+        out += render_confusion(r["confusion"]) + render_calibration(r["calibration"])
+        for key, why in r["not_evaluated"].items():
+            out.append(f"    {key:<28} not evaluated: {why}")
+    out.append("\ncalibration over all tiers run (non-unknown spikes):")
+    out += render_calibration(res["calibration"])
     out.append(f"\nwall time {res['wall_s']} s")
     return "\n".join(out)
 
 
+def parse_seeds(spec: str) -> tuple[str, tuple[int, ...]]:
+    if spec in SEED_SETS:
+        return spec, SEED_SETS[spec]
+    try:
+        return "explicit", tuple(int(s) for s in spec.split(",") if s)
+    except ValueError:
+        raise SystemExit(f"--seeds: 'tune', 'heldout' or a comma list of integers, not {spec!r}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", default=str(ROOT / "runs" / "bench_attribution"),
-                    help="directory of cached scenario runs (reused; default runs/bench_attribution)")
-    ap.add_argument("--scenarios", help="comma-separated scenario names (default: every scenario of the engine)")
-    ap.add_argument("--tiers", default="a,b,c", help="tiers to evaluate (default a,b,c)")
-    ap.add_argument("--run-args", default="--max-steps 200 --profile 40:100 --scrape-interval 1 --log-format vllm",
-                    help="extra flags for 'mixdiag run' so one run feeds all tiers")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per scenario run (default 600)")
-    ap.add_argument("--budget", type=float, default=2400, help="seconds for all runs (default 2400)")
+    ap.add_argument("--tier", "--tiers", dest="tiers", default="a,d,e,f",
+                    help="tiers to evaluate, comma-separated (default a,d,e,f; b,c need the profiled run set)")
+    ap.add_argument("--seeds", default="tune", help="tune (0-4), heldout (100-104) or a comma list")
+    ap.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache"), help="cache of generated inputs")
+    ap.add_argument("--steps", type=int, default=300, help="steps per run/trace (default 300)")
+    ap.add_argument("--scenarios", help=f"comma list (default: {','.join(FAULT_SCENARIOS)})")
+    ap.add_argument("--variants", help=f"tier d exports, comma list (default: {','.join(SIM_VARIANTS)})")
+    ap.add_argument("--no-generate", action="store_true", help="score only what is cached")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per engine run (default 600)")
+    ap.add_argument("--confusion-out", help="directory to write confusion_<tier>_<seeds>.txt and results JSON to")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
     a = ap.parse_args(argv)
     tiers = [t for t in a.tiers.split(",") if t]
     bad = [t for t in tiers if t not in TARGETS]
     if bad:
-        ap.error(f"unknown tier(s) {bad}; choose from a, b, c")
+        ap.error(f"unknown tier(s) {bad}; choose from {', '.join(TARGETS)}")
+    seed_set, seeds = parse_seeds(a.seeds)
+    scenarios = [s for s in (a.scenarios or ",".join(FAULT_SCENARIOS)).split(",") if s]
+    variants = [v for v in (a.variants or ",".join(SIM_VARIANTS)).split(",") if v]
+    unknown = [v for v in variants if v not in SIM_VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {unknown}; choose from {', '.join(SIM_VARIANTS)}")
     cache = Path(a.cache)
     cache.mkdir(parents=True, exist_ok=True)
-    res = evaluate(scenario_names(a.scenarios), cache, tiers, a.run_args.split(), a.timeout, a.budget)
-    print(render(res))
+    t0 = time.monotonic()
+    res = {"seed_set": seed_set, "seeds": list(seeds), "n_steps": a.steps, "tiers": {}}
+    judged = []
+    for tier in tiers:
+        note(f"tier ({tier}) ...")
+        r, j = evaluate_tier(tier, seeds, cache, a.steps, scenarios, variants, not a.no_generate, a.timeout)
+        res["tiers"][tier] = r
+        if len(j):
+            judged.append(j)
+    res["calibration"] = calibration(pd.concat(judged, ignore_index=True)) if judged else []
+    res["wall_s"] = round(time.monotonic() - t0, 1)
+    text = render(res)
+    print(text)
+    if a.confusion_out:
+        d = Path(a.confusion_out)
+        d.mkdir(parents=True, exist_ok=True)
+        for tier, r in res["tiers"].items():
+            if r["evaluated"]:
+                (d / f"confusion_{tier}_{seed_set}.txt").write_text(
+                    f"tier ({tier}) {TIER_NAMES[tier]}, seeds {list(seeds)}: truth cause (rows) x called cause\n"
+                    + "\n".join(render_confusion(r["confusion"])) + "\n")
+        (d / f"results_{seed_set}.txt").write_text(text + "\n")
+        (d / f"results_{seed_set}.json").write_text(json.dumps(res, default=lambda o: None, indent=1))
     if a.json:
         print(json.dumps(res, default=lambda o: None, allow_nan=False))
     return 0
