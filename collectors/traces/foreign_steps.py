@@ -30,6 +30,8 @@ LAUNCH, GRAPH_LAUNCH, MEMCPY, SYNC = 0, 1, 2, 3
 H2D, D2H = 1, 2
 #: rank_skew at or above this reads as "high" (docs/collectors-traces.md).
 RANK_SKEW_HIGH = 1.2
+#: Fewer positive GPU gaps than this are too few for a distribution: the default threshold is used.
+MIN_GAPS = 16
 
 
 @dataclass
@@ -223,7 +225,7 @@ def gap_threshold(start: np.ndarray, end: np.ndarray, default_ns: int = 500_000)
     run_end = np.maximum.accumulate(end)
     gaps = start[1:] - run_end[:-1]
     gaps = gaps[gaps > 100]
-    if len(gaps) < 8:
+    if len(gaps) < MIN_GAPS:
         return default_ns
     lg = np.log10(gaps.astype("float64"))
     hist, edges = np.histogram(lg, bins=64)

@@ -23,9 +23,12 @@ import pandas as pd
 
 from mixdiag import wire
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.traces.trace_steps import (DEFAULT_STEP_GAP_S, ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS,
-                                            attach_step_stats, graph_counts, leading_phases, graph_modes, parse_step_messages,
-                                            split_on_gaps)
+from mixdiag.collectors.traces import foreign_frame
+from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, reconstruct
+from mixdiag.collectors.traces.kineto_activity import concat, read_activity
+from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
+from mixdiag.collectors.traces.trace_steps import (PHASE_COLUMNS, STEP_STATS, attach_step_stats, graph_counts,
+                                                   graph_modes, leading_phases, parse_step_messages)
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -151,30 +154,135 @@ def _frame(events) -> tuple[pd.DataFrame, int, int, list[str]]:
                 examples.append(f"event without numeric ts/dur or name: {json.dumps(ev)[:120]}")
             continue
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        corr = args.get("correlation", -1)
+        corr, dev, stream, nb = (args.get(k, -1) for k in ("correlation", "device", "stream", "bytes"))
         rows.append((name, str(ev.get("cat", "")), float(ts), float(ts) + max(float(dur), 0.0),
-                     str(ev.get("pid", "")), str(ev.get("tid", "")), corr if isinstance(corr, int) else -1))
-    df = pd.DataFrame(rows, columns=["name", "cat", "t0_us", "t1_us", "pid", "tid", "corr"])
+                     str(ev.get("pid", "")), str(ev.get("tid", "")), corr if isinstance(corr, int) else -1,
+                     dev if isinstance(dev, int) else -1, stream if isinstance(stream, int) else -1,
+                     nb if isinstance(nb, int) else 0))
+    df = pd.DataFrame(rows, columns=["name", "cat", "t0_us", "t1_us", "pid", "tid", "corr", "dev", "stream", "bytes"])
     return df, bad, other, examples
 
 
-def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STEP_GAP_S, **options) -> Timeline:
-    """Read one trace file (``.json`` or ``.json.gz``)."""
+def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
+         **options) -> Timeline:
+    """Read one trace file (``.json`` or ``.json.gz``), or a list of one job's per-rank files (then
+    steps are matched across ranks for the rank skew). ``step_gap_s``: GPU idle time that separates
+    steps in the gap heuristic (default: from the trace's gap distribution); ``step_range``: a
+    range name that marks steps."""
+    if isinstance(source, (list, tuple)):
+        return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range)
     path = Path(os.fspath(source))
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
-    events, top = _open(path)
+    f = _load(path)
     base = instance or path.name.split(".")[0]
-    df, bad, ignored, examples = _frame(events)
-    notes = []
-    if events.cut_at is not None:
-        notes.append(f"JSON cut or damaged at byte {events.cut_at}: read {events.count} whole events before it")
-    elif not events.closed:
-        notes.append("JSON cut after the events: the document is not closed")
-    partial = bool(notes)
-    base_ns = top.get("baseTimeNanoseconds")
-    clock, offset_s = ("unix", int(base_ns) / 1e9) if isinstance(base_ns, int) else ("relative", 0.0)
+    steps, step_source = _annotated_steps(f.df[f.df["cat"] == "user_annotation"])
+    if step_source == "kineto-mixdiag" and not step_range:
+        return _mixdiag(f, path, base, steps)
+    return _foreign([f], [path], base, step_gap_s, step_range)
 
+
+def read_ranks(paths, *, instance: str | None = None, step_gap_s: float | None = None,
+               step_range: str | None = None) -> Timeline:
+    """One job's per-rank Kineto files (torch writes one per process) read together: the same
+    steps as :func:`read` per rank, plus ``rank_skew`` from the ranks' compute per matched step."""
+    paths = [Path(os.fspath(p)) for p in paths]
+    if not paths:
+        raise UserError("no Kineto files given")
+    files = [_load(p) for p in paths]
+    return _foreign(files, paths, instance or paths[0].name.split(".")[0], step_gap_s, step_range)
+
+
+class _File:
+    """One decoded trace: its event frame and what the decoding saw."""
+
+    def __init__(self, path: Path):
+        if not path.exists():
+            raise UserError(f"{path}: no such file")
+        self.events, top = _open(path)
+        self.df, self.bad, self.ignored, self.examples = _frame(self.events)
+        self.notes = []
+        if self.events.cut_at is not None:
+            self.notes.append(f"JSON cut or damaged at byte {self.events.cut_at}: "
+                              f"read {self.events.count} whole events before it")
+        elif not self.events.closed:
+            self.notes.append("JSON cut after the events: the document is not closed")
+        self.partial = bool(self.notes)
+        self.base_ns = top.get("baseTimeNanoseconds")
+
+
+_load = _File
+
+
+def _foreign(files: list[_File], paths: list[Path], base: str, step_gap_s, step_range) -> Timeline:
+    """Steps of engines we did not write (:mod:`.foreign_steps`), as for Nsight exports."""
+    unix = all(isinstance(f.base_ns, int) for f in files)
+    acts, pids = [], {}
+    for i, f in enumerate(files):
+        a, g = read_activity(f.df, f.base_ns if unix else 0, group_base=i << 32,
+                             range_names=ENGINE_STEP_NAMES + ((step_range,) if step_range else ()))
+        acts.append(a)
+        pids.update({k: (i, v) for k, v in g.items()})
+    act = concat(acts)
+    notes = [n for f in files for n in f.notes]
+    n_kernels = int((act.items.what == 0).sum())
+    steps, step_source = pd.DataFrame(), None
+    graph_known = act.calls is not None and bool((act.calls.what <= GRAPH_LAUNCH).any())
+    if len(act.items.start):
+        gap_ns = None if step_gap_s is None else int(round(float(step_gap_s) * 1e9))
+        steps, n, src = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
+        notes += n
+        step_source = _SOURCES.get(src, src)
+        if step_range and not (len(steps) and (steps["step_source"] == "range").any()):
+            notes.append(f"no '{step_range}' ranges on an engine thread: steps found another way")
+        if step_source == "kernel-gaps":
+            notes.append("no step ranges and no sync pattern: steps split on GPU idle gaps (heuristic)")
+        elif step_source == "sync-pattern":
+            notes.append("steps from the engine thread's sampled-token copy + synchronize pattern (heuristic)")
+        elif step_source == "kineto-engine-naming":
+            notes.append("steps from engine range names (heuristic)")
+    else:
+        notes.append("no step ranges and no kernels: nothing to build steps from")
+    names: list[str] = []
+    signals = {}
+    if len(steps):
+        steps = foreign_frame.finish(steps, graph_known)
+        groups = sorted(steps["group"].unique())
+        labels = [pids.get(int(g), (0, int(g))) for g in groups]
+        clash = len({pid for _, pid in labels}) < len(labels)
+        mapping = {g: base if len(groups) == 1 else (f"{base}:rank{i}" if clash else f"{base}:pid{pid}")
+                   for g, (i, pid) in zip(groups, labels)}
+        names = [mapping[g] for g in groups]
+        steps["instance"] = steps["group"].map(mapping)
+        steps["t_start_s"] = steps["start_ns"].to_numpy(dtype="float64") / 1e9
+        steps["t_end_s"] = steps["end_ns"].to_numpy(dtype="float64") / 1e9
+        for g, name in zip(groups, names):
+            sig = {"steps": "inferred", "sm_active": "absent", "preemption": "absent"}
+            sig.update(foreign_frame.signals(steps[steps["group"] == g], graph_known))
+            signals[name] = sig
+    in_steps = int(steps["gpu_kernels"].sum()) if len(steps) else 0
+    total = sum(f.events.count for f in files)
+    bad = sum(f.bad for f in files)
+    ignored = sum(f.ignored for f in files)
+    entry = source_entry(FORMAT, paths[0], total=total, parsed=total - bad - ignored, skipped=bad,
+                         lines_ignored=ignored, examples=[x for f in files for x in f.examples][:5],
+                         partial=any(f.partial for f in files), notes=notes, step_source=step_source,
+                         heuristic=step_source is not None, kernels_total=n_kernels, kernels_in_steps=in_steps,
+                         instances=names, **({"rank_files": [str(p) for p in paths]} if len(paths) > 1 else {}))
+    meta = {"clock": "unix" if unix else "relative", "sources": [entry], "signals": signals,
+            "partial": entry["partial"]}
+    cols = [c for c in foreign_frame.COLUMNS if c in steps.columns]
+    return Timeline(steps[cols] if len(steps) else None, None, None, meta)
+
+
+_SOURCES = {"nvtx-engine-naming": "kineto-engine-naming"}
+
+
+def _mixdiag(f: _File, path: Path, base: str, steps: pd.DataFrame) -> Timeline:
+    """mixdiag's own ``step`` ranges (docs/contracts.md §2): kinds and tokens from the message."""
+    df, events, notes, partial = f.df, f.events, list(f.notes), f.partial
+    bad, ignored, examples = f.bad, f.ignored, f.examples
+    base_ns = f.base_ns
+    clock, offset_s = ("unix", int(base_ns) / 1e9) if isinstance(base_ns, int) else ("relative", 0.0)
+    step_source = "kineto-mixdiag"
     ann = df[df["cat"] == "user_annotation"]
     launches = df[df["cat"].isin(["cuda_runtime", "cuda_driver"])]
     launches = launches.assign(is_graph=launches["name"].str.match(_GRAPH_LAUNCH),
@@ -182,35 +290,23 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
     launches = launches[launches["is_graph"] | launches["is_kernel"]]
     kernels = df[df["cat"] == "kernel"]
     cuda_traced = len(launches) > 0 or len(kernels) > 0
-
-    steps, step_source = _annotated_steps(ann)
-    if step_source is None and len(kernels):
-        steps, step_source = _gap_steps(kernels, launches, step_gap_s * 1e6), "kernel-gaps"
-        notes.append(f"no step ranges: steps split where the GPU idled > {step_gap_s * 1e3:g} ms (heuristic)")
-    elif step_source == "kineto-engine-naming":
-        notes.append("steps from engine range names (heuristic); kinds unknown")
-    if step_source is None:
-        notes.append("no step ranges and no kernels: nothing to build steps from")
-        steps = pd.DataFrame()
-    elif step_source != "kernel-gaps":
-        steps = _attach(steps, ann[ann["name"].isin(_PHASES)], launches, kernels, df[df["cat"] == "cpu_op"])
-        steps["graph_mode"] = (graph_modes(steps["graph_launches"], steps["eager_between"])
-                               if cuda_traced else steps["graph_planned"])
-        steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float) if cuda_traced else np.nan
+    steps = _attach(steps, ann[ann["name"].isin(_PHASES)], launches, kernels, df[df["cat"] == "cpu_op"])
+    steps["graph_mode"] = (graph_modes(steps["graph_launches"], steps["eager_between"])
+                           if cuda_traced else steps["graph_planned"])
+    steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float) if cuda_traced else np.nan
     stats_fields: set[str] = set()
-    if step_source == "kineto-mixdiag":
-        extra = ann[ann["name"].str.startswith(STEP_STATS + " ") | (ann["name"] == wire.KV_TRANSFER)]
-        steps, stats_fields = attach_step_stats(steps, extra.rename(columns={"name": "text", "pid": "group"}),
-                                                "tid", "t0_us", "t1_us")
-        if "kv_transfer_dur" in steps.columns:
-            dur = steps.pop("kv_transfer_dur").to_numpy() / 1e6
-            steps["kv_transfer_s"] = np.where(np.isnan(dur), steps["kv_transfer_s"], dur)
-        # The step's own kv_transfer and schedule ranges precede its step range: the step starts
-        # there (as the engine's records do), so that host work is not read as a gap between steps.
-        lead = ann[ann["name"].isin([wire.KV_TRANSFER, wire.SCHEDULE])].rename(columns={"name": "text", "pid": "group"})
-        t0, sched = leading_phases(steps, lead, "tid", "t0_us", "t1_us")
-        steps["t0_us"] = t0
-        steps["schedule_s"] = np.where(np.isnan(sched), steps["schedule_s"], sched / 1e6)
+    extra = ann[ann["name"].str.startswith(STEP_STATS + " ") | (ann["name"] == wire.KV_TRANSFER)]
+    steps, stats_fields = attach_step_stats(steps, extra.rename(columns={"name": "text", "pid": "group"}),
+                                            "tid", "t0_us", "t1_us")
+    if "kv_transfer_dur" in steps.columns:
+        dur = steps.pop("kv_transfer_dur").to_numpy() / 1e6
+        steps["kv_transfer_s"] = np.where(np.isnan(dur), steps["kv_transfer_s"], dur)
+    # The step's own kv_transfer and schedule ranges precede its step range: the step starts
+    # there (as the engine's records do), so that host work is not read as a gap between steps.
+    lead = ann[ann["name"].isin([wire.KV_TRANSFER, wire.SCHEDULE])].rename(columns={"name": "text", "pid": "group"})
+    t0, sched = leading_phases(steps, lead, "tid", "t0_us", "t1_us")
+    steps["t0_us"] = t0
+    steps["schedule_s"] = np.where(np.isnan(sched), steps["schedule_s"], sched / 1e6)
 
     names: list[str] = []
     if len(steps):
@@ -222,13 +318,9 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
         steps["t_end_s"] = steps["t1_us"] / 1e6 + offset_s
         steps["granularity"] = "step"
     in_steps = int(steps["gpu_kernels"].sum()) if len(steps) else 0
-    ours = step_source == "kineto-mixdiag"
-    signals = {n: {"steps": "measured" if ours else ("inferred" if step_source else "absent"),
-                   "kind": "measured" if ours else "absent",
-                   "token_allocation": "measured" if ours else "absent",
-                   "prefill_tokens": "measured" if ours else "absent",
-                   "decode_rows": "measured" if ours else "absent",
-                   "graph_mode": "measured" if cuda_traced else ("estimated" if ours else "absent"),
+    signals = {n: {"steps": "measured", "kind": "measured", "token_allocation": "measured",
+                   "prefill_tokens": "measured", "decode_rows": "measured",
+                   "graph_mode": "measured" if cuda_traced else "estimated",
                    "sm_active": "absent",
                    "expert_imbalance": "measured" if "expert_imbalance" in stats_fields else "absent",
                    "kv_transfer": "measured" if "kv_transfer_bytes" in stats_fields else "absent",
@@ -236,7 +328,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float = DEFAULT_STE
     entry = source_entry(FORMAT, path, total=events.count, parsed=events.count - bad - ignored, skipped=bad,
                          lines_ignored=ignored,
                          examples=examples, partial=partial, notes=notes, step_source=step_source,
-                         heuristic=step_source not in (None, "kineto-mixdiag"), kernels_total=len(kernels),
+                         heuristic=False, kernels_total=len(kernels),
                          kernels_in_steps=in_steps, instances=names)
     meta = {"clock": clock, "sources": [entry], "signals": signals, "partial": partial}
     cols = [c for c in _STEP_COLUMNS if c in steps.columns]
@@ -261,14 +353,6 @@ def _annotated_steps(ann: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
                               "decode_rows": p["decode_rows"], "graph_planned": p["graph"]})
         steps = steps.drop_duplicates(["group", "step"], keep="first")
         return steps.reset_index(drop=True), "kineto-mixdiag"
-    for name in ENGINE_STEP_RANGES:
-        sel = ann[ann["name"] == name].sort_values(["pid", "t0_us"])
-        if len(sel):
-            steps = pd.DataFrame({"group": sel["pid"].to_numpy(), "tid": sel["tid"].to_numpy(),
-                                  "t0_us": sel["t0_us"].to_numpy(), "t1_us": sel["t1_us"].to_numpy()})
-            steps["step"] = steps.groupby("group").cumcount()
-            steps["kind"], steps["graph_planned"] = "unknown", "unknown"
-            return steps, "kineto-engine-naming"
     return pd.DataFrame(), None
 
 
@@ -323,33 +407,4 @@ def _attach(steps, phases, launches, kernels, cpu_ops) -> pd.DataFrame:
     steps["forward_s"] = np.where(count > 0, gpu_span, steps["forward_s"])
     co = _owner(steps, cpu_ops)
     steps["cpu_ops"] = np.bincount(co[co >= 0], minlength=n).astype("float64")
-    return steps
-
-
-def _gap_steps(kernels: pd.DataFrame, launches: pd.DataFrame, gap_us: float) -> pd.DataFrame:
-    """Steps from idle gaps per GPU; graph mode from the launch each kernel came from, when the
-    trace holds launch calls at all."""
-    graph_corr = set(launches.loc[launches["is_graph"], "corr"].tolist())
-    parts = []
-    for pid, k in kernels.groupby("pid"):
-        k = k.sort_values("t0_us")
-        t0 = k["t0_us"].to_numpy()
-        s = split_on_gaps(t0, k["t1_us"].to_numpy(), gap_us)
-        key = np.array([c if c in graph_corr else -1 for c in k["corr"].to_numpy()], dtype=np.int64)
-        n = int(s[-1]) + 1
-        g = k.assign(step=s).groupby("step")
-        agg = pd.DataFrame({"t0_us": g["t0_us"].min(), "t1_us": g["t1_us"].max(),
-                            "gpu_kernels": g.size().astype("float64")})
-        agg["gpu_kernel_s"] = (k["t1_us"] - k["t0_us"]).groupby(s).sum().to_numpy() / 1e6
-        agg["forward_s"] = (agg["t1_us"] - agg["t0_us"]) / 1e6
-        agg["graph_launches"], agg["eager_between"] = graph_counts(s, t0, key, n)
-        agg["group"] = pid
-        parts.append(agg.reset_index())
-    steps = pd.concat(parts, ignore_index=True)
-    steps["kind"] = "unknown"
-    if len(launches):
-        steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
-        steps["graph_replayed"] = (steps["graph_launches"] > 0).astype(float)
-    else:  # kernels without their launch calls: what launched them is unknown
-        steps["graph_mode"], steps["graph_replayed"] = "unknown", np.nan
     return steps

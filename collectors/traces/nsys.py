@@ -19,6 +19,7 @@ import pandas as pd
 from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME, SQLITE_MAGIC, STRINGS, NsysDb, pid_of
 from mixdiag.collectors.traces.nsys_kernels import (launch_names, project, runtime_graph_launches,
                                              sm_active_samples, window_means)
+from mixdiag.collectors.traces import foreign_frame
 from mixdiag.collectors.traces.foreign_steps import reconstruct
 from mixdiag.collectors.traces.nsys_activity import MEMCPY_TABLE, read_activity
 from mixdiag.collectors.traces.nsys_nvtx import find_steps
@@ -94,7 +95,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         foreign = {"graph_known": graph_known, "copies": db.has(MEMCPY_TABLE),
                    "multi": len(steps) and steps["group"].nunique() > 1}
         if len(steps):
-            steps = _foreign_steps(steps, graph_known)
+            steps = foreign_frame.finish(steps, graph_known)
     else:
         steps = pd.DataFrame(columns=["group", "step"])
         step_source = None
@@ -167,27 +168,6 @@ def _nvtx_steps(ranges: pd.DataFrame, agg: pd.DataFrame, cuda_traced: bool) -> p
     return s
 
 
-def _foreign_steps(s: pd.DataFrame, graph_known: bool) -> pd.DataFrame:
-    """Steps of a foreign engine (:mod:`.foreign_steps`) in the steps frame's columns."""
-    s = s.copy()
-    s["granularity"] = "step"
-    if not graph_known:
-        s["graph_mode"] = "unknown"
-        s["graph_replayed"] = np.nan
-    else:
-        s["graph_replayed"] = (s["graph_launches"] > 0).astype("float64")
-    s["q_graph_mode"] = np.where(s["graph_mode"] == "unknown", "", "measured")
-    span = (s["gpu_end_ns"] - s["gpu_start_ns"]) / 1e9
-    s["forward_s"] = span
-    s["gpu_kernel_s"] = s["gpu_kernel_ns"] / 1e9
-    s["comm_s"] = s["comm_ns"] / 1e9
-    s["comm_share"] = (s["comm_s"] / span.where(span > 0)).clip(0, 1)
-    s["q_expert_imbalance"] = np.where(s["rank_skew"].notna(), "inferred", "")
-    s["q_kv_transfer"] = np.where(s["kv_transfer_s"].notna(), "inferred", "")
-    s["decode_reqs"] = s["decode_rows"]
-    return s
-
-
 def _name_instances(steps: pd.DataFrame, base: str) -> tuple[pd.DataFrame, list[str]]:
     """One instance per process (or device when the export lacks process ids)."""
     if steps.empty:
@@ -237,11 +217,5 @@ def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, st
         "preemption": "measured" if "preempted_reqs" in stats else "absent",
     }
     if foreign is not None and steps is not None and len(steps):
-        inferred_kind = bool((steps["q_token_allocation"] == "inferred").any())
-        for key in ("kind", "token_allocation", "prefill_tokens", "decode_rows"):
-            out[key] = "inferred" if inferred_kind else "absent"
-        out["graph_mode"] = "measured" if foreign["graph_known"] else "absent"
-        out["kv_transfer"] = "inferred" if steps["kv_transfer_s"].notna().any() else "absent"
-        out["expert_imbalance"] = "inferred" if steps["rank_skew"].notna().any() else "absent"
-        out["comm"] = "inferred" if steps["comm_s"].gt(0).any() else "absent"
+        out.update(foreign_frame.signals(steps, foreign["graph_known"]))
     return out
