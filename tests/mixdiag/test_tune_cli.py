@@ -1,0 +1,69 @@
+"""``mixdiag tune`` end to end on a recorded run: frontier + one recommendation, --html, refusals; the Tune page."""
+import json
+
+import pytest
+
+from mixdiag.cli import main
+from mixdiag.engine.testbed.session import RunRequest, run_scenario
+
+from test_tune_replay import SCENARIO  # noqa: E402  (same small workload)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tune_cli")
+    (d / "s.toml").write_text(SCENARIO.format(policy="token_budget"))
+    run_scenario(RunRequest(scenario=str(d / "s.toml"), out=d / "run"))
+    return d / "run"
+
+
+def test_tune_json_prints_frontier_and_one_recommendation(run_dir, capsys):
+    assert main(["tune", str(run_dir), "--knob", "chunk_size=64,128,256", "--slo-ttft-p99", "2", "--json",
+                 "--jobs", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    labels = [r["label"] for r in doc["settings"]]
+    assert labels == ["chunk_size=64", "chunk_size=128", "chunk_size=256"]
+    assert [r["label"] for r in doc["settings"] if r["current"]] == ["chunk_size=128"]
+    assert doc["frontier"] and set(doc["frontier"]) <= set(labels)
+    assert doc["recommendation"] in labels and doc["recommended"]["ttft_p99_s"] <= 2
+    assert doc["cost_model"]["kind"] == "fitted" and doc["cost_model"]["context"].startswith("exact")
+    assert doc["workload"]["quality"]["arrivals"] == "measured"
+    # smaller chunks: decodes wait less behind prefill chunks
+    itl = {r["setting"]["chunk_size"]: r["itl_p99_s"] for r in doc["settings"]}
+    assert itl[64] < itl[256]
+    assert set(doc["predicted_change"]) == {"itl_p99_s", "ttft_p99_s", "throughput_tok_s"}
+
+
+def test_tune_html_writes_the_plot_and_never_overwrites(run_dir, tmp_path, capsys):
+    out = tmp_path / "tune.html"
+    assert main(["tune", str(run_dir), "--knob", "chunk_size=64,256", "--html", str(out), "-q", "--jobs", "1"]) == 0
+    text = out.read_text()
+    assert 'id="frontier"' in text and "Pareto frontier" in text and "<script" in text
+    assert "Set chunk_size=" in capsys.readouterr().out or "No recommendation" in text
+    assert main(["tune", str(run_dir), "--knob", "chunk_size=64", "--html", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--knob", "nope=1"], "--knob"),
+    ([], "at least one --knob"),
+    (["--knob", "chunk_size=64", "--slo-ttft-p99", "-1"], "SLOs must be positive"),
+    (["--knob", "chunk_size=0"], "chunk_size=0"),
+])
+def test_tune_refuses_bad_input_in_one_line(run_dir, capsys, args, msg):
+    assert main(["tune", str(run_dir), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and msg in err and err.count("\n") == 1
+
+
+def test_tune_page_figure_is_a_pure_builder():
+    from mixdiag.dashboard.pages.tune import frontier_figure
+
+    rows = [{"label": f"chunk_size={c}", "setting": {"chunk_size": c}, "itl_p99_s": i, "ttft_p99_s": t,
+             "throughput_tok_s": 1000.0, "pareto": p, "current": c == 512}
+            for c, i, t, p in [(256, 0.05, 2.0, True), (512, 0.1, 1.5, True), (1024, 0.2, 1.6, False)]]
+    res = {"settings": rows, "current": rows[1], "recommended": rows[0], "slo": {"ttft_p99_s": 2.5, "itl_p99_s": None}}
+    fig = frontier_figure(res)
+    names = [t.name for t in fig.data]
+    assert names == ["settings", "Pareto frontier", "current", "recommended"]
+    assert list(fig.data[1].x) == [50.0, 100.0]      # frontier only, in ms

@@ -1,0 +1,146 @@
+"""Workload estimation, the step-cost fit and the frontier logic of ``mixdiag tune`` (no engine runs)."""
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.errors import UserError
+from mixdiag.schema import Timeline
+from mixdiag.tuning import cost_model, frontier, workload
+from mixdiag.tuning.cost_model import StepShape
+
+
+def tokens(arrival=True, prompt=True):
+    rows = []
+    for i, (a, p, n) in enumerate([(10.0, 100, 3), (10.5, 40, 2), (12.0, 900, 4)]):
+        for k in range(n):
+            rows.append({"instance": "e", "request_id": f"r{i}", "t_s": a + 0.2 + 0.05 * k, "n_tokens": 1,
+                         "step": math.nan, "is_first": float(k == 0),
+                         "arrival_s": a if arrival and k == 0 else math.nan,
+                         "prompt_tokens": p if prompt and k == 0 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def steps(n=3, granularity="step", **cols):
+    base = {"instance": "e", "step": range(n), "t_start_s": [10.0 + i for i in range(n)],
+            "t_end_s": [10.5 + i for i in range(n)], "granularity": granularity, "kind": "mixed",
+            "prefill_tokens": [200.0] * n, "decode_rows": [4.0] * n}
+    base.update(cols)
+    return pd.DataFrame(base)
+
+
+@pytest.mark.parametrize("arrival,prompt,quality", [
+    (True, True, {"arrivals": "measured", "prompt_tokens": "measured"}),
+    (False, True, {"arrivals": "inferred", "prompt_tokens": "measured"}),
+    (True, False, {"arrivals": "measured", "prompt_tokens": "estimated"}),
+])
+def test_workload_from_token_events(arrival, prompt, quality):
+    wl = workload.from_timeline(Timeline(steps=steps(), tokens=tokens(arrival, prompt)))
+    assert {k: wl.quality[k] for k in quality} == quality
+    assert [r.output_tokens for r in wl.requests] == [3, 2, 4]
+    if arrival:
+        assert [r.arrival_s for r in wl.requests] == [10.0, 10.5, 12.0]
+    if prompt:
+        assert [r.prompt_tokens for r in wl.requests] == [100, 40, 900]
+    else:   # the steps' 600 prefill tokens over 3 requests
+        assert [r.prompt_tokens for r in wl.requests] == [200, 200, 200]
+        assert any("mean" in n for n in wl.notes)
+
+
+def test_workload_from_interval_counters_is_estimated():
+    st = steps(4, "interval", arrivals=[2.0, 0.0, 3.0, 1.0], prefill_tokens=[400.0, 0.0, 900.0, 100.0],
+               output_tokens=[120.0] * 4)
+    wl = workload.from_timeline(Timeline(steps=st))
+    assert len(wl.requests) == 6 and wl.source == "interval counters"
+    assert set(wl.quality.values()) == {"estimated"}
+    assert [r.prompt_tokens for r in wl.requests] == [200, 200, 300, 300, 300, 100]
+    assert all(r.output_tokens == 80 for r in wl.requests)       # 480 output tokens / 6 arrivals
+    assert wl.requests[0].arrival_s == pytest.approx(10.125)      # 2 arrivals spread evenly over 10.0-10.5 s
+
+
+def test_workload_refuses_inputs_without_requests():
+    with pytest.raises(UserError, match="cannot estimate a workload"):
+        workload.from_timeline(Timeline(steps=steps()))
+
+
+def test_fit_recovers_a_linear_cost_and_reports_quality():
+    rng = np.random.default_rng(0)
+    n = 200
+    p = rng.integers(0, 600, n).astype(float) * (rng.random(n) < 0.6)    # 40 % decode-only steps
+    d = rng.integers(1, 40, n).astype(float)
+    cached, ctx = rng.integers(0, 4000, n), rng.integers(100, 3000, n)   # independent of the token counts
+    shapes = [StepShape(int(a), int(b), a * (c + a / 2), b * x) for a, b, c, x in zip(p, d, cached, ctx)]
+    true = np.array([0.002, 2e-5, 1e-4, 0.003, 0.01, 0.0004])
+    dur = np.array([true @ s.features() for s in shapes])
+    rows = pd.DataFrame({"t_start_s": np.arange(n) * 1.0, "prefill_tokens": p, "decode_rows": d})
+    rows["t_end_s"] = rows["t_start_s"] + dur
+    fit = cost_model.fit(rows, shapes, "exact")
+    assert np.allclose(fit.coef, true, rtol=1e-6, atol=1e-9)
+    assert fit.r2 == pytest.approx(1.0) and fit.mape_heldout < 1e-6
+    assert fit.gap_s == pytest.approx(1.0 - dur[:-1].mean(), abs=0.2)
+
+
+def test_fit_needs_enough_steps():
+    rows = pd.DataFrame({"t_start_s": [0.0, 1.0], "t_end_s": [0.5, 1.5], "prefill_tokens": [1.0, 2.0],
+                         "decode_rows": [1.0, 1.0]})
+    with pytest.raises(UserError, match="too few"):
+        cost_model.fit(rows, [StepShape(1, 1), StepShape(2, 1)], "x")
+
+
+def test_ledger_fallback_charges_a_prefill_chunk():
+    from mixdiag.ledger.device_model import device
+    from mixdiag.ledger.shapes import resolve
+
+    lc = cost_model.LedgerCost(resolve("glm-5.3", None), device("h200"))
+    dec, mix = lc.step_s(StepShape(0, 32, 0, 32 * 4096)), lc.step_s(StepShape(8192, 32, 8192 ** 2 / 2, 32 * 4096))
+    assert 0 < dec < mix
+    assert lc.describe()["kind"] == "ledger"
+
+
+@pytest.mark.parametrize("text,want", [
+    ("chunk_size=256,512", ("chunk_size", [256, 512])),
+    ("policy=token_budget,mix_running", ("policy", ["token_budget", "mix_running"])),
+    ("mixed_chunk=on,off", ("mixed_chunk", [True, False])),
+    ("max_running=8,8,16", ("max_running", [8, 16])),
+])
+def test_parse_knob(text, want):
+    assert frontier.parse_knob(text) == want
+
+
+@pytest.mark.parametrize("text", ["chunk_size", "bogus=1", "chunk_size=", "chunk_size=a,b", "mixed_chunk=maybe"])
+def test_parse_knob_refuses(text):
+    with pytest.raises(UserError):
+        frontier.parse_knob(text)
+
+
+def test_apply_maps_chunk_size_onto_both_budgets_and_validates():
+    from mixdiag.engine.core.config import SchedulerConfig
+
+    cfg = frontier.apply(SchedulerConfig(), {"chunk_size": 1024})
+    assert (cfg.max_num_batched_tokens, cfg.chunked_prefill_size) == (1024, 1024)
+    with pytest.raises(UserError, match="chunk_size=0"):
+        frontier.apply(SchedulerConfig(), {"chunk_size": 0})
+
+
+ROWS = [{"label": "a", "itl_p99_s": 0.05, "ttft_p99_s": 3.0, "throughput_tok_s": 900},
+        {"label": "b", "itl_p99_s": 0.10, "ttft_p99_s": 1.5, "throughput_tok_s": 1000},
+        {"label": "c", "itl_p99_s": 0.20, "ttft_p99_s": 1.2, "throughput_tok_s": 1050},
+        {"label": "d", "itl_p99_s": 0.25, "ttft_p99_s": 1.6, "throughput_tok_s": 1000}]   # dominated by b
+
+
+def test_pareto_drops_dominated_settings():
+    assert [r["label"] for r in frontier.pareto(ROWS)] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("itl,ttft,want", [
+    (None, 2.0, "b"),      # lowest ITL with TTFT <= 2
+    (0.15, None, "b"),     # lowest TTFT with ITL <= 0.15
+    (0.3, 2.0, "c"),       # both: highest throughput
+    (0.01, None, None),    # nothing meets it
+    (None, None, "b"),     # nearest both minima
+])
+def test_recommend_under_slos(itl, ttft, want):
+    rec, why = frontier.recommend(ROWS, itl, ttft)
+    assert (rec["label"] if rec else None) == want
+    assert why
