@@ -9,12 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixdiag.collectors.traces import nsys
+from mixdiag.collectors.traces import kineto, nsys
 from mixdiag.collectors.traces.foreign_steps import RANK_SKEW_HIGH
 from tests.helpers.foreign_trace import simulate
 
 CASES = [(e, nvtx, gt, seed) for e, seed in (("vllm", 7), ("sglang", 11), ("ep2", 13))
          for nvtx in (True, False) for gt in ("graph", "node")]
+#: Kineto: one JSON per rank, always node level (Kineto has no graph-level rows); <= 150 steps.
+KINETO_CASES = [(e, nvtx, seed) for e, seed in (("vllm", 17), ("sglang", 19), ("ep2", 23)) for nvtx in (True, False)]
 
 
 @pytest.mark.parametrize("engine,nvtx,graph_trace,seed", CASES)
@@ -22,6 +24,23 @@ def test_foreign_trace_accuracy(tmp_path, engine, nvtx, graph_trace, seed):
     truth = simulate(engine, seed, 250, None, nvtx, graph_trace, "nsys", tmp_path / "t.sqlite")
     tl = nsys.read(truth.path)
     assert tl.meta["sources"][0]["step_source"] == ("nvtx-engine-naming" if nvtx else "sync-pattern")
+    _check(truth, tl, nvtx, graph_trace)
+
+
+@pytest.mark.parametrize("engine,nvtx,seed", KINETO_CASES)
+def test_foreign_kineto_accuracy(tmp_path, engine, nvtx, seed):
+    truth = simulate(engine, seed, 150, None, nvtx, "node", "kineto", tmp_path / "t.json")
+    tl = kineto.read(list(truth.paths))  # per-rank files of one job, read together
+    assert tl.meta["sources"][0]["step_source"] == ("kineto-engine-naming" if nvtx else "sync-pattern")
+    assert len(tl.instances) == len(truth.paths)
+    _check(truth, tl, nvtx, "node")
+    if engine == "ep2":
+        assert tl.meta["signals"][tl.instances[0]]["expert_imbalance"] == "inferred"
+    else:  # one file alone reads the same as the list of one
+        assert kineto.read(truth.path).steps["kind"].tolist() == tl.steps["kind"].tolist()
+
+
+def _check(truth, tl, nvtx: bool, graph_trace: str) -> None:
     steps = tl.steps
     for inst in steps["instance"].unique():
         s = steps[steps["instance"] == inst].reset_index(drop=True)
