@@ -26,8 +26,8 @@ def evidence_summary(cause: str, ev: dict) -> str:
             parts.append(f"graph {ev['graph_mode']}")
         if ev.get("sm_delta") is not None:
             parts.append(f"SM {ev['sm_delta']:+.2f} vs neighbours")
-        if ev.get("period_ratio") is not None:
-            parts.append(f"spike/prefill period {ev['period_ratio']:.2f}")
+        if ev.get("periodic"):
+            parts.append("in step with prefill arrivals")
     elif cause == "ep_hotspot":
         parts.append(f"expert imbalance {g('expert_imbalance', '{:.2f}')}"
                      + (f" ({ev['imbalance_rel']:.1f}x neighbours)" if ev.get("imbalance_rel") else ""))

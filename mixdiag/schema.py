@@ -191,8 +191,8 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "sm_active": ("ratio", "SM activity during the step"),
     "sm_delta": ("ratio", "SM activity above decode-only neighbours"),
     "sm_high": ("bool", "sm_delta above the mixing threshold"),
-    "period_ratio": ("ratio", "spike period / prefill period"),
-    "periodic": ("bool", "spikes recur with the prefill period"),
+    "periodic": ("bool", "spike near a prefill arrival, and the instance's spikes fall near arrivals far above "
+                 "chance (binomial test)"),
     "expert_imbalance": ("ratio", "max/mean tokens per EP rank"),
     "imbalance_rel": ("ratio", "expert_imbalance / its neighbourhood's"),
     "kv_transfer_bytes": ("B", "KV bytes installed from a prefill instance"),
@@ -215,6 +215,18 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "host_gap_per_request_s": ("s", "ITL time of an interval minus its steps' time, per waiting request"),
     "host_gap_excess_s": ("s", "host_gap_per_request_s above its rolling median"),
     "reason": ("-", "why the cause was chosen or none was"),
+    "signal_quality": ("-", "per signal of this row: measured | inferred | estimated | absent (estimated never "
+                       "corroborates the token allocation)"),
+    "comm_share": ("ratio", "collective/all-to-all share of the step's device time"),
+    "comm_delta": ("ratio", "comm_share above decode neighbours"),
+    "rank_skew": ("ratio", "slowest rank's compute time / median rank's"),
+    "rank_skew_high": ("bool", "rank_skew above the EP-hotspot threshold"),
+    "device_idle_before_s": ("s", "measured device idle time before the step"),
+    "arrivals": ("count", "requests that arrived / began prefill in the row"),
+    "large_step_share": ("ratio", "interval rows: share of steps with prefill work"),
+    "prefill_itl_rho": ("ratio", "interval rows: Spearman rho of prefill work vs ITL excess across intervals"),
+    "prefill_itl_p_value": ("ratio", "its one-sided permutation p-value"),
+    "llm_serving": ("bool", "False when the input has no decode-like structure (confidence capped at 0.5)"),
 }
 
 FRAMES: dict[str, tuple[Column, ...]] = {"steps": STEPS_COLUMNS, "tokens": TOKENS_COLUMNS, "series": SERIES_COLUMNS}

@@ -12,7 +12,7 @@ Missing signals are listed per spike and lower the confidence; nothing is guesse
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -21,7 +21,8 @@ from mixdiag.diagnosis.attribution import (AttributionConfig, InstanceContext, a
                                            attribute_fused, attribute_preemptions)
 from mixdiag.schema import Timeline
 from mixdiag.causes import VERDICT_LEAD
-from mixdiag.diagnosis.signals import SIGNALS, SignalConfig, decode_graph_norm, periodicity, signal_quality, step_signals
+from mixdiag.diagnosis.signals import (SIGNALS, SignalConfig, decode_graph_norm, looks_like_llm_serving, periodicity,
+                                      prefill_events, rank_relation, row_qualities, signal_quality, step_signals)
 from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
 from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 from mixdiag.diagnosis.budget import budget_of
@@ -41,6 +42,23 @@ class DiagnosisConfig:
     def __post_init__(self):
         if not self.interval_ratio > 1:
             raise ValueError("DiagnosisConfig.interval_ratio must be > 1")
+
+
+#: Highest confidence of any cause on an input with no decode-like structure.
+NOT_LLM_CAP = 0.5
+
+
+def _json_num(v):
+    """A plain JSON value: bools and ints as they are, non-finite floats as None."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return round(f, 6) if np.isfinite(f) else None
 
 
 def _coarse_clock(st: pd.DataFrame) -> bool:
@@ -69,6 +87,7 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     else:
         st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
     sig = step_signals(st, cfg.signals)
+    sig = pd.concat([sig, row_qualities(sig, quality)], axis=1)
     if coarse:
         sig["gap_excess_s"] = np.nan
     if has_tokens:
@@ -86,6 +105,8 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     if outside_faulty is not None and len(outside_faulty) == len(sig):
         faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
     ref = visible & sig["decode_only"] & ~faulty
+    if not sig["decode_only"].any():  # no token counts: every visible step, then its usual graph mode
+        ref = visible & ~faulty
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
     norm = decode_graph_norm(sig)
@@ -102,7 +123,8 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     sig["request_stall"] = stall
     spike = spike | stall
     sig["is_spike"] = spike
-    period = periodicity(sig, spike)
+    period = periodicity(sig, spike, prefill_events(sig, use_allocation=False), candidates=visible)
+    sig["near_prefill_event"] = period.pop("near")
     full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
@@ -147,8 +169,14 @@ def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     sig["baseline_s"] = base
     sig["itl_max_s"] = lat
     sig["is_spike"] = has_itl & (lat > cfg.interval_ratio * base)
-    period = periodicity(sig, sig["is_spike"])
-    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period)
+    sig = pd.concat([sig, row_qualities(sig, quality)], axis=1)
+    period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
+    sig["near_prefill_event"] = period.pop("near")
+    # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
+    work = next((sig[c] for c in ("prefill_tokens", "large_step_share", "arrivals")
+                 if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= 6), pd.Series(np.nan, index=sig.index))
+    relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl))
+    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
     return sig, ctx, period, "interval_itl_quantiles"
 
 
@@ -198,10 +226,12 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         else:
             sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
         sig["instance"] = inst
+        ctx = replace(ctx, llm_like=looks_like_llm_serving(sig, len(tokens) > 0))
         views.append((inst, sig, ctx))
-        instances[inst] = {"signals": ctx.quality, "latency_source": source,
-                           "periodicity": {k: (None if not np.isfinite(v) else round(float(v), 6))
-                                           for k, v in period.items()}}
+        instances[inst] = {"signals": ctx.quality, "latency_source": source, "llm_serving": ctx.llm_like,
+                           "periodicity": {k: _json_num(v) for k, v in period.items()},
+                           **({"prefill_itl_relation": {k: _json_num(v) for k, v in ctx.relation.items()}}
+                              if ctx.relation else {})}
     frames = [sig for _, sig, _ in views]
     has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
     for inst, sig, ctx in views:  # attribution, per spike
@@ -216,6 +246,9 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
             else:
                 itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
             a = attribute_fused(row, a, cfg.attribution)
+            if not ctx.llm_like:  # no decode-like structure: nothing is called with certainty
+                a = replace(a, confidence=min(a.confidence, NOT_LLM_CAP),
+                            evidence=a.evidence | {"llm_serving": False})
             causes[i] = a.cause
             spikes.append(_spike(inst, row, itl_s, row["baseline_s"], a, missing))
         sig["cause"] = pd.Series(causes, index=sig.index, dtype=object)
@@ -252,6 +285,13 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
     n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
+    not_llm = [inst for inst, _, ctx in views if not ctx.llm_like]
+    if views and len(not_llm) == len(views):
+        verdict = (f"This input does not look like LLM serving (no decode-like steps: no output tokens or decode "
+                   f"rows, no repeated FULL-graph replays, no ITL); causes are named with confidence <= "
+                   f"{NOT_LLM_CAP}. {verdict}")
+    elif not_llm:
+        verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {NOT_LLM_CAP})."
     headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
                      instances=instances, config=cfg, budget=budget_of(timeline.tokens, steps, sp))

@@ -160,6 +160,8 @@ def itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
         st = steps[(steps["granularity"] == "step")]
         if "latency_s" in st.columns and len(st):
             v = st.loc[st["has_decode"], "latency_s"].dropna().to_numpy()
+            if not len(v):  # no decode rows known (a trace without token counts): every step's latency
+                v = st["latency_s"].dropna().to_numpy()
             src = "step_latency"
         else:
             iv = steps[steps["granularity"] == "interval"] if len(steps) else steps

@@ -8,6 +8,7 @@ once, here (:func:`signal_quality`), from ``meta["signals"]`` and from which col
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,7 +79,8 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
 
     Adds: ``has_prefill``, ``has_decode``, ``decodes_around`` (a neighbour step held decode
     rows), ``decodes_before`` (decodes were running when the step began), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
-    that of neighbouring decode-only steps), ``imbalance_rel`` (expert imbalance over its
+    that of neighbouring decode-only steps - FULL-graph steps when token counts are absent),
+    ``comm_delta`` (collective share of the step minus its decode neighbourhood's), ``imbalance_rel`` (expert imbalance over its
     decode-only neighbourhood), ``kv_xfer``, ``preempt``, ``gap_excess_s`` (gap minus the
     typical gap).
     """
@@ -100,7 +102,11 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     s["graph_off"] = s["graph_mode"].isin(["PIECEWISE", "NONE"])
     w = cfg.neighbour_window
     ref = s["decode_only"]
+    if not ref.any():  # no token counts: a FULL graph replay is a uniform decode batch
+        ref = s["graph_mode"].eq("FULL") & s.get("graph_replayed", pd.Series(np.nan, index=s.index)).ne(0)
     s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w)
+    comm = s["comm_share"] if "comm_share" in s.columns else pd.Series(np.nan, index=s.index)
+    s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, 201))
     # a wide window: hotspot windows last tens of steps and must not become their own reference
     imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 201))
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
@@ -112,21 +118,157 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
 
 
 def decode_graph_norm(sig: pd.DataFrame) -> str:
-    """The graph mode most decode-only steps of the instance ran in ('unknown' if none known)."""
+    """The graph mode most decode-only steps of the instance ran in ('unknown' if none known).
+    Without token counts: the mode most steps ran in, when one mode holds at least half of them
+    (decode steps are the bulk of serving)."""
     m = sig.loc[sig["decode_only"] & (sig["graph_mode"] != "unknown"), "graph_mode"]
-    return str(m.mode().iloc[0]) if len(m) else "unknown"
+    if len(m):
+        return str(m.mode().iloc[0])
+    m = sig.loc[sig["graph_mode"] != "unknown", "graph_mode"]
+    if not len(m):
+        return "unknown"
+    top = m.value_counts()
+    return str(top.index[0]) if top.iloc[0] >= 0.5 * len(sig) else "unknown"
 
 
-def periodicity(sig: pd.DataFrame, spike_mask: pd.Series) -> dict:
-    """Spike period vs prefill-chunk arrival period (median spacing of start times), and phase
-    alignment (share of spikes that fell on a step holding prefill tokens)."""
+#: Per-row quality column of each signal (schema ``q_*``); '' there means "see meta['signals']".
+QUALITY_COLUMNS = {"token_allocation": "q_token_allocation", "graph_mode": "q_graph_mode",
+                   "sm_active": "q_sm_active", "expert_imbalance": "q_expert_imbalance",
+                   "kv_transfer": "q_kv_transfer"}
+#: Qualities that may corroborate another signal: ``estimated`` values are modelled from the token
+#: allocation (SM activity from a cost model, a graph mode planned from the batch shape), so they
+#: repeat the allocation instead of checking it.
+INDEPENDENT = ("measured", "inferred")
+
+
+def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
+    """Per-row quality of each signal with a ``q_*`` column: ``rq_<signal>`` columns.
+
+    The row's own ``q_*`` value wins, else the instance's quality; an empty cell is ``absent``.
+    A graph mode that claims a graph (FULL/PIECEWISE) on a row whose ``graph_replayed`` is 0 was
+    planned from the batch shape, not replayed: ``estimated``, unless the row says ``measured``.
+    """
+    out = pd.DataFrame(index=s.index)
+    for sig, col in QUALITY_COLUMNS.items():
+        q = pd.Series(quality.get(sig, "absent"), index=s.index, dtype=object)
+        if col in s.columns:
+            own = s[col].fillna("").astype(str)
+            q = q.where(~own.isin(["measured", "inferred", "estimated", "absent"]), own)
+        data = [c for c in SIGNAL_COLUMNS.get(sig, ()) if c in s.columns]
+        if sig == "graph_mode":
+            empty = s["graph_mode"].fillna("unknown").eq("unknown")
+            planned = s["graph_mode"].isin(["FULL", "PIECEWISE"]) & s.get(
+                "graph_replayed", pd.Series(np.nan, index=s.index)).eq(0)
+            if col in s.columns:
+                planned &= s[col].fillna("").ne("measured")
+            q = q.where(~(planned & q.ne("absent")), "estimated")
+        elif sig == "token_allocation":
+            empty = s[["prefill_tokens", "decode_rows", "decode_reqs"]].isna().all(axis=1) & \
+                ~s["kind"].isin(["prefill", "decode", "mixed"])
+        elif sig == "expert_imbalance":
+            empty = s["expert_imbalance"].isna() & s.get("rank_skew", pd.Series(np.nan, index=s.index)).isna()
+        else:
+            empty = s[data].isna().all(axis=1) if data else pd.Series(True, index=s.index)
+        out["rq_" + sig] = q.where(~empty, "absent")
+    return out
+
+
+def independent(q) -> bool:
+    """Whether a signal of quality ``q`` may corroborate the token allocation."""
+    return q in INDEPENDENT
+
+
+def prefill_events(sig: pd.DataFrame, use_allocation: bool) -> pd.Series:
+    """Rows where prefill work began: requests arrived (``arrivals`` > 0), and - only when the
+    caller may use it - the token allocation says the row held prefill tokens. Events taken from
+    the token counts never corroborate the token counts (the caller decides)."""
+    ev = sig["arrivals"].fillna(0).gt(0) if "arrivals" in sig.columns else pd.Series(False, index=sig.index)
+    if use_allocation:
+        ev |= sig["has_prefill"].astype(bool)
+    return ev.astype(bool)
+
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), exact (no scipy)."""
+    if k <= 0:
+        return 1.0
+    if p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    return float(min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))))
+
+
+def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, events: pd.Series | None = None,
+                candidates: pd.Series | None = None, alpha: float = 0.01) -> dict:
+    """Do spikes recur in step with prefill work? A binomial test, not a period ratio.
+
+    ``events`` (default: :func:`prefill_events` without the allocation) marks rows where prefill
+    work began. A spike is *near* an event when an event falls on its row or the row before or
+    after. Under the null (spikes placed at random among the ``candidates`` rows - decode-visible
+    rows by default), a spike is near an event with the chance rate ``p0`` = share of candidate
+    rows near one; the test is P(X >= k) for X ~ Binomial(n spikes, p0). ``significant`` when
+    that p-value < ``alpha`` and at least 3 spikes are near events. Also reports the median
+    spacing of spikes and events (informational only).
+    """
+    if events is None:
+        events = prefill_events(sig, use_allocation=False)
+    events = events.fillna(False).astype(bool)
+    near = events | events.shift(1, fill_value=False) | events.shift(-1, fill_value=False)
+    cand = candidates.fillna(False).astype(bool) if candidates is not None else pd.Series(True, index=sig.index)
+    spikes = spike_mask.fillna(False).astype(bool) & cand
+    n, k = int(spikes.sum()), int((spikes & near).sum())
+    p0 = float(near[cand].mean()) if cand.any() else float("nan")
+    p = _binom_sf(k, n, p0) if n and np.isfinite(p0) and events.any() else float("nan")
     t = sig["t_start_s"]
-    visible_prefill = sig["has_prefill"] & (sig["has_decode"] | sig["decodes_before"])
-    tp = t[visible_prefill].to_numpy()
-    ts = t[spike_mask & sig["has_prefill"]].to_numpy()  # spikes that fell on prefill chunks
-    spike_p = float(np.median(np.diff(ts))) if len(ts) >= 3 else float("nan")
-    prefill_p = float(np.median(np.diff(tp))) if len(tp) >= 3 else float("nan")
-    ratio = spike_p / prefill_p if np.isfinite(spike_p) and np.isfinite(prefill_p) and prefill_p > 0 else float("nan")
-    aligned = float(sig.loc[spike_mask, "has_prefill"].mean()) if spike_mask.any() else float("nan")
-    return {"spike_period_s": spike_p, "prefill_period_s": prefill_p, "period_ratio": ratio,
-            "aligned_share": aligned}
+    te, ts = t[events].to_numpy(), t[spikes].to_numpy()
+    return {"events": int(events.sum()), "spikes": n, "near_share": (k / n) if n else float("nan"),
+            "chance_share": p0, "p_value": p,
+            "significant": bool(np.isfinite(p) and p < alpha and k >= 3),
+            "spike_period_s": float(np.median(np.diff(ts))) if len(ts) >= 3 else float("nan"),
+            "prefill_period_s": float(np.median(np.diff(te))) if len(te) >= 3 else float("nan"),
+            "near": near}
+
+
+def rank_relation(work: pd.Series, excess: pd.Series, n_perm: int = 999, seed: int = 0, min_work: int = 3) -> dict:
+    """Spearman rank correlation of prefill work per interval with the ITL excess, and a one-sided
+    permutation p-value (seeded: the same input gives the same answer). NaN with fewer than
+    ``min_work`` intervals holding prefill work."""
+    m = work.notna() & excess.notna()
+    w, e = work[m].to_numpy(float), excess[m].to_numpy(float)
+    n_work = int((w > 0).sum())
+    # one or two intervals with prefill work are a coincidence, not a relation
+    if len(w) < 6 or n_work < min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
+        return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work}
+    rw, re_ = pd.Series(w).rank().to_numpy(), pd.Series(e).rank().to_numpy()
+    rw, re_ = rw - rw.mean(), re_ - re_.mean()
+    den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
+    rho = float((rw * re_).sum() / den)
+    rng = np.random.default_rng(seed)
+    perm = np.array([float((rng.permutation(rw) * re_).sum() / den) for _ in range(n_perm)])
+    p = float((1 + (perm >= rho).sum()) / (n_perm + 1))
+    return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
+
+
+def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float = 0.2) -> bool:
+    """Whether an instance's rows have the decode-like structure of LLM serving: output token
+    events or interval ITL; or step rows of which at least ``min_share`` held decode rows / output
+    tokens; or replayed the FULL graph with one duration scale (repeated short decode steps: the
+    robust spread of their durations is within half their median)."""
+    if has_tokens or not len(sig):
+        return bool(has_tokens)
+    iv = sig["granularity"] == "interval"
+    if iv.any() and sig.loc[iv, [c for c in ("itl_p99_s", "itl_p50_s", "itl_mean_s") if c in sig.columns]].notna().any().any():
+        return True
+    st = sig[~iv]
+    if not len(st):
+        return False
+    out = st["output_tokens"].fillna(0).gt(0) if "output_tokens" in st.columns else pd.Series(False, index=st.index)
+    if float((st["has_decode"].astype(bool) | out).mean()) >= min_share:
+        return True
+    full = st["graph_mode"].eq("FULL") & st.get("graph_replayed", pd.Series(np.nan, index=st.index)).eq(1)
+    if float(full.mean()) < min_share or full.sum() < 5:
+        return False
+    d = (st["t_end_s"] - st["t_start_s"])[full]
+    med = float(d.median())
+    return med > 0 and float(1.4826 * (d - med).abs().median()) <= 0.5 * med
