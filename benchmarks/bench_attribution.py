@@ -22,7 +22,7 @@ Seeds: ``--seeds tune`` (0-4) is what rules and thresholds may be tuned on; ``--
 (100-104) is for the reported table only. Matching (mixdiag/diagnosis/evaluation.py): tiers a-c
 match a spike to its own step; d-f also to the step either side (a spike is right when its cause is
 the truth cause of its step or of a neighbour); tier d first maps the collector's steps onto truth's
-by time. Per tier: precision/recall/F1 per cause, macro-F1 vs target (a 0.95, b 0.90, c/e/f 0.80,
+by time; tier f's log rows (no step number, whole-second stamps) cover the steps ending in their second. Per tier: precision/recall/F1 per cause, macro-F1 vs target (a 0.95, b 0.90, c/e/f 0.80,
 d 0.90), share of non-mixing spikes called mixing (target < 2 %), confusion (truth x called);
 calibration over all tiers run: confidence bins [0,0.5) [0.5,0.8) [0.8,1] with count and accuracy
 (target: the >= 0.8 bin right >= 90 %).
@@ -62,6 +62,9 @@ TIER_CAUSES = {
     "f": ("mixing", "prefill_stall", "ep_hotspot", "pd_transfer", "graph_fallback", "kv_pressure"),
 }
 TOLERANCE = {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 1}
+#: SGLang's log lines carry no step number and whole-second stamps: its step rows are matched to
+#: the truth steps ending within their log second
+STEP_WINDOW_S = {"f": 1.0}
 TIER_NAMES = {"a": "per-step records", "b": "profiler trace only", "c": "own-dialect 1 s scrapes + log",
               "d": "foreign-engine Nsight exports", "e": "vLLM /metrics (1 s) + vLLM log",
               "f": "SGLang /metrics (1 s) + SGLang log"}
@@ -86,15 +89,15 @@ def align_instances(tl: Timeline, truth: pd.DataFrame) -> Timeline:
     return rename_instances(tl, mapping)
 
 
-def within(tv: pd.DataFrame, tl: Timeline) -> pd.DataFrame:
-    """Truth rows inside what a tier saw: its step range per engine (a profiler window), else its
-    time span."""
+def within(tv: pd.DataFrame, tl: Timeline, by_step_range: bool) -> pd.DataFrame:
+    """Truth rows inside what a tier saw: its step range per engine (a profiler window; only where
+    the tier numbers steps as the engine does), else its time span."""
     st = tl.steps
     keep = pd.Series(False, index=tv.index)
     for inst, g in st.groupby(st["instance"].str.split("@").str[0]):
         m = tv["instance"] == inst
         rows = g[g["granularity"] == "step"]
-        if len(rows):
+        if len(rows) and by_step_range:
             keep |= m & tv["step"].between(int(rows["step"].min()), int(rows["step"].max()))
         else:
             keep |= m & tv["t_end_s"].between(float(g["t_start_s"].min()), float(g["t_end_s"].max()))
@@ -117,7 +120,7 @@ def ref_case(tier: str, run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     if paths is None:
         raise FileNotFoundError(why)
     tl = align_instances(load_sources(paths), truth)
-    return diagnose(tl).spikes, within(tv, tl)
+    return diagnose(tl).spikes, within(tv, tl, by_step_range=tier not in STEP_WINDOW_S)
 
 
 def sim_case(path: Path, sim_truth: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -158,7 +161,7 @@ def evaluate_tier(tier: str, seeds, cache: Path, n_steps: int, scenarios, varian
             not_eval[key] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
             continue
         sp, tv = _prefix(sp, key), _prefix(tv, key)
-        j = judge(sp, tv, by_step=True, tolerance=TOLERANCE[tier])
+        j = judge(sp, tv, by_step=True, tolerance=TOLERANCE[tier], step_window_s=STEP_WINDOW_S.get(tier))
         judged.append(j)
         truths.append(tv)
         by = j["cause"].value_counts().to_dict()

@@ -139,20 +139,27 @@ def map_to_truth_steps(spikes: pd.DataFrame, truth_v: pd.DataFrame) -> pd.DataFr
     return out
 
 
-def judge(spikes: pd.DataFrame, truth_v: pd.DataFrame, by_step: bool = True, tolerance: int = 0) -> pd.DataFrame:
+def judge(spikes: pd.DataFrame, truth_v: pd.DataFrame, by_step: bool = True, tolerance: int = 0,
+          step_window_s: float | None = None) -> pd.DataFrame:
     """One row per spike: ``cause``, ``confidence``, ``gold`` (set), ``truth_cause``, ``right``, and
-    ``keys`` (the truth steps it covers). See the module doc for the matching rules."""
+    ``keys`` (the truth steps it covers). See the module doc for the matching rules.
+
+    ``step_window_s``: step rows whose numbering is not the engine's and whose time is known only
+    to a log stamp's resolution (SGLang lines: whole seconds, no step number) are matched by time,
+    covering the truth steps that end within ``[t_start_s, max(t_end_s, t_start_s + step_window_s)]``."""
     labelled = truth_v[truth_v["cause"].isin(SCORED)]
     causes_at = labelled.groupby(["instance", "step"])["cause"].agg(set).to_dict()
     tv = truth_v.drop_duplicates(["instance", "step"]).sort_values("t_end_s")
     rows = []
     for p in spikes.itertuples(index=False):
         inst = _engine(p.instance)
-        if by_step and getattr(p, "granularity", "step") == "step":
+        is_step = getattr(p, "granularity", "step") == "step"
+        if by_step and is_step and step_window_s is None:
             own = (inst, int(p.step))
             keys = [(inst, int(p.step) + k) for k in range(-tolerance, tolerance + 1)]
         else:
-            m = (tv["t_end_s"] >= p.t_start_s) & (tv["t_end_s"] <= p.t_end_s + 1e-9)
+            t_end = max(p.t_end_s, p.t_start_s + step_window_s) if is_step and step_window_s else p.t_end_s
+            m = (tv["t_end_s"] >= p.t_start_s) & (tv["t_end_s"] <= t_end + 1e-9)
             if (tv["instance"] == inst).any():
                 m &= tv["instance"] == inst
             keys = list(map(tuple, tv.loc[m, ["instance", "step"]].itertuples(index=False)))
