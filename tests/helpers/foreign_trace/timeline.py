@@ -155,40 +155,25 @@ class Simulator:
                 rk.gpu = self._copy(rk, n, 1, COMPUTE, rk.gpu, c.h2d_gbps)
                 inf["h2d"] += n
             inf["fwd_cpu"] = rk.cpu
-        # forward: same launch structure on every rank, collectives meet across ranks
-        # one launch structure for all ranks (DP ranks run the same mode and kernel sequence)
-        shape = [(self._ep_name(n, mode), role) for n, role in layer_kernels(spec, p.prefill_tokens, p.decode_rows[0])]
-        per_rank = [shape * c.n_layers] * spec.n_ranks
+        # forward: each rank runs its own batch's kernels (a DP-attention rank without the prefill
+        # runs decode attention while rank 0 runs prefill attention); ranks share the graph mode and
+        # the layer structure, so they meet in the same sequence of all-to-all collectives
+        per_rank = [[(self._ep_name(n, mode), role)
+                     for n, role in layer_kernels(spec, p.prefill_tokens if r == 0 else 0, p.decode_rows[r])]
+                    * c.n_layers for r in range(spec.n_ranks)]
         durs = [self._durations(p, mode, r, per_rank[r]) for r in range(spec.n_ranks)]
-        units = self._units(per_rank[0], mode, size)
-        for inf in info:
+        plan = []  # per rank: (graph id, kernel index, launch end, correlation, unit, node) in launch order
+        for rk, inf in zip(self.ranks, info):
             inf.update(graphs=0, launches=0)
-        for gid, members in units:
-            launch = []
-            for rk, inf in zip(self.ranks, info):
+            seq = []
+            for u, (gid, members) in enumerate(self._units(per_rank[rk.r], mode, size)):
                 rk.cpu += int(rng.uniform(8, 20) * US) if gid is None else int(rng.uniform(20, 40) * US)
                 name = "cudaLaunchKernel_v7000" if gid is None else "cudaGraphLaunch_v10000"
                 _, e, corr = self._api(rk, name, int(c.launch_us * (1 if gid is None else 2.5) * US))
-                launch.append((e, corr))
                 inf["graphs" if gid is not None else "launches"] += 1
-            first = [None] * spec.n_ranks
-            for node, k in enumerate(members):
-                role = per_rank[0][k][1]
-                starts = [max(rk.gpu, launch[rk.r][0] - US) for rk in self.ranks]
-                meet = max(starts)
-                for rk in self.ranks:
-                    d = durs[rk.r][k]
-                    end = meet + int(c.comm_ms * MS / 2) if role in ("dispatch", "combine") else starts[rk.r] + d
-                    end = max(end, starts[rk.r] + 1500)
-                    name = per_rank[rk.r][k][0]
-                    if gid is None or self.graph_trace == "node":
-                        tr.kernels.append((starts[rk.r], end, rk.r, COMPUTE, launch[rk.r][1], rk.pid, name,
-                                           gid, None if gid is None else gid * 1000 + node))
-                    first[rk.r] = first[rk.r] if first[rk.r] is not None else starts[rk.r]
-                    rk.gpu = end
-            if gid is not None and self.graph_trace == "graph":
-                for rk in self.ranks:
-                    tr.graphs.append((first[rk.r], rk.gpu, rk.r, COMPUTE, launch[rk.r][1], rk.pid, gid, gid))
+                seq += [(gid, k, e, corr, u, node) for node, k in enumerate(members)]
+            plan.append(seq)
+        self._run_gpu(plan, per_rank, durs)
         # sampler, sampled-id D2H, sync
         for rk, inf in zip(self.ranks, info):
             for k in spec.sampler:
@@ -223,6 +208,42 @@ class Simulator:
                 cause=p.cause, hot_rank=p.hot_rank, graph_launches=inf["graphs"], kernel_launches=inf["launches"],
                 h2d_bytes=inf["h2d"], d2h_bytes=inf["d2h"], sampled_rows=inf["reqs"], kv_transfer_bytes=inf["kv"],
                 host_stall_ns=int(p.host_stall_ms * MS)))
+
+    def _run_gpu(self, plan, per_rank, durs) -> None:
+        """Run every rank's launched kernels on its compute stream; at each collective the ranks
+        wait for each other (a dispatch/combine ends when the last rank arrived plus the transfer)."""
+        c, tr = self.cost, self.trace
+        pos = [0] * len(self.ranks)
+        units: list[dict] = [{} for _ in self.ranks]  # unit -> [first start, last end, gid, corr]
+
+        def emit(rk, item, start, end):
+            gid, k, _, corr, u, node = item
+            if gid is None or self.graph_trace == "node":
+                tr.kernels.append((start, end, rk.r, COMPUTE, corr, rk.pid, per_rank[rk.r][k][0], gid,
+                                   None if gid is None else gid * 1000 + node))
+            units[rk.r].setdefault(u, [start, end, gid, corr])[1] = end
+            rk.gpu = end
+            pos[rk.r] += 1
+
+        while any(pos[rk.r] < len(plan[rk.r]) for rk in self.ranks):
+            waiting = []
+            for rk in self.ranks:
+                while pos[rk.r] < len(plan[rk.r]):
+                    item = plan[rk.r][pos[rk.r]]
+                    start = max(rk.gpu, item[2] - US)
+                    if per_rank[rk.r][item[1]][1] in ("dispatch", "combine"):
+                        waiting.append((rk, item, start))
+                        break
+                    emit(rk, item, start, start + max(durs[rk.r][item[1]], 1500))
+            if waiting:
+                meet = max(start for _, _, start in waiting)
+                for rk, item, start in waiting:
+                    emit(rk, item, start, max(meet + int(c.comm_ms * MS / 2), start + 1500))
+        if self.graph_trace == "graph":
+            for rk in self.ranks:
+                for first, last, gid, corr in units[rk.r].values():
+                    if gid is not None:
+                        tr.graphs.append((first, last, rk.r, COMPUTE, corr, rk.pid, gid, gid))
 
     def _ep_name(self, name: str, mode: str) -> str:
         pair = self.spec.ep_decode if mode == "FULL" else self.spec.ep_prefill
