@@ -250,16 +250,21 @@ def rank_relation(work: pd.Series, excess: pd.Series, n_perm: int = 999, seed: i
     return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
 
 
-def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float = 0.2) -> bool:
+def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float = 0.2, min_rows: int = 10) -> bool:
     """Whether an instance's rows have the decode-like structure of LLM serving: output token
     events or interval ITL; or step rows of which at least ``min_share`` held decode rows / output
     tokens; or replayed the FULL graph with one duration scale (repeated short decode steps: the
-    robust spread of their durations is within half their median)."""
-    if has_tokens or not len(sig):
-        return bool(has_tokens)
-    iv = sig["granularity"] == "interval"
-    if iv.any() and sig.loc[iv, [c for c in ("itl_p99_s", "itl_p50_s", "itl_mean_s") if c in sig.columns]].notna().any().any():
+    robust spread of their durations is within half their median). Fewer than ``min_rows`` rows:
+    True (too little to judge)."""
+    if has_tokens or len(sig) < min_rows:  # too few rows to judge: no claim either way
         return True
+    iv = sig["granularity"] == "interval"
+    if iv.any():
+        ivr = sig[iv]
+        itl = ivr[[c for c in ("itl_p99_s", "itl_p50_s", "itl_mean_s") if c in sig.columns]].notna().any().any()
+        counts = [ivr[c].fillna(0).gt(0).any() for c in ("itl_count", "output_tokens") if c in sig.columns]
+        if itl or any(counts):
+            return True
     st = sig[~iv]
     if not len(st):
         return False
