@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import statistics
 import sys
@@ -122,7 +123,7 @@ def main(argv=None) -> int:
            "recommended_real_ttft_p99_s": rec_real["ttft_p99_s"] if rec_real else None, "slo_met": met,
            "current_pred_vs_measured": {"pred": {k: res["current"][k] for k in ("itl_p99_s", "ttft_p99_s")},
                                         "measured": res["measured_current"]},
-           "speed": sp}
+           "speed": sp, "loadavg_1m_end": os.getloadavg()[0], "cpu_count": os.cpu_count()}
     for r in rows:
         note(f"chunk {r['chunk_size']:5d}: P99 ITL pred {r['pred_itl_p99_s'] * 1e3:7.1f} real {r['real_itl_p99_s'] * 1e3:7.1f} ms"
              f" ({100 * r['err_itl']:4.1f} %); P99 TTFT pred {r['pred_ttft_p99_s']:.2f} real {r['real_ttft_p99_s']:.2f} s"

@@ -6,7 +6,7 @@ import pytest
 from mixdiag.cli import main
 from mixdiag.engine.testbed.session import RunRequest, run_scenario
 
-from test_tune_replay import SCENARIO  # noqa: E402  (same small workload)
+from helpers.tune_scenario import SCENARIO
 
 
 @pytest.fixture(scope="module")
