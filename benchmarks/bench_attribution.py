@@ -8,7 +8,7 @@ Tiers (what the diagnosis reads; the causes its macro-F1 is taken over - those i
   (c) its own-dialect 1 s scrapes + vLLM log lines (run set ``mixdiag``): all 7;
   (d) foreign-engine Nsight exports from the foreign-trace simulator - vLLM-like at graph and node
       level with and without NVTX, SGLang-like, 2-rank EP - read via mixdiag.collectors.load; no
-      reference-engine ranges: mixing, prefill_stall, ep_hotspot, pd_transfer, graph_fallback,
+      reference-engine ranges (seed s of variant i is simulator seed 10 s + i): mixing, prefill_stall, ep_hotspot, pd_transfer, graph_fallback,
       host_stall (kv_pressure is not simulated);
   (e) the fault scenarios run with --metrics-dialect vllm --log-format vllm --scrape-interval 1; the
       diagnosis reads only scrapes/ and engine.log: mixing, prefill_stall, pd_transfer (NIXL
@@ -135,8 +135,11 @@ def cases(tier: str, seeds, cache: Path, n_steps: int, scenarios, variants, gene
     if tier == "d":
         for v in variants:
             for s in seeds:
-                key = f"{v}/seed{s}"
-                path, st = ensure_sim_trace(cache, v, s, n_steps)
+                # each export shape gets its own workload (seed 3 -> simulator seeds 30..35), so
+                # the four vLLM shapes are four deployments, and tune/heldout stay disjoint
+                sim_seed = 10 * s + list(SIM_VARIANTS).index(v)
+                key = f"{v}/seed{sim_seed}"
+                path, st = ensure_sim_trace(cache, v, sim_seed, n_steps)
                 yield key, None, (lambda p=path, t=st: sim_case(p, t))
         return
     for scn in scenarios:
@@ -284,7 +287,9 @@ def main(argv=None) -> int:
             if r["evaluated"]:
                 (d / f"confusion_{tier}_{seed_set}.txt").write_text(
                     f"tier ({tier}) {TIER_NAMES[tier]}, seeds {list(seeds)}: truth cause (rows) x called cause\n"
-                    + "\n".join(render_confusion(r["confusion"])) + "\n")
+                    + "\n".join(render_confusion(r["confusion"])) + "\n\nper input: spikes, right, called causes\n"
+                    + "".join(f"  {k:<32} {c['spikes']:>5} {c['right']:>5}  {c['by_cause']}\n"
+                              for k, c in r["cases"].items()))
         (d / f"results_{seed_set}.txt").write_text(text + "\n")
         (d / f"results_{seed_set}.json").write_text(json.dumps(res, default=lambda o: None, indent=1))
     if a.json:
