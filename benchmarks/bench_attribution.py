@@ -149,6 +149,15 @@ def cases(tier: str, seeds, cache: Path, n_steps: int, scenarios, variants, gene
             yield key, FAULT_SCENARIOS.get(scn), (why if why else (lambda r=run: ref_case(tier, r)))
 
 
+def pregenerate(tiers, seeds, cache: Path, n_steps: int, scenarios, timeout_s: float, jobs: int) -> None:
+    """Generate the missing reference runs of ``tiers``, ``jobs`` at a time (each run is one busy
+    process; failures are reported again, per case, when the tier is scored)."""
+    from concurrent.futures import ThreadPoolExecutor
+    todo = sorted({(scn, s, TIER_RUN_SET[t]) for t in tiers if t in TIER_RUN_SET for scn in scenarios for s in seeds})
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        list(ex.map(lambda a: ensure_ref_run(cache, a[0], a[1], a[2], n_steps, timeout_s), todo))
+
+
 def evaluate_tier(tier: str, seeds, cache: Path, n_steps: int, scenarios, variants, generate: bool,
                   timeout_s: float) -> tuple[dict, pd.DataFrame]:
     judged, truths, per_case, not_eval = [], [], {}, {}
@@ -251,6 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", help=f"comma list (default: {','.join(FAULT_SCENARIOS)})")
     ap.add_argument("--variants", help=f"tier d exports, comma list (default: {','.join(SIM_VARIANTS)})")
     ap.add_argument("--no-generate", action="store_true", help="score only what is cached")
+    ap.add_argument("--jobs", type=int, default=2, help="engine runs generated at once (default 2)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per engine run (default 600)")
     ap.add_argument("--confusion-out", help="directory to write confusion_<tier>_<seeds>.txt and results JSON to")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
@@ -270,6 +280,8 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     res = {"seed_set": seed_set, "seeds": list(seeds), "n_steps": a.steps, "tiers": {}}
     judged = []
+    if not a.no_generate:
+        pregenerate(tiers, seeds, cache, a.steps, scenarios, a.timeout, a.jobs)
     for tier in tiers:
         note(f"tier ({tier}) ...")
         r, j = evaluate_tier(tier, seeds, cache, a.steps, scenarios, variants, not a.no_generate, a.timeout)
