@@ -52,14 +52,19 @@ class FittedCost:
     n_steps: int
     context: str                 # "exact (aligned replay)" | "estimated from step rows"
     kind: str = "fitted"
+    #: measured / fitted duration of every step: the replay draws one factor per step from these,
+    #: so P99s carry the jitter the data had (a mean fit alone would predict no tail)
+    jitter: tuple[float, ...] = ()
 
     def step_s(self, shape: StepShape) -> float:
-        """Predicted duration of one step (start to end)."""
+        """Predicted mean duration of one step (start to end)."""
         return max(self.min_step_s, float(np.dot(self.coef, shape.features())))
 
     def describe(self) -> dict:
+        j = np.asarray(self.jitter) if self.jitter else np.ones(1)
         return {"kind": self.kind, "features": list(FEATURES), "coef": list(self.coef), "gap_s": self.gap_s,
-                "r2": self.r2, "mape_heldout": self.mape_heldout, "steps": self.n_steps, "context": self.context}
+                "r2": self.r2, "mape_heldout": self.mape_heldout, "steps": self.n_steps, "context": self.context,
+                "jitter_p50_p99": [float(np.quantile(j, 0.5)), float(np.quantile(j, 0.99))]}
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,9 @@ def fit(rows: pd.DataFrame, shapes: list[StepShape], context: str, seed: int = 0
     pred = X @ coef
     ss = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else math.nan
-    return FittedCost(tuple(float(c) for c in coef), host_gap(rows), float(y.min()), r2, mape, len(y), context)
+    jitter = y / np.maximum(pred, y.min())
+    return FittedCost(tuple(float(c) for c in coef), host_gap(rows), float(y.min()), r2, mape, len(y), context,
+                      jitter=tuple(float(j) for j in jitter))
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -49,13 +49,17 @@ class ReplayResult:
 
 
 class ModelTiming:
-    """Step ``i`` lasts ``cost.step_s(shape)``; the next starts ``cost.gap_s`` after it ends."""
+    """Step ``i`` lasts ``cost.step_s(shape)`` times a factor drawn from the fit's per-step jitter
+    (seeded: every setting sees the same draws); the next starts ``cost.gap_s`` after it ends."""
 
-    def __init__(self, cost):
+    def __init__(self, cost, seed: int = 0):
         self.cost = cost
+        jitter = getattr(cost, "jitter", ())
+        self._draws = np.random.default_rng(seed).choice(np.asarray(jitter), 1 << 16) if len(jitter) else None
 
     def __call__(self, i: int, shape: StepShape) -> tuple[float, float]:
-        return self.cost.step_s(shape), self.cost.gap_s
+        f = 1.0 if self._draws is None else float(self._draws[i & 0xFFFF])
+        return self.cost.step_s(shape) * f, self.cost.gap_s
 
 
 class RecordedTiming:

@@ -67,3 +67,20 @@ def test_tune_page_figure_is_a_pure_builder():
     names = [t.name for t in fig.data]
     assert names == ["settings", "Pareto frontier", "current", "recommended"]
     assert list(fig.data[1].x) == [50.0, 100.0]      # frontier only, in ms
+
+
+def test_tune_page_is_linked_and_sweeps_the_loaded_run(run_dir):
+    from mixdiag.dashboard.app import create_app
+    from mixdiag.dashboard.pages import tune as page
+    from mixdiag.dashboard.settings import DashboardConfig
+
+    app = create_app(DashboardConfig.from_data_path(run_dir))
+    c = app.server.test_client()
+    assert c.get("/").status_code == 200
+    text = c.get("/_dash-layout").get_data(as_text=True)
+    assert '"href": "/tune"' in text and '"children": "Tune"' in text
+    ds = app.mixdiag_store.get(None)
+    head, fig = page.on_sweep(app.mixdiag_store, {"id": ds.id}, "chunk_size=64,256", 2.0, None)
+    assert head.startswith(("Set chunk_size=", "No recommendation")) and fig.data[0].name == "settings"
+    head, fig = page.on_sweep(app.mixdiag_store, {"id": ds.id}, "bogus=1", None, None)
+    assert head.startswith("error: --knob") and fig == {}
