@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from mixdiag.collectors.traces.foreign_evidence import rank_skew, transfers
 from mixdiag.collectors.traces.token_inference import infer_tokens
 from mixdiag.collectors.traces.trace_steps import graph_counts, graph_modes, split_on_gaps
 
@@ -38,7 +39,7 @@ MIN_GAPS = 16
 class Items:
     """GPU work items of one export. ``what``: 0 kernel, 1 graph row, 2 copy. Copies carry
     ``nbytes``/``kind``; kernels ``flags`` (bit 1 prefill family, 2 decode family, 4 comm, 8
-    transfer kernel) and ``graph`` (1 when replayed from a CUDA graph, node-level trace)."""
+    transfer kernel, 16 EP exchange) and ``graph`` (1 when replayed from a CUDA graph, node-level trace)."""
 
     grp: np.ndarray
     start: np.ndarray
@@ -101,7 +102,7 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
     if not frames:
         return pd.DataFrame(), notes, None
     steps = pd.concat(frames, ignore_index=True)
-    _rank_skew(steps)
+    rank_skew(steps)
     steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
     src = {"range": "nvtx-engine-naming", "sync": "sync-pattern", "gap": "kernel-gaps"}
     return steps, notes, src[min(sources, key=["range", "sync", "gap"].index)]
@@ -124,11 +125,15 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
     on_main = (call_idx >= 0) & (calls.tid[np.maximum(call_idx, 0)] == main_tid) if main_tid is not None else None
     call_step, how = None, None
     if main_tid is not None:
+        # a method that puts no GPU work in any step (ranges around host-only calls) is no method
+        holds = lambda cs: cs is not None and bool((cs[call_idx[on_main]] >= 0).any())  # noqa: E731
         call_step = _range_steps(calls, ranges, names, main_tid)
-        how = "range" if call_step is not None else None
-        if call_step is None:
+        how = "range" if holds(call_step) else None
+        if how is None:
             call_step = _sync_steps(calls, items, call_idx, main_tid)
-            how = "sync" if call_step is not None else None
+            how = "sync" if holds(call_step) else None
+        if how is None:
+            call_step = None
     if call_step is not None:
         step = np.where(on_main, call_step[np.maximum(call_idx, 0)], -1)
         own = on_main
@@ -166,10 +171,25 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
         calls.start) else np.full(len(items.start), -1)
     out = _aggregate(g, items, step, how, np.where(step >= 0, item_cpu, -1) if how != "gap" else None)
     xr = ranges[ranges["transfer"]] if len(ranges) and "transfer" in ranges else None
-    if how == "gap":  # no engine thread known: only peer copies (and connector ranges) count
-        own = own | (items.what != 2) | (items.kind != 10)
-    _transfers(out, items, own, xr, item_cpu if how != "gap" else np.full(len(items.start), -1))
+    transfers(out, items, _transfer_candidates(items, call_idx, on_main), xr,
+              item_cpu if how != "gap" else np.full(len(items.start), -1))
     return out, how, notes
+
+
+def _transfer_candidates(items: Items, call_idx: np.ndarray, on_main) -> np.ndarray:
+    """Copies and transfer kernels that may move KV: off the compute streams (those the engine
+    thread's kernels run on, else the busiest kernel stream) and issued by another thread. Items
+    without a launch call (the export lost it) are not another thread's: they need a peer copy."""
+    kern = items.what != 2
+    src = kern & on_main if on_main is not None and (kern & on_main).any() else kern
+    streams, counts = np.unique(items.stream[src], return_counts=True)
+    compute = streams if on_main is not None and (kern & on_main).any() or not len(streams) else \
+        streams[[np.argmax(counts)]]
+    off = ~np.isin(items.stream, compute)
+    other_thread = (call_idx >= 0) & ~on_main if on_main is not None else np.zeros(len(off), dtype=bool)
+    unknown = call_idx < 0
+    xfer = (items.what == 2) | ((items.what == 0) & (items.flags & 8 > 0))
+    return xfer & off & (other_thread | (unknown & (items.what == 2) & (items.kind == 10)))
 
 
 def pid_text(g) -> str:
@@ -282,6 +302,7 @@ def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.Data
         "opaque_ns": np.bincount(st[graph_rows], dur[graph_rows], minlength=n),
         "graph_launches": launches, "eager_between": between, "device": dev,
         "comm_ns": np.bincount(st[is_k & (flags & 4 > 0)], dur[is_k & (flags & 4 > 0)], minlength=n),
+        "ep_kernels": np.bincount(st[is_k & (flags & 16 > 0)], minlength=n),
         "prefill_family": np.bincount(st[is_k & (flags & 1 > 0)], minlength=n) > 0,
         "decode_family": np.bincount(st[is_k & (flags & 2 > 0)], minlength=n) > 0,
         "h2d_bytes": np.bincount(st[h2d], nbytes[h2d], minlength=n),
@@ -310,76 +331,3 @@ def _idle_before(out: pd.DataFrame, items: Items) -> None:
     k = np.searchsorted(s, t, side="left") - 1
     prev = np.where(k >= 0, e[np.maximum(k, 0)], t)
     out["device_idle_before_s"] = np.maximum(t - prev, 0) / 1e9
-
-
-def _transfers(steps: pd.DataFrame, items: Items, own: np.ndarray, ranges: pd.DataFrame | None,
-               item_cpu: np.ndarray) -> bool:
-    """KV transfer per step of one process: copies the engine thread did not issue, transfer
-    kernels it did not launch, and connector ranges. Items closer than 100 us form one episode,
-    charged whole to the first step that starts (on the host when launch calls are known, else on
-    the GPU) at or after the episode's start: the step that consumes the KV."""
-    n = len(steps)
-    nbytes, secs = np.zeros(n), np.zeros(n)
-    cand = ~own & ((items.what == 2) | ((items.what == 0) & (items.flags & 8 > 0)))
-    s, e = items.start[cand], items.end[cand]
-    b = items.nbytes[cand].astype("float64")
-    key = np.where(item_cpu[cand] >= 0, item_cpu[cand], s)
-    if ranges is not None and len(ranges):
-        r0, r1 = ranges["start"].to_numpy(), ranges["end"].to_numpy()
-        s, e, b, key = np.concatenate([s, r0]), np.concatenate([e, r1]), np.concatenate([b, np.zeros(len(r0))]), \
-            np.concatenate([key, r0])
-    if not len(s):  # nothing seen: unknown, not zero (the export may not trace the connector)
-        steps["kv_transfer_bytes"], steps["kv_transfer_s"] = np.nan, np.nan
-        return False
-    o = np.argsort(s, kind="stable")
-    s, e, b, key = s[o], e[o], b[o], key[o]
-    run = np.maximum.accumulate(e)
-    ep = np.cumsum(np.concatenate([[True], s[1:] > run[:-1] + 100_000]))
-    heads = np.flatnonzero(np.diff(ep, prepend=0))
-    ep_key = key[heads]
-    starts = np.maximum.accumulate(steps["cpu_start_ns"].to_numpy())
-    k = np.minimum(np.searchsorted(starts, ep_key, side="left"), n - 1)
-    np.add.at(nbytes, k[ep - 1], b)
-    np.add.at(secs, k[ep - 1], (e - s) / 1e9)
-    # transfer kernels carry no byte count: time known, bytes not
-    steps["kv_transfer_bytes"] = np.where((secs > 0) & (nbytes == 0), np.nan, nbytes)
-    steps["kv_transfer_s"] = secs
-    return True
-
-
-def _rank_skew(steps: pd.DataFrame) -> None:
-    """Multi-process exports: slowest rank's compute time over the (lower) median rank's, per step.
-
-    Steps are matched across processes by order when every process has the same count, else by
-    nearest GPU start time against the first process.
-    """
-    steps["rank_skew"] = np.nan
-    groups = list(steps.groupby("group").groups.items())
-    if len(groups) < 2 or not (steps["comm_ns"] > 0).any():  # ranks that never exchange are not EP ranks
-        return
-    # graph-level trace: kernels inside a replayed graph are invisible, so is the rank's compute
-    compute = np.where(steps["opaque_ns"] > 0, np.nan, steps["gpu_kernel_ns"] - steps["comm_ns"]).astype("float64")
-    pos = [steps.index.get_indexer(ix) for _, ix in groups]
-    pos = [p[np.argsort(steps["gpu_start_ns"].to_numpy()[p], kind="stable")] for p in pos]
-    ref = pos[0]
-    n = len(ref)
-    if all(len(p) == n for p in pos):
-        match = [np.arange(n) for _ in pos]
-    else:
-        rs = steps["gpu_start_ns"].to_numpy()[ref]
-        match = []
-        for p in pos:
-            k = np.clip(np.searchsorted(rs, steps["gpu_start_ns"].to_numpy()[p]), 0, n - 1)
-            match.append(k)
-    table = np.full((len(pos), n), np.nan)
-    for r, (p, m) in enumerate(zip(pos, match)):
-        table[r, m] = compute[p]
-    srt = np.sort(table, axis=0)
-    cnt = np.sum(~np.isnan(table), axis=0)
-    med = srt[np.maximum((cnt - 1) // 2, 0), np.arange(n)]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        skew = np.where(cnt == len(pos), np.nanmax(np.where(np.isnan(table), -np.inf, table), axis=0) / med, np.nan)
-    vals = steps["rank_skew"].to_numpy().copy()
-    for p, m in zip(pos, match):
-        vals[p] = skew[m]
-    steps["rank_skew"] = vals

@@ -47,7 +47,8 @@ def _call_kind(name: str) -> int:
 
 def _kernel_flags(name: str) -> int:
     f = 1 if sr.PREFILL_KERNEL_RE.search(name) else (2 if sr.DECODE_KERNEL_RE.search(name) else 0)
-    return f | (8 if sr.TRANSFER_KERNEL_RE.search(name) else 0) | (4 if sr.COMM_KERNEL_RE.search(name) else 0)
+    return (f | (8 if sr.TRANSFER_KERNEL_RE.search(name) else 0) | (4 if sr.COMM_KERNEL_RE.search(name) else 0)
+            | (16 if sr.EP_EXCHANGE_RE.search(name) else 0))
 
 
 def _copy_kind(name: str) -> int:

@@ -77,7 +77,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         steps = _nvtx_steps(ranges, agg, cuda_traced)
         step_source = nv.source
     elif kernels_total or graph_rows:
-        act = read_activity(db)
+        act = read_activity(db, step_names=(step_range,) if step_range else ())
         gap_ns = None if step_gap_s is None else int(round(float(step_gap_s) * 1e9))
         steps, n, step_source = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
         notes += n

@@ -20,7 +20,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def _flags(db: NsysDb) -> np.ndarray:
-    """Flag per StringIds id: 1 prefill family, 2 decode family, 4 comm, 8 transfer kernel."""
+    """Flag per StringIds id: 1 prefill family, 2 decode family, 4 comm, 8 transfer kernel, 16 EP exchange."""
     if not db.has(STRINGS):
         return np.zeros(1, dtype=np.int64)
     top = int(db.scalar(f"SELECT max(id) FROM {STRINGS}") or 0)
@@ -37,6 +37,8 @@ def _flags(db: NsysDb) -> np.ndarray:
             f |= 8
         if sr.COMM_KERNEL_RE.search(s):
             f |= 4
+        if sr.EP_EXCHANGE_RE.search(s):
+            f |= 16
         flags[i] = f
     return flags
 
@@ -46,8 +48,9 @@ def _lookup(flags: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.where(ok, flags[np.where(ok, ids, 0)], 0)
 
 
-def read_activity(db: NsysDb, progress=None) -> Activity:
-    """Everything the foreign-step reconstruction needs, as int64 column arrays."""
+def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -> Activity:
+    """Everything the foreign-step reconstruction needs, as int64 column arrays; ``step_names``:
+    range names that mark steps besides the known table (``--step-range``)."""
     notes: list[str] = []
     kcols = db.columns(KERNEL)
     grp_col = "IFNULL(globalPid, -1)" if "globalPid" in kcols else "deviceId"
@@ -83,7 +86,7 @@ def read_activity(db: NsysDb, progress=None) -> Activity:
         parts.append((g, s, e, d, st, c, z + 2, b, k, z, z))
     arrays = [np.concatenate([p[i] for p in parts]) if parts else _EMPTY for i in range(11)]
     items = Items(*arrays)
-    return Activity(items, _calls(db), _ranges(db), notes)
+    return Activity(items, _calls(db), _ranges(db, step_names), notes)
 
 
 def _calls(db: NsysDb) -> Calls | None:
@@ -107,13 +110,13 @@ def _calls(db: NsysDb) -> Calls | None:
     return Calls(tid & PID_MASK, tid, s, e, c, w)
 
 
-def _ranges(db: NsysDb) -> pd.DataFrame:
+def _ranges(db: NsysDb, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     empty = pd.DataFrame({"grp": _EMPTY, "tid": _EMPTY, "start": _EMPTY, "end": _EMPTY, "name": [], "transfer": []})
     if not db.has(NVTX) or not {"start", "end", "eventType", "globalTid"} <= db.columns(NVTX):
         return empty
     msg, join = _message_sql(db)
     types = _range_types(db)
-    step_names = sr.ENGINE_STEP_NAMES
+    step_names = sr.ENGINE_STEP_NAMES + tuple(extra)
     likes = ["%nixl%", "%ucx%", "%mooncake%", "%kv%transfer%", "%kv%connector%", "%kv%load%", "%kv_layer%",
              "%send_kv%", "%recv_kv%"]
     sql = (f'SELECT n.start, n."end", n.globalTid, {msg} AS msg FROM {NVTX} n {join} '

@@ -42,6 +42,11 @@ DECODE_KERNEL_RE = re.compile(r"splitkv|BatchDecode|SingleDecode|flash_mla|flash
 COMM_KERNEL_RE = re.compile(r"nccl|all_?to_?all|deep_?ep|::dispatch|::combine|moe_?dispatch|moe_?combine|"
                             r"ep_?dispatch|ep_?combine|all_?reduce|cross_device_reduce|all_?gather|"
                             r"reduce_?scatter|pplx", re.I)
+#: Expert-parallel exchanges (all-to-all, dispatch/combine, point-to-point): the collectives whose
+#: waiting time shows an EP hotspot. All-reduce / all-gather / reduce-scatter (tensor and data
+#: parallelism) are not among them.
+EP_EXCHANGE_RE = re.compile(r"all_?to_?all|deep_?ep|::dispatch|::combine|moe_?dispatch|moe_?combine|"
+                            r"ep_?dispatch|ep_?combine|pplx|nccl.*(sendrecv|send|recv)", re.I)
 #: Kernels that move KV between instances when they run off the compute stream.
 TRANSFER_KERNEL_RE = re.compile(r"nccl.*(sendrecv|send|recv)|kv_?transfer|nixl|mooncake", re.I)
 
