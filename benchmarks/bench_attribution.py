@@ -241,6 +241,27 @@ def render(res: dict) -> str:
     return "\n".join(out)
 
 
+def markdown(res: dict) -> str:
+    """The docs' tables: F1 per cause and tier (causes outside a tier's macro-F1 in parentheses),
+    macro-F1 vs target, mixing false alarms; calibration over all tiers."""
+    head = "| tier | " + " | ".join(SCORED) + " | macro-F1 (target) | non-mixing called mixing | spikes (unknown) |"
+    out = [head, "|" + "---|" * (len(SCORED) + 4)]
+    for tier, r in res["tiers"].items():
+        if not r["evaluated"]:
+            out.append(f"| ({tier}) | not evaluated: {r['reason']} |")
+            continue
+        cells = []
+        for c in SCORED:
+            f1 = r["per_cause"][c]["f1"]
+            cells.append("-" if f1 is None else (f"{f1:.2f}" if c in r["causes"] else f"({f1:.2f})"))
+        out.append(f"| ({tier}) {TIER_NAMES[tier]} | " + " | ".join(cells) +
+                   f" | **{_f(r['macro_f1'])}** ({r['target_macro_f1']:.2f}) | {r['mixing_false_alarm_rate']:.1%}"
+                   f" | {r['spikes']} ({r['unknown_predicted']}) |")
+    out += ["", "| confidence | spikes | right |", "|---|---|---|"]
+    out += [f"| {b['bin']} | {b['count']} | {_f(b['accuracy'])} |" for b in res["calibration"]]
+    return "\n".join(out)
+
+
 def parse_seeds(spec: str) -> tuple[str, tuple[int, ...]]:
     if spec in SEED_SETS:
         return spec, SEED_SETS[spec]
@@ -264,6 +285,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=600, help="seconds per engine run (default 600)")
     ap.add_argument("--confusion-out", help="directory to write confusion_<tier>_<seeds>.txt and results JSON to")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    ap.add_argument("--markdown", action="store_true", help="also print the docs' markdown tables")
     a = ap.parse_args(argv)
     tiers = [t for t in a.tiers.split(",") if t]
     bad = [t for t in tiers if t not in TARGETS]
@@ -290,7 +312,7 @@ def main(argv=None) -> int:
             judged.append(j)
     res["calibration"] = calibration(pd.concat(judged, ignore_index=True)) if judged else []
     res["wall_s"] = round(time.monotonic() - t0, 1)
-    text = render(res)
+    text = render(res) + ("\n\n" + markdown(res) if a.markdown else "")
     print(text)
     if a.confusion_out:
         d = Path(a.confusion_out)
