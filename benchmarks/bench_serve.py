@@ -13,6 +13,10 @@ Servers run as subprocesses (``mixdiag serve --port 0``) on 127.0.0.1. ``--json`
 JSON line.
 
     .venv/bin/python benchmarks/bench_serve.py [--duration 20] [--rates 2,4,8,12,16] [--json]
+
+Measured (2 shared CPU cores, tiny model; docs/serving.md): defaults -> P99 ITL x0.27 at x0.78 the
+throughput (the server was past saturation: mixed TTFT P99 19 s); lighter loads gave x1.30 / x7.1,
+i.e. the acceptance target (<= 0.35 at >= 0.9) was not met over HTTP. Sustainable: 12 req/s.
 """
 from __future__ import annotations
 
@@ -75,10 +79,10 @@ def measure(url: str, cfgs: list[LoadConfig]) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=20.0)
-    ap.add_argument("--chat-rate", type=float, default=4.0)
-    ap.add_argument("--output", type=int, default=100)
-    ap.add_argument("--long-rate", type=float, default=0.3)
-    ap.add_argument("--long-len", type=int, default=3000)
+    ap.add_argument("--chat-rate", type=float, default=8.0)
+    ap.add_argument("--output", type=int, default=300)
+    ap.add_argument("--long-rate", type=float, default=0.5)
+    ap.add_argument("--long-len", type=int, default=4096)
     ap.add_argument("--rates", default="2,4,8,12,16")
     ap.add_argument("--rate-duration", type=float, default=12.0)
     ap.add_argument("--json", action="store_true")
@@ -110,7 +114,7 @@ def main(argv=None) -> int:
     sweep, sustainable = [], None
     proc, url = start_server("token_budget")
     try:
-        for rate in [float(r) for r in args.rates.split(",")]:
+        for rate in [float(r) for r in args.rates.split(",") if r.strip()]:   # --rates '' skips part 2
             cfg = LoadConfig(url=url, rate=rate, duration_s=args.rate_duration, model="mixdiag-tiny",
                              prompt_len=Dist.parse("uniform:64:256"), output_len=Dist.parse(str(args.output)), seed=3)
             s = measure(url, [cfg])
