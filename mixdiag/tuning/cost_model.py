@@ -140,6 +140,8 @@ def fit(rows: pd.DataFrame, shapes: list[StepShape], context: str, seed: int = 0
     ss = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else math.nan
     jitter = y / np.maximum(pred, y.min())
+    # one-off outliers (a GC pause, a neighbour's burst) would own the P99 of a short replay
+    jitter = np.clip(jitter, *np.quantile(jitter, [0.01, 0.99]))
     return FittedCost(tuple(float(c) for c in coef), host_gap(rows), float(y.min()), r2, mape, len(y), context,
                       jitter=tuple(float(j) for j in jitter))
 

@@ -77,7 +77,7 @@ def test_tune_page_is_linked_and_sweeps_the_loaded_run(run_dir):
     app = create_app(DashboardConfig.from_data_path(run_dir))
     c = app.server.test_client()
     assert c.get("/").status_code == 200
-    text = c.get("/_dash-layout").get_data(as_text=True)
+    text = json.dumps(c.get("/_dash-layout").get_json())
     assert '"href": "/tune"' in text and '"children": "Tune"' in text
     ds = app.mixdiag_store.get(None)
     head, fig = page.on_sweep(app.mixdiag_store, {"id": ds.id}, "chunk_size=64,256", 2.0, None)
