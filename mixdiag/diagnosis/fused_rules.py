@@ -1,0 +1,123 @@
+"""Fused rules: one engine seen through step rows (log lines, a trace) and interval rows
+(scrapes). A spike's own attribution is refined with the other view's evidence (the ``fused_*``
+columns of :mod:`mixdiag.diagnosis.fusion`), and interval rows that are no spike of their own are
+judged for waits between steps and preemptions."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from mixdiag.diagnosis.rule_context import Attribution, AttributionConfig, num
+
+
+def _pos(v) -> bool:
+    """``(v or 0) > 0`` for a cell that may be missing or NaN."""
+    f = num(v)
+    return f is not None and f > 0
+
+
+def _extend_only(ev: dict) -> bool:
+    """A mixed step whose context requests scheduled one token each: 1-token EXTENDs of requests
+    whose KV was installed from a prefill worker (PD), not a prompt chunk mixed into decode."""
+    tok, reqs = ev.get("prefill_tokens"), ev.get("prefill_reqs")
+    return tok is not None and reqs is not None and math.isfinite(tok) and math.isfinite(reqs) and 0 < tok <= reqs
+
+
+def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = AttributionConfig()) -> Attribution:
+    """Refine ``a`` (the row's own attribution) with the other view of its engine.
+
+    Interval spike with steps of the step view inside, none slow: a KV transfer or preemption if the
+    interval counted one; a host stall only when the ITL sum measures time between steps beyond the
+    usual; else ``unknown`` ("no step in the log explains it") - never host_stall by elimination. Step spike the step view left ``unknown`` (log lines carry no imbalance,
+    transfers or preemptions): the evidence of the scrape interval that holds it - imbalance well
+    above the intervals' median -> ep_hotspot; decode-only steps dispatched off the FULL graph
+    (this batch among the largest) -> graph_fallback; a KV transfer no step of the interval
+    installed -> pd_transfer; a preemption -> kv_pressure. A step called mixing whose context
+    requests scheduled one token each (the 1-token EXTENDs a PD install schedules) is pd_transfer
+    when its interval counted a KV transfer. Interval evidence is coarser than the step's, so
+    confidence is scaled twice.
+    """
+    if row.get("granularity") == "interval":
+        n = num(row.get("fused_steps_in_interval"))
+        if not n:
+            return a  # no step view covers the interval
+        ev = dict(a.evidence)
+        ev["steps_in_interval"] = int(n)
+        ev["slow_steps_in_interval"] = 0
+        if ev.get("kv_transfer_bytes", 0) or ev.get("kv_transfer_s", 0):
+            cause, conf = "pd_transfer", 0.75
+        elif ev.get("preempted_reqs", 0):
+            cause, conf = "kv_pressure", 0.75
+        else:
+            # host_stall only where the gap is measured: the ITL sum minus the steps' own time
+            # leaves time between steps. Never by elimination.
+            cause, conf = "unknown", 0.3
+            ev["reason"] = ("ITL spiked but no step in the log explains it (none was slow) and nothing measures "
+                            "time between steps")
+            thr, gap = num(row.get("fused_host_gap_threshold_s")), num(row.get("fused_host_gap_unusual_s"))
+            if gap is not None and thr is not None:
+                ev["host_gap_unusual_s"] = gap
+                if gap > thr:
+                    cause, conf = "host_stall", 0.6
+                    ev["reason"] = ("no step in the interval was slow and the ITL sum leaves time between steps: "
+                                    "requests waited between steps")
+                else:  # the ITL sum says requests did not wait between steps either
+                    ev["reason"] = ("ITL P99 spiked, but no step was slow and the ITL sum leaves no time between "
+                                    "steps (a histogram-bucket or interval-edge effect)")
+        return Attribution(cause, round(conf * cfg.interval_factor, 3), ev)
+    k = num(row.get("fused_interval"))
+    pd_install = a.cause == "mixing" and _extend_only(a.evidence)
+    if k is None or (a.cause != "unknown" and not pd_install) \
+            or a.evidence.get("kind") != ("mixed" if pd_install else "decode"):
+        return a
+    conf = round(0.6 * cfg.interval_factor, 3)
+    xfer = num(row.get("fused_interval_kv_transfer_bytes"))
+    if pd_install:  # only a transfer can explain it; with none counted, mixing stands
+        if _pos(xfer):
+            return Attribution("pd_transfer", conf, dict(a.evidence) | {"interval": int(k),
+                                                                        "interval_kv_transfer_bytes": xfer})
+        return a
+    ev = dict(a.evidence) | {"interval": int(k)}
+    imb, med = num(row.get("fused_interval_expert_imbalance")), num(row.get("fused_interval_imbalance_median"))
+    goff = num(row.get("fused_interval_graph_off_decode_steps"))
+    if imb is not None and imb >= cfg.imbalance_abs and med is not None and imb >= cfg.imbalance_rel * med:
+        cause, ev["interval_expert_imbalance"] = "ep_hotspot", imb
+    elif _pos(goff) and bool(num(row.get("fused_among_largest_batches"))):
+        cause, ev["interval_graph_off_decode_steps"] = "graph_fallback", goff
+    elif _pos(xfer) and not num(row.get("fused_pd_install")):
+        cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", xfer
+    elif _pos(row.get("fused_interval_preempted_reqs")):
+        cause, ev["interval_preempted_reqs"] = "kv_pressure", num(row.get("fused_interval_preempted_reqs"))
+    else:
+        return a
+    return Attribution(cause, conf, ev)
+
+
+def attribute_between_steps(row: pd.Series, cfg: AttributionConfig = AttributionConfig()) -> Attribution | None:
+    """An interval row that is no spike of its own but whose ITL sum shows requests waiting between
+    steps: per decode request, the gap's excess over its rolling median exceeds the threshold (some
+    ITL in the interval was then at least ``interval_ratio`` x the baseline) -> host_stall; None
+    otherwise, or when the interval counted a preemption or KV transfer (any value, NaN included:
+    then the wait is not known to be the host's)."""
+    excess, thr = num(row.get("fused_host_gap_excess_s")), num(row.get("fused_host_gap_threshold_s"))
+    if excess is None or thr is None or not excess > thr:
+        return None
+    if row.get("preempted_reqs", 0) or row.get("kv_transfer_bytes", 0):
+        return None
+    ev = {"granularity": "interval", "host_gap_per_request_s": float(row["fused_host_gap_per_request_s"]),
+          "host_gap_excess_s": excess, "baseline_s": float(row["baseline_s"]),
+          "reason": "ITL time in the interval exceeds the time its steps took: requests waited between steps"}
+    return Attribution("host_stall", round(0.6 * cfg.interval_factor, 3), ev)
+
+
+def attribute_preemptions(row: pd.Series, cfg: AttributionConfig = AttributionConfig()) -> Attribution | None:
+    """An interval row that counted preemptions and is no spike: kv_pressure. A recompute preemption
+    evicts a running request until it is re-admitted and re-prefilled: its next token comes steps
+    later, a stall its user feels even when no step is slow (tier (a) sees it as a request stall).
+    Log lines do not show the victims; the counter places the stall's start to the interval."""
+    if not _pos(row.get("preempted_reqs")):
+        return None
+    ev = {"granularity": "interval", "preempted_reqs": float(row["preempted_reqs"]),
+          "reason": "requests were preempted in the interval: each waits to be re-admitted and re-prefilled"}
+    return Attribution("kv_pressure", round(0.8 * cfg.interval_factor, 3), ev)

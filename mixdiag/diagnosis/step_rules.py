@@ -1,0 +1,162 @@
+"""Step rules: one spike on a step row (a record, a log line, a trace step) gets its cause, first
+rule that holds (the table with the signals each rule needs and the confidence each subset
+reaches is in docs/analyze.md):
+
+1. ``pd_transfer``    KV traffic overlapping or preceding the step (before any host-stall call);
+2. ``host_stall``     a measured idle gap before the step holds most of the excess;
+3. ``kv_pressure``    the step preempted / retracted requests for lack of KV blocks;
+4. ``mixing``         the token allocation holds prefill tokens *and* decode rows;
+5. ``prefill_stall``  a prefill-only step while decodes were running;
+6. ``mixing`` / ``graph_fallback`` without token counts: left the FULL decode graph, and SM
+   activity above (compute-heavy: mixing) or at (memory-bound: fallback) the decode level, or
+   recurring with prefill arrivals; ``unknown`` with the reason when the subset cannot separate;
+7. ``ep_hotspot``     decode-only, an imbalance gauge, comm-bound decode or high rank skew;
+8. ``graph_fallback`` decode-only step that left the graph mode decode steps normally replay;
+9. ``unknown``.
+"""
+from __future__ import annotations
+
+
+import pandas as pd
+
+from mixdiag.diagnosis.rule_context import (Attribution, AttributionConfig, InstanceContext, evidence_of, have,
+                                            corroborates, near_prefill, num, row_quality)
+
+
+def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = AttributionConfig()) -> Attribution:
+    """Attribute one spike row (step signals plus ``latency_s``, ``baseline_s``); the rules and the
+    confidence each reaches with each subset of signals are in docs/analyze.md."""
+    lat, base = num(row.get("latency_s")), num(row.get("baseline_s"))
+    excess = (lat - base) if lat is not None and base is not None else None
+    ev = evidence_of(row, ctx)
+
+    def done(cause: str, conf: float, **extra) -> Attribution:
+        ev.update({k: v for k, v in extra.items() if v is not None})
+        return Attribution(cause, round(max(0.0, min(1.0, conf)), 3), ev)
+
+    qa, qg, qs = row_quality(row, ctx, "token_allocation"), row_quality(row, ctx, "graph_mode"), row_quality(row, ctx, "sm_active")
+    # 1. PD KV transfer overlapping or preceding the step: measured traffic, before any host call.
+    if bool(row.get("kv_xfer")):
+        kv_s = num(row.get("kv_transfer_s"))
+        share = min(1.0, kv_s / excess) if kv_s is not None and excess and excess > 0 else None
+        conf = (0.75 if row_quality(row, ctx, "kv_transfer") == "measured" else 0.6) + (0.25 * share if share is not None else 0.0)
+        return done("pd_transfer", conf, kv_transfer_share_of_excess=None if share is None else round(share, 3))
+
+    # 2. host stall: a measured idle gap before the step holds most of the excess (never by elimination).
+    gap_x = num(row.get("gap_excess_s"))
+    if have(ctx, "host_time") and excess and excess > 0 and gap_x is not None \
+            and gap_x >= cfg.host_gap_share * excess:
+        share = min(1.0, gap_x / excess)
+        return done("host_stall", 0.6 + 0.4 * share, gap_share_of_excess=round(share, 3))
+
+    # 3. KV pressure: preemptions / retractions in the step.
+    if bool(row.get("preempt")):
+        kvu = num(row.get("kv_usage"))
+        return done("kv_pressure", 0.8 + (0.2 if kvu is not None and kvu >= 0.9 else 0.0), kv_usage=kvu)
+
+    has_p, has_d = bool(row.get("has_prefill")), bool(row.get("has_decode"))
+    alloc = qa != "absent" or row.get("kind") in ("prefill", "decode", "mixed")
+    graph_left = bool(row.get("graph_off")) if corroborates(qg) else None
+    smd = num(row.get("sm_delta")) if corroborates(qs) else None
+    sm_high = None if smd is None else smd >= cfg.sm_delta
+    periodic = near_prefill(row, ctx)
+
+    # 4. mixing: both segments in one step; corroborated only by independent signals.
+    if alloc and has_p and has_d:
+        measured = qa == "measured"
+        support = sum(bool(x) for x in (graph_left, sm_high, periodic))
+        conf = (0.8 + 0.07 * support) if measured else (0.65 + 0.15 * support)
+        if not measured:  # inferred counts: an independent signal that contradicts them weighs
+            if graph_left is False and ctx.graph_norm == "FULL":
+                conf -= 0.2  # a mixed step cannot replay the FULL decode graph
+            if smd is not None and smd <= -cfg.sm_delta:
+                conf -= 0.1
+        pt, dr = num(row.get("prefill_tokens")), num(row.get("decode_rows"))
+        if pt is not None and dr is not None and pt < dr:  # a tiny chunk explains little
+            conf -= 0.15
+        return done("mixing", conf, graph_left_full=graph_left, sm_delta=smd, sm_high=sm_high, periodic=periodic)
+
+    # 5. prefill stall: a prefill-only step while decodes were running.
+    if alloc and has_p and not has_d and bool(row.get("decodes_before")):
+        conf = 0.85 if qa == "measured" else 0.6 + (0.1 if graph_left else 0.0)
+        return done("prefill_stall", conf, decodes_before=True)
+
+    # 6. mixing without token counts: the article's other three signals.
+    if not alloc:
+        a = _without_counts(row, ctx, cfg, graph_left, smd, sm_high, periodic, done)
+        if a is not None:
+            return a
+
+    full_replay = row.get("graph_mode") == "FULL" and corroborates(qg)
+    decode_only = (alloc and has_d and not has_p) or (not alloc and full_replay)
+    # 7. EP hotspot / 8. graph fallback, on decode-only steps; the better-supported one wins.
+    cands = []
+    if decode_only:
+        ep = _ep_hotspot(row, ctx, cfg, smd)
+        if ep is not None:
+            cands.append(ep)
+    if decode_only and alloc and qg != "absent" and bool(row.get("graph_off")) and ctx.graph_norm == "FULL":
+        dreq = num(row.get("decode_reqs"))
+        outside = None if dreq is None or not ctx.full_batch_sizes else dreq not in ctx.full_batch_sizes
+        # engines pad a decode batch up to a captured size: one whose size replayed FULL elsewhere
+        # should replay FULL again, so leaving it points elsewhere (e.g. a peer rank's mixed step)
+        conf = 0.75 if outside is None else (0.95 if outside else 0.45)
+        cands.append(("graph_fallback", conf - (0.0 if corroborates(qg) else 0.1),
+                      {"graph_norm": ctx.graph_norm, "batch_outside_full_sizes": outside}))
+    if cands:
+        cause, conf, extra = max(cands, key=lambda c: c[1])
+        return done(cause, conf, **extra)
+
+    # 9. unknown: confidence = the share of causes the available signals could rule out.
+    checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
+    ruled = sum(have(ctx, s) for s in checkable) / len(checkable)
+    return Attribution("unknown", round(ruled, 3), ev | {"reason": ev.get("reason", "no cause's evidence present")})
+
+
+def _without_counts(row, ctx, cfg, graph_left, smd, sm_high, periodic, done) -> Attribution | None:
+    """No token counts: a step that left the decode graph the instance replays is a mixed step
+    when it is compute-heavy (SM activity above its decode neighbours) or recurs with prefill
+    arrivals, and a graph fallback when it stays memory-bound like its neighbours (a decode batch
+    that missed the captured sizes only adds eager launch overhead). Returns None when no rule
+    applies, ``unknown`` with the reason when the subset cannot separate the two."""
+    left = bool(graph_left) and ctx.graph_norm == "FULL"
+    sm_flat = None if smd is None else smd < cfg.sm_delta / 2
+    extra = {"graph_left_full": graph_left, "graph_norm": ctx.graph_norm, "sm_delta": smd, "sm_high": sm_high,
+             "periodic": periodic}
+    if left and sm_high:
+        return done("mixing", 0.6 + (0.15 if periodic else 0.0), **extra)
+    h = num(row.get("latency_s")) / num(row.get("baseline_s")) if num(row.get("latency_s")) and \
+        num(row.get("baseline_s")) else None
+    modest = h is not None and h < cfg.eager_height
+    if left and sm_flat:
+        if periodic or not modest:
+            return done("unknown", 0.3, **extra, reason="left the FULL graph with SM activity at decode level, but "
+                        + ("in step with prefill arrivals" if periodic else f"ran {h:.1f}x the baseline, more than "
+                           "eager launches of a decode batch add") + ": mixed step and graph fallback disagree")
+        return done("graph_fallback", 0.6, **extra)
+    if left and periodic:
+        return done("mixing", 0.5, **extra)
+    if left:
+        return done("unknown", 0.3, **extra, reason="left the FULL graph, but without token counts, SM activity or "
+                    "prefill arrivals a mixed step cannot be told from a graph fallback")
+    if sm_high and periodic:
+        return done("mixing", 0.45, **extra)
+    return None
+
+
+def _ep_hotspot(row, ctx, cfg, smd) -> tuple | None:
+    """EP hotspot evidence on a decode-only step: an imbalance gauge well above its neighbourhood,
+    or comm-bound decode - the collective share of the step up vs its neighbours with SM activity
+    not up (ranks wait in the all-to-all), or one rank's compute far slower (rank skew)."""
+    qi = row_quality(row, ctx, "expert_imbalance")
+    imb, rel = num(row.get("expert_imbalance")), num(row.get("imbalance_rel"))
+    if imb is not None and imb >= cfg.imbalance_abs and (rel is None or rel >= cfg.imbalance_rel):
+        strength = min(1.0, ((rel or imb) - 1.0) / 2.0)
+        return ("ep_hotspot", (0.6 + 0.4 * strength) * (1.0 if qi == "measured" else 0.85), {"imbalance_rel": rel})
+    cd, skew = num(row.get("comm_delta")), num(row.get("rank_skew"))
+    comm_up = cd is not None and cd >= cfg.comm_delta and (smd is None or smd < cfg.sm_delta)
+    skewed = skew is not None and skew >= cfg.rank_skew
+    if comm_up or skewed:
+        conf = 0.55 + 0.15 * (comm_up and skewed) + 0.1 * (smd is not None and smd <= -cfg.sm_delta / 2)
+        return ("ep_hotspot", conf, {"comm_delta": cd, "rank_skew_high": skewed})
+    return None
