@@ -24,6 +24,31 @@ def _extend_only(ev: dict) -> bool:
     return tok is not None and reqs is not None and math.isfinite(tok) and math.isfinite(reqs) and 0 < tok <= reqs
 
 
+def _prefill_in_log(row: pd.Series, a: Attribution, cfg: AttributionConfig = AttributionConfig()) -> Attribution | None:
+    """An interval spike whose step view (log lines) holds prefill work but no slow step: log lines
+    without a duration (SGLang's ``Prefill batch`` lines are stamped when the batch is scheduled, in
+    whole seconds) cannot be slow, so the interval's ITL is the only latency. A step in the interval
+    that held prefill and decode rows (SGLang: a Prefill line with ``#running-req`` > 0 under
+    ``--enable-mixed-chunk``) -> mixing; prefill-only steps that running decodes waited through
+    (the same line without mixed chunk: SGLang runs the prefill batch alone) -> prefill_stall. The
+    lines show the work, not its duration, so confidence stays below the step rules'; it rises when
+    ITL rises with prefill work across the instance's intervals (the interval rule found the relation)."""
+    mixed, stall = num(row.get("fused_mixed_steps_in_interval")), num(row.get("fused_stall_steps_in_interval"))
+    if num(row.get("prefill_tokens")) == 0:
+        return None  # the interval's own prompt-token counter saw no prefill finish in it
+    related = a.evidence.get("prefill_itl_p_value") is not None and a.cause == "mixing"
+    ev = dict(a.evidence) | {"mixed_steps_in_log": mixed, "stall_steps_in_log": stall}
+    if mixed:
+        return Attribution("mixing", round((0.7 + (0.1 if related else 0.0)) * cfg.interval_factor, 3),
+                           ev | {"reason": "the log shows prefill batches forwarded with running decodes "
+                                           "(mixed chunk) in the interval whose ITL spiked"})
+    if stall:
+        return Attribution("prefill_stall", round(0.7 * cfg.interval_factor, 3),
+                           ev | {"reason": "the log shows prefill-only batches while decodes were running "
+                                           "(no mixed chunk: they waited) in the interval whose ITL spiked"})
+    return None
+
+
 def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = AttributionConfig()) -> Attribution:
     """Refine ``a`` (the row's own attribution) with the other view of its engine.
 
@@ -49,6 +74,10 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
             cause, conf = "pd_transfer", 0.75
         elif ev.get("preempted_reqs", 0):
             cause, conf = "kv_pressure", 0.75
+        elif a.cause in ("ep_hotspot", "graph_fallback"):
+            return a  # the interval's own gauges/counters named it; the log's lines say nothing against it
+        elif (prefill := _prefill_in_log(row, a)) is not None:
+            return prefill
         else:
             # host_stall only where the gap is measured: the ITL sum minus the steps' own time
             # leaves time between steps. Never by elimination.

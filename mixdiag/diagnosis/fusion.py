@@ -148,6 +148,10 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
 #: Evidence columns :func:`fuse_evidence` adds (NaN where the other view says nothing).
 INTERVAL_EVIDENCE = ("fused_steps_in_interval", "fused_slow_steps_in_interval", "fused_host_gap_per_request_s",
                      "fused_host_gap_excess_s", "fused_host_gap_threshold_s", "fused_host_gap_unusual_s")
+#: What the step view's rows inside an interval show of its prefill work (NaN without a step view):
+#: steps that held prefill and decode rows (a mixed forward - for SGLang, a Prefill line with running
+#: requests under ``--enable-mixed-chunk``), and prefill-only steps that decodes waited through.
+LOG_SHAPE_EVIDENCE = ("fused_mixed_steps_in_interval", "fused_stall_steps_in_interval")
 STEP_EVIDENCE = ("fused_interval", "fused_interval_expert_imbalance", "fused_interval_imbalance_median",
                  "fused_interval_graph_off_decode_steps", "fused_among_largest_batches",
                  "fused_interval_kv_transfer_bytes", "fused_pd_install", "fused_interval_preempted_reqs")
@@ -184,7 +188,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
         if len(st):
             step_views[key(str(f["instance"].iloc[0]))] = st.sort_values("step")
     for f in frames:
-        for col in INTERVAL_EVIDENCE + STEP_EVIDENCE:
+        for col in INTERVAL_EVIDENCE + LOG_SHAPE_EVIDENCE + STEP_EVIDENCE:
             f[col] = np.nan
     if not step_views:
         return False
@@ -215,6 +219,12 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
         f.loc[iv.index, "fused_steps_in_interval"] = [float(len(x)) for x in inside]
         slow = [float(x["is_spike"].sum()) for x in inside]
         f.loc[iv.index, "fused_slow_steps_in_interval"] = slow
+        f.loc[iv.index, "fused_mixed_steps_in_interval"] = [
+            float((x["has_prefill"].astype(bool) & x["has_decode"].astype(bool)).sum()) for x in inside]
+        f.loc[iv.index, "fused_stall_steps_in_interval"] = [
+            float((x["has_prefill"].astype(bool) & ~x["has_decode"].astype(bool)
+                   & (x["decodes_before"].astype(bool) | x["running_reqs"].fillna(0).gt(0))).sum())
+            for x in inside]
         f.loc[iv.index, "is_spike"] = iv["is_spike"].to_numpy(dtype=bool) & ~(np.asarray(slow) > 0)
     for f in frames:
         st_mask = f["granularity"] == "step"
