@@ -1,114 +1,85 @@
-"""Nsight Systems SQLite ingest at scale: kernel rows/s, peak RSS, and cost relative to a bare scan.
+"""Nsight Systems SQLite ingest of a foreign engine's trace at real size: rows/s, ratio to a bare scan, RSS.
 
-Builds a large export by replicating a real fixture's kernel and runtime rows (times shifted by
-the fixture's span per copy, correlation ids kept unique per copy) into a temp file, then times,
-interleaved and each in a fresh process (so peak RSS is that run's own):
+The export is a simulated vLLM-like engine (tests/helpers/foreign_trace, node-level graph trace)
+with ``--kernels`` kernel rows (default 2 M), written once per variant and cached under
+benchmarks/.cache/ (gitignored): ``ranges`` carries the engine's own step ranges
+(``execute_model``), ``sync`` none (steps from the engine thread's D2H copy + synchronize
+pattern). Each probe runs in a fresh interpreter so its peak RSS is its own; repeats interleave
+the probes so machine load hits them alike:
 
-* ``ingest``      - the full ``mixdiag.collectors.load(path)`` (steps, graph mode, validation);
-* ``ingest-sqlite3`` - the same without the Arrow reader (stdlib ``sqlite3`` rows), for reference;
-* ``scan``        - a bare ``SELECT`` of the same columns of the same table, iterated with
-  ``sqlite3`` cursor chunks and discarded (what any Python reader must at least pay).
+* ``scan``   - the collector's own kernel-table query read bare with the same reader (Arrow
+  batches via ``nsys_kernels.fetch_columns``), nothing else: what any reader must at least pay;
+* ``ranges`` - ``nsys.read`` of the ``ranges`` export (steps by range names, token inference,
+  graph mode, KV transfer, comm share);
+* ``sync``   - the same on the ``sync`` export.
 
-Targets: >= 1 M kernel rows/s for ``ingest``, ``ingest / scan`` <= 3, peak RSS <= 1.5 GB.
-``--json`` ends with one JSON line.
+Targets: >= 1 M kernel rows/s, ingest / scan <= 3, peak RSS <= 1.5 GB, for both ingests.
 
-    .venv/bin/python benchmarks/bench_nsys.py [--kernels 2000000] [--repeats 3] [--with-steps 20] [--json]
+    .venv/bin/python benchmarks/bench_nsys.py [--kernels 2000000] [--repeats 3] [--json] [-q]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT / "tests" / "fixtures" / "nsys" / "h100_2gpu_1s.sqlite"
+CACHE = ROOT / "benchmarks" / ".cache"
 TARGETS = {"kernel_rows_per_s": 1_000_000, "ratio_to_scan": 3.0, "peak_rss_bytes": 1.5e9}
+VARIANTS = {"ranges": True, "sync": False}  # variant -> engine step ranges in the trace
 
-# Each probe runs in its own interpreter and prints one JSON line: seconds and peak RSS.
 PROBE = r"""
 import json, resource, sys, time
 mode, path = sys.argv[1], sys.argv[2]
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+from mixdiag.collectors.traces import nsys
+from mixdiag.collectors.traces.nsys_activity import kernel_sql
+from mixdiag.collectors.traces.nsys_db import NsysDb
+from mixdiag.collectors.traces.nsys_kernels import fetch_columns
+c0, t = cpu(), time.perf_counter()
 if mode == "scan":
-    import sqlite3
-    c0, t = cpu(), time.perf_counter()
-    cur = sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(
-        'SELECT globalPid, start, "end" FROM CUPTI_ACTIVITY_KIND_KERNEL')
-    n = 0
-    while rows := cur.fetchmany(131072):
-        n += len(rows)
-    dt = time.perf_counter() - t
+    db = NsysDb(path)
+    sql, n_cols = kernel_sql(db)
+    n = len(fetch_columns(db, sql, n_cols)[0])
+    out = {"rows": n}
 else:
-    from mixdiag.collectors import load
-    from mixdiag.collectors.traces.nsys_db import NsysDb
-    if mode == "ingest-sqlite3":
-        NsysDb.arrow_connection = lambda self: None
-    c0, t = cpu(), time.perf_counter()
-    tl = load(path)
-    dt = time.perf_counter() - t
-    n = int(tl.steps["gpu_kernels"].sum())
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({"mode": mode, "seconds": dt, "cpu_s": cpu() - c0, "rows": n, "peak_rss_bytes": rss}))
+    tl = nsys.read(path, progress=False)
+    src = tl.meta["sources"][0]
+    n = src["kernels_total"]
+    out = {"rows": n, "steps": len(tl.steps), "step_source": src["step_source"],
+           "kinds": tl.steps["kind"].value_counts().to_dict(),
+           "kv_transfer_steps": int((tl.steps["kv_transfer_s"] > 0).sum())}
+dt = time.perf_counter() - t
+out.update(mode=mode, seconds=dt, cpu_s=cpu() - c0, peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(json.dumps(out))
 """
 
 
-def note(msg: str) -> None:
-    sys.stderr.write(msg + "\n")
-    sys.stderr.flush()
+def export(variant: str, kernels: int, quiet: bool) -> Path:
+    """The cached export of ``variant`` with >= ``kernels`` kernel rows (simulated on first use)."""
+    path = CACHE / f"vllm_{variant}_{kernels}.sqlite"
+    if path.exists():
+        return path
+    sys.path.insert(0, str(ROOT))
+    from tests.helpers.foreign_trace import simulate
 
-
-def build_export(src: Path, dst: Path, kernels: int) -> int:
-    """Copy ``src`` to ``dst`` and replicate its kernel/runtime rows until >= ``kernels`` kernels."""
-    shutil.copy(src, dst)
-    dst.chmod(0o644)
-    c = sqlite3.connect(dst)
-    (n,) = c.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
-    copies = -(-kernels // n)
-    (span,) = c.execute("""SELECT max(e) - min(s) + 1000000 FROM (
-        SELECT min(start) s, max("end") e FROM CUPTI_ACTIVITY_KIND_KERNEL UNION ALL
-        SELECT min(start), max("end") FROM CUPTI_ACTIVITY_KIND_RUNTIME)""").fetchone()
-    (corr,) = c.execute("""SELECT max(m) + 1 FROM (SELECT max(correlationId) m FROM CUPTI_ACTIVITY_KIND_KERNEL
-        UNION ALL SELECT max(correlationId) FROM CUPTI_ACTIVITY_KIND_RUNTIME)""").fetchone()
-    c.execute("CREATE TEMP TABLE copies (k INTEGER)")
-    c.executemany("INSERT INTO copies VALUES (?)", [(k,) for k in range(1, copies)])
-    for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"):
-        cols = [r[1] for r in c.execute(f"PRAGMA table_info({table})")]
-        shifted = {"start": f"start + k * {span}", "end": f'"end" + k * {span}',
-                   "correlationId": f"correlationId + k * {corr}"}
-        sel = ", ".join(shifted.get(col, f'"{col}"') for col in cols)
-        c.execute(f"INSERT INTO {table} SELECT {sel} FROM {table}, copies")
-    c.commit()
-    (total,) = c.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
-    c.close()
-    return total
-
-
-def add_step_ranges(path: Path, step_ms: float) -> int:
-    """Add mixdiag ``step`` NVTX ranges tiling every launching thread's time (the projection path)."""
-    c = sqlite3.connect(path)
-    spans = c.execute('SELECT globalTid, min(start), max("end") FROM CUPTI_ACTIVITY_KIND_RUNTIME '
-                      "WHERE globalTid IS NOT NULL GROUP BY globalTid").fetchall()
-    width = int(step_ms * 1e6)
-    rows = []
-    for tid, lo, hi in spans:
-        for i, t in enumerate(range(lo, hi + 1, width)):
-            rows.append((t, t + width - 1, 59, f"step {i} kind=decode prefill_tokens=0 decode_reqs=8 decode_rows=8 "
-                         "graph=NONE", tid, 0, 8))
-    c.executemany('INSERT INTO NVTX_EVENTS (start, "end", eventType, text, globalTid, domainId, int64Value) '
-                  "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-    c.commit()
-    c.close()
-    return len(rows)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    truth = simulate("vllm", 1, 400, None, VARIANTS[variant], "node", "nsys", tmp, scale=kernels)
+    tmp.rename(path)
+    if not quiet:
+        sys.stderr.write(f"simulated {path.name}: {truth.meta['kernel_rows']:,} kernel rows, "
+                         f"{path.stat().st_size / 1e6:.0f} MB in {time.perf_counter() - t:.1f} s\n")
+    return path
 
 
 def probe(mode: str, path: Path) -> dict:
@@ -121,70 +92,48 @@ def probe(mode: str, path: Path) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kernels", type=int, default=2_000_000, help="kernel rows in the built export (>= 2 M)")
+    ap.add_argument("--kernels", type=int, default=2_000_000, help="kernel rows in the simulated export")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--with-steps", type=float, metavar="MS", default=None,
-                    help="also time an export with mixdiag step ranges every MS ms (NVTX projection path)")
     ap.add_argument("--json", action="store_true", help="end with one JSON line")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "large.sqlite"
-        t = time.perf_counter()
-        total = build_export(FIXTURE, path, args.kernels)
-        note(f"built {path.name}: {total:,} kernel rows, {path.stat().st_size / 1e6:.0f} MB "
-             f"in {time.perf_counter() - t:.1f} s")
-        runs: dict[str, list[dict]] = {"scan": [], "ingest": [], "ingest-sqlite3": []}
-        for r in range(args.repeats):
-            for mode in runs:  # interleaved, so machine load hits every mode alike
-                runs[mode].append(probe(mode, path))
-            note(f"repeat {r + 1}: " + ", ".join(f"{m} {runs[m][-1]['seconds']:.2f} s" for m in runs))
-        nvtx = None
-        if args.with_steps:
-            n_ranges = add_step_ranges(path, args.with_steps)
-            nvtx = probe("ingest", path)
-            nvtx["step_ranges"] = n_ranges
-            note(f"with {n_ranges:,} step ranges: ingest {nvtx['seconds']:.2f} s, CPU {nvtx['cpu_s']:.2f} s")
-    med = {m: statistics.median(x["seconds"] for x in v) for m, v in runs.items()}
-    cpu = {m: statistics.median(x["cpu_s"] for x in v) for m, v in runs.items()}
-    rss = {m: max(x["peak_rss_bytes"] for x in v) for m, v in runs.items()}
-    rows = runs["ingest"][0]["rows"]
-    result = {
-        "kernel_rows": total, "rows_in_steps": rows, "repeats": args.repeats,
-        "scan_s": med["scan"], "ingest_s": med["ingest"], "ingest_sqlite3_s": med["ingest-sqlite3"],
-        "kernel_rows_per_s": total / med["ingest"], "kernel_rows_per_s_sqlite3": total / med["ingest-sqlite3"],
-        "ratio_to_scan": med["ingest"] / med["scan"], "ratio_to_scan_sqlite3": med["ingest-sqlite3"] / med["scan"],
-        "peak_rss_bytes": rss["ingest"], "peak_rss_bytes_sqlite3": rss["ingest-sqlite3"],
-        "peak_rss_bytes_scan": rss["scan"], "targets": TARGETS,
-        # CPU seconds of each probe: what the work costs, less blurred by other processes on the machine.
-        "scan_cpu_s": cpu["scan"], "ingest_cpu_s": cpu["ingest"], "ingest_sqlite3_cpu_s": cpu["ingest-sqlite3"],
-        "kernel_rows_per_cpu_s": total / cpu["ingest"], "cpu_ratio_to_scan": cpu["ingest"] / cpu["scan"],
-        "load_avg_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
-    }
-    if nvtx is not None:
-        result["with_steps"] = {"step_ranges": nvtx["step_ranges"], "ingest_s": nvtx["seconds"],
-                                "ingest_cpu_s": nvtx["cpu_s"], "kernels_in_steps": nvtx["rows"],
-                                "kernel_rows_per_s": total / nvtx["seconds"], "peak_rss_bytes": nvtx["peak_rss_bytes"]}
-    result["meets_targets"] = (result["kernel_rows_per_s"] >= TARGETS["kernel_rows_per_s"]
-                               and result["ratio_to_scan"] <= TARGETS["ratio_to_scan"]
-                               and result["peak_rss_bytes"] <= TARGETS["peak_rss_bytes"])
-    print(f"kernel rows            {total:,} (all {rows:,} placed in steps)")
-    print(f"bare sqlite3 scan      {med['scan']:.2f} s   peak RSS {rss['scan'] / 1e6:.0f} MB")
-    print(f"full ingest            {med['ingest']:.2f} s   {result['kernel_rows_per_s'] / 1e6:.2f} M rows/s   "
-          f"ratio to scan {result['ratio_to_scan']:.2f}   peak RSS {rss['ingest'] / 1e6:.0f} MB")
-    print(f"ingest without Arrow   {med['ingest-sqlite3']:.2f} s   "
-          f"{result['kernel_rows_per_s_sqlite3'] / 1e6:.2f} M rows/s   ratio to scan "
-          f"{result['ratio_to_scan_sqlite3']:.2f}   peak RSS {rss['ingest-sqlite3'] / 1e6:.0f} MB")
-    print(f"CPU time               scan {cpu['scan']:.2f} s, ingest {cpu['ingest']:.2f} s "
-          f"({result['kernel_rows_per_cpu_s'] / 1e6:.2f} M rows per CPU-s, ratio {result['cpu_ratio_to_scan']:.2f}), "
-          f"without Arrow {cpu['ingest-sqlite3']:.2f} s; load average {result['load_avg_1m']:.1f} on {os.cpu_count()} CPUs")
-    if nvtx is not None:
-        print(f"with {nvtx['step_ranges']:,} NVTX step ranges (projection): {nvtx['seconds']:.2f} s "
-              f"(CPU {nvtx['cpu_s']:.2f} s), {total / nvtx['seconds'] / 1e6:.2f} M kernel rows/s, "
-              f"peak RSS {nvtx['peak_rss_bytes'] / 1e6:.0f} MB")
-    print(f"targets: >= 1 M rows/s, ratio <= 3, peak RSS <= 1.5 GB -> "
-          f"{'met' if result['meets_targets'] else 'NOT met'}")
+    quiet = args.quiet or args.json
+    paths = {v: export(v, args.kernels, quiet) for v in VARIANTS}
+    plan = [(m, paths["ranges"] if m == "scan" else paths[m]) for m in ("scan", *VARIANTS)] * args.repeats
+    runs: dict[str, list[dict]] = {"scan": [], **{v: [] for v in VARIANTS}}
+    from tqdm import tqdm
+
+    for mode, path in tqdm(plan, desc="probes", unit="probe", disable=quiet, file=sys.stderr, leave=False):
+        runs[mode].append(probe(mode, path))
+    res = {"kernel_rows": runs["ranges"][0]["rows"], "repeats": args.repeats, "targets": TARGETS,
+           "load_avg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
+    scan_s = statistics.median(r["seconds"] for r in runs["scan"])
+    scan_cpu = statistics.median(r["cpu_s"] for r in runs["scan"])
+    lines = [f"{'probe':<8} {'rows':>11} {'wall s':>7} {'CPU s':>6} {'M rows/s':>9} {'M rows/CPU-s':>13} "
+             f"{'x scan':>7} {'x scan CPU':>10} {'peak RSS':>9}  steps"]
+    meets = True
+    for mode, rs in runs.items():
+        wall = statistics.median(r["seconds"] for r in rs)
+        cpu = statistics.median(r["cpu_s"] for r in rs)
+        rows = rs[0]["rows"]
+        rss = max(r["peak_rss_bytes"] for r in rs)
+        d = {"rows": rows, "seconds": wall, "cpu_s": cpu, "kernel_rows_per_s": rows / wall,
+             "kernel_rows_per_cpu_s": rows / cpu, "ratio_to_scan": wall / scan_s, "cpu_ratio_to_scan": cpu / scan_cpu,
+             "peak_rss_bytes": rss, **{k: rs[0][k] for k in ("steps", "step_source", "kinds", "kv_transfer_steps")
+                                       if k in rs[0]}}
+        res[mode] = d
+        if mode != "scan":
+            meets &= (d["kernel_rows_per_s"] >= TARGETS["kernel_rows_per_s"] and d["ratio_to_scan"] <= TARGETS["ratio_to_scan"]
+                      and rss <= TARGETS["peak_rss_bytes"])
+        lines.append(f"{mode:<8} {rows:>11,} {wall:>7.2f} {cpu:>6.2f} {rows / wall / 1e6:>9.2f} {rows / cpu / 1e6:>13.2f} "
+                     f"{wall / scan_s:>7.2f} {cpu / scan_cpu:>10.2f} {rss / 1e6:>7.0f}MB  "
+                     f"{d.get('steps', '')} {d.get('step_source', '') or ''}")
+    res["meets_targets"] = bool(meets)
+    print("\n".join(lines))
+    print(f"targets: >= 1 M kernel rows/s, <= 3x scan, peak RSS <= 1.5 GB -> {'met' if meets else 'NOT met'} "
+          f"(medians of {args.repeats}; load average {res['load_avg_1m']:.1f} on {res['cpus']} CPUs)")
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(res))
     return 0
 
 

@@ -85,14 +85,16 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
     frames, sources = [], []
     names = (step_range,) if step_range else range_names
     it = act.items
-    order = np.argsort(it.grp, kind="stable")
-    bounds = np.flatnonzero(np.diff(it.grp[order], prepend=np.int64(-2**62)))
+    single = len(it.grp) and it.grp.min() == it.grp.max()  # one process: no per-group copies
+    order = None if single else np.argsort(it.grp, kind="stable")
+    bounds = np.zeros(1, dtype=np.int64) if single else np.flatnonzero(np.diff(it.grp[order], prepend=np.int64(-2**62)))
     cgrp = act.calls.grp if act.calls is not None else None
     for gi, lo in enumerate(bounds):
-        hi = bounds[gi + 1] if gi + 1 < len(bounds) else len(order)
-        g = int(it.grp[order[lo]])
-        items = _sub(it, order[lo:hi])
-        calls = _sub(act.calls, cgrp == g) if cgrp is not None else None
+        hi = bounds[gi + 1] if gi + 1 < len(bounds) else len(it.grp)
+        g = int(it.grp[0] if single else it.grp[order[lo]])
+        items = it if single else _sub(it, order[lo:hi])
+        sel = cgrp == g if cgrp is not None else None
+        calls = None if sel is None else (act.calls if sel.all() else _sub(act.calls, sel))
         ranges = act.ranges[act.ranges["grp"] == g] if len(act.ranges) else act.ranges
         steps, how, n = _group_steps(g, items, calls, ranges, names, gap_ns)
         notes += n
@@ -114,10 +116,7 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
     call_idx = np.full(len(items.start), -1, dtype=np.int64)
     main_tid = None
     if calls is not None and len(calls.start):
-        co = np.argsort(calls.corr, kind="stable")
-        pos = np.clip(np.searchsorted(calls.corr[co], items.corr), 0, len(co) - 1)
-        hit = calls.corr[co][pos] == items.corr
-        call_idx = np.where(hit, co[pos], -1)
+        call_idx = join_on(calls.corr, items.corr)
         launches = calls.what <= GRAPH_LAUNCH
         if launches.any():
             tids, counts = np.unique(calls.tid[launches], return_counts=True)
@@ -190,6 +189,25 @@ def _transfer_candidates(items: Items, call_idx: np.ndarray, on_main) -> np.ndar
     unknown = call_idx < 0
     xfer = (items.what == 2) | ((items.what == 0) & (items.flags & 8 > 0))
     return xfer & off & (other_thread | (unknown & (items.what == 2) & (items.kind == 10)))
+
+
+def join_on(keys: np.ndarray, probe: np.ndarray) -> np.ndarray:
+    """Index into ``keys`` of each ``probe`` value (the last row of a repeated key), -1 where absent.
+
+    Correlation ids are dense small integers, so a lookup table beats sorting (O(n), no sort)
+    when the id range is within a few times the row count; otherwise sort + binary search."""
+    out = np.full(len(probe), -1, dtype=np.int64)
+    if not len(keys) or not len(probe):
+        return out
+    lo, hi = int(keys.min()), int(keys.max())
+    if lo >= 0 and hi < 8 * (len(keys) + len(probe)) + 1024:
+        table = np.full(hi + 2, -1, dtype=np.int64)
+        table[keys] = np.arange(len(keys))
+        p = np.where((probe >= 0) & (probe <= hi), probe, hi + 1)
+        return table[p]
+    co = np.argsort(keys, kind="stable")
+    pos = np.clip(np.searchsorted(keys[co], probe), 0, len(co) - 1)
+    return np.where(keys[co][pos] == probe, co[pos], -1)
 
 
 def pid_text(g) -> str:

@@ -38,21 +38,40 @@ def sniff(head: bytes, name: str) -> bool:
     return head.startswith(SQLITE_MAGIC)
 
 
+#: Exports with at least this many GPU rows show a progress bar while their rows are read.
+PROGRESS_MIN_ROWS = 500_000
+
+
 def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
-         **options) -> Timeline:
+         progress: bool | None = None, **options) -> Timeline:
     """Read one export. ``step_gap_s``: GPU idle time that separates steps in the gap heuristic
-    (default: from the trace's gap distribution); ``step_range``: a range name that marks steps."""
+    (default: from the trace's gap distribution); ``step_range``: a range name that marks steps;
+    ``progress``: a tqdm bar on stderr while GPU rows are read (default: when stderr is a terminal
+    and the export holds >= :data:`PROGRESS_MIN_ROWS` rows)."""
     path = Path(os.fspath(source))
     db = NsysDb(path)
     try:
-        return _read(db, path, instance or path.stem.split(".")[0], step_gap_s, step_range)
+        return _read(db, path, instance or path.stem.split(".")[0], step_gap_s, step_range, progress)
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: truncated or corrupt SQLite export ({' '.join(str(e).split())[:200]})") from None
     finally:
         db.close()
 
 
-def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_range: str | None) -> Timeline:
+def _bar(db: NsysDb, rows: int, progress: bool | None):
+    """A tqdm bar over ``rows`` GPU rows on stderr, or None."""
+    import sys
+
+    if progress is False or rows < (1 if progress else PROGRESS_MIN_ROWS) or (progress is None and not sys.stderr.isatty()):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=rows, desc=f"{db.path.name}: GPU rows", unit="rows", unit_scale=True, file=sys.stderr,
+                leave=False, dynamic_ncols=True, mininterval=0.5)
+
+
+def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_range: str | None,
+          progress: bool | None = None) -> Timeline:
     if not (db.has(KERNEL) or db.has(NVTX) or db.has(RUNTIME)):
         raise UserError(f"{path}: not an Nsight Systems export (no {KERNEL}, {RUNTIME} or {NVTX} table)")
     clock, offset_s = db.clock()
@@ -77,7 +96,14 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         steps = _nvtx_steps(ranges, agg, cuda_traced)
         step_source = nv.source
     elif kernels_total or graph_rows:
-        act = read_activity(db, step_names=(step_range,) if step_range else ())
+        copies = int(db.scalar(f"SELECT count(*) FROM {MEMCPY_TABLE}")) if db.has(MEMCPY_TABLE) else 0
+        bar = _bar(db, kernels_total + graph_rows + copies, progress)
+        try:
+            act = read_activity(db, progress=bar.update if bar else None,
+                                step_names=(step_range,) if step_range else ())
+        finally:
+            if bar:
+                bar.close()
         gap_ns = None if step_gap_s is None else int(round(float(step_gap_s) * 1e9))
         steps, n, step_source = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
         notes += n

@@ -48,6 +48,18 @@ def _lookup(flags: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return np.where(ok, flags[np.where(ok, ids, 0)], 0)
 
 
+def kernel_sql(db: NsysDb) -> tuple[str, int]:
+    """The kernel-table query (process, times, device, stream, correlation, graph flag, name ids)
+    and its column count; benchmarks/bench_nsys.py scans the same query bare."""
+    kcols = db.columns(KERNEL)
+    grp_col = "IFNULL(globalPid, -1)" if "globalPid" in kcols else "deviceId"
+    names = [c for c in ("shortName", "demangledName") if c in kcols] or ["-1"]
+    graph = "CASE WHEN graphId IS NULL THEN 0 ELSE 1 END" if "graphId" in kcols else "0"
+    sql = (f'SELECT {grp_col}, start, "end", deviceId, IFNULL(streamId, -1), IFNULL(correlationId, -1), {graph}, '
+           + ", ".join(f"IFNULL({n}, -1)" for n in names) + f" FROM {KERNEL}")
+    return sql, 7 + len(names)
+
+
 def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -> Activity:
     """Everything the foreign-step reconstruction needs, as int64 column arrays; ``step_names``:
     range names that mark steps besides the known table (``--step-range``)."""
@@ -57,23 +69,18 @@ def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -
     flags = _flags(db)
     parts = []
     if db.has(KERNEL):
-        names = [c for c in ("shortName", "demangledName") if c in kcols] or ["-1"]
-        graph = "CASE WHEN graphId IS NULL THEN 0 ELSE 1 END" if "graphId" in kcols else "0"
-        cols = fetch_columns(db, f'SELECT {grp_col}, start, "end", deviceId, IFNULL(streamId, -1), '
-                                 f'IFNULL(correlationId, -1), {graph}, ' + ", ".join(f"IFNULL({n}, -1)" for n in names)
-                             + f" FROM {KERNEL}", n_cols=7 + len(names))
+        sql, n_cols = kernel_sql(db)
+        cols = fetch_columns(db, sql, n_cols=n_cols, progress=progress)
         g, s, e, d, st, c, gr = cols[:7]
         f = np.zeros(len(s), dtype=np.int64)
         for ids in cols[7:]:
             f |= _lookup(flags, ids)
         parts.append((g, s, e, d, st, c, np.zeros_like(s), np.zeros_like(s), np.zeros_like(s), f, gr))
-        if progress:
-            progress(len(s))
     if db.has(GRAPH_TRACE):
         gc = db.columns(GRAPH_TRACE)
         gg = "IFNULL(globalPid, -1)" if "globalPid" in gc and "globalPid" in kcols else "deviceId"
         g, s, e, d, st, c = fetch_columns(db, f'SELECT {gg}, start, "end", deviceId, IFNULL(streamId, -1), '
-                                              f"IFNULL(correlationId, -1) FROM {GRAPH_TRACE}", n_cols=6)
+                                              f"IFNULL(correlationId, -1) FROM {GRAPH_TRACE}", n_cols=6, progress=progress)
         z = np.zeros_like(s)
         parts.append((g, s, e, d, st, c, z + 1, z, z, z, z + 1))
     if db.has(MEMCPY_TABLE):
@@ -81,7 +88,7 @@ def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -
         mg = "IFNULL(globalPid, -1)" if "globalPid" in mc and "globalPid" in kcols else "deviceId"
         g, s, e, d, st, c, b, k = fetch_columns(
             db, f'SELECT {mg}, start, "end", deviceId, IFNULL(streamId, -1), IFNULL(correlationId, -1), '
-                f"IFNULL(bytes, 0), IFNULL(copyKind, 0) FROM {MEMCPY_TABLE}", n_cols=8)
+                f"IFNULL(bytes, 0), IFNULL(copyKind, 0) FROM {MEMCPY_TABLE}", n_cols=8, progress=progress)
         z = np.zeros_like(s)
         parts.append((g, s, e, d, st, c, z + 2, b, k, z, z))
     arrays = [np.concatenate([p[i] for p in parts]) if parts else _EMPTY for i in range(11)]

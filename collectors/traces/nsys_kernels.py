@@ -38,17 +38,17 @@ def launch_names(db: NsysDb) -> tuple[dict[int, str], dict[int, str]]:
     return kern, graph
 
 
-def fetch_columns(db: NsysDb, sql: str, n_cols: int) -> list[np.ndarray]:
+def fetch_columns(db: NsysDb, sql: str, n_cols: int, progress=None) -> list[np.ndarray]:
     """Run ``sql`` (integer columns, no NULLs) and return its columns as int64 arrays.
 
     Rows stream in batches either way. With ``adbc-driver-sqlite`` the batches are Arrow
     columns built in C; without it, ``sqlite3`` cursor chunks (every value becomes a Python
-    object first, several times slower).
+    object first, several times slower). ``progress(rows)`` is called after each batch.
     """
     conn = db.arrow_connection()
     if conn is not None:
         try:
-            return _fetch_arrow(conn, sql, n_cols)
+            return _fetch_arrow(conn, sql, n_cols, progress)
         except Exception:  # noqa: BLE001  the driver refused (odd types, damaged pages): sqlite3 decides
             db.disable_arrow()
     cur = db.conn.execute(sql)
@@ -57,6 +57,8 @@ def fetch_columns(db: NsysDb, sql: str, n_cols: int) -> list[np.ndarray]:
         rows = cur.fetchmany(CHUNK_ROWS)
         if not rows:
             break
+        if progress:
+            progress(len(rows))
         try:
             parts.append(np.array(rows, dtype=np.int64).reshape(len(rows), n_cols))
         except (ValueError, TypeError, OverflowError):
@@ -67,7 +69,7 @@ def fetch_columns(db: NsysDb, sql: str, n_cols: int) -> list[np.ndarray]:
     return [np.ascontiguousarray(arr[:, i]) for i in range(n_cols)]
 
 
-def _fetch_arrow(conn, sql: str, n_cols: int) -> list[np.ndarray]:
+def _fetch_arrow(conn, sql: str, n_cols: int, progress=None) -> list[np.ndarray]:
     cols: list[list[np.ndarray]] = [[] for _ in range(n_cols)]
     with conn.cursor() as cur:
         # Larger batches than the driver's default 1024 rows: fewer Python round trips per column.
@@ -76,6 +78,8 @@ def _fetch_arrow(conn, sql: str, n_cols: int) -> list[np.ndarray]:
         for batch in cur.fetch_record_batch():
             for i in range(n_cols):
                 cols[i].append(batch.column(i).to_numpy(zero_copy_only=False).astype(np.int64, copy=False))
+            if progress:
+                progress(batch.num_rows)
     return [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
 
 

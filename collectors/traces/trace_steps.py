@@ -253,8 +253,14 @@ def graph_counts(step: np.ndarray, start: np.ndarray, graph_key: np.ndarray, n_s
     eager_between = np.zeros(n_steps, dtype=np.int64)
     if not is_graph.any():
         return launches, eager_between
-    pairs = np.unique(np.stack([step[is_graph], graph_key[is_graph]]), axis=1)
-    np.add.at(launches, pairs[0], 1)
+    gs, gk = step[is_graph].astype(np.int64), graph_key[is_graph].astype(np.int64)
+    span = int(gk.max()) + 1
+    if span * max(n_steps, 1) < 2**62:  # one int64 key per (step, launch): a 1-D sort, not a 2-D unique
+        keys = np.unique(gs * span + gk)
+        launches += np.bincount(keys // span, minlength=n_steps)
+    else:
+        pairs = np.unique(np.stack([gs, gk]), axis=1)
+        np.add.at(launches, pairs[0], 1)
     first = np.full(n_steps, np.inf)
     last = np.full(n_steps, -np.inf)
     np.minimum.at(first, step[is_graph], start[is_graph])
