@@ -72,8 +72,8 @@ def step_timing(steps: pd.DataFrame) -> pd.DataFrame:
 def itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
     """ITL events of one instance's tokens with the previous event's time and step per request.
 
-    Columns ``request_id``, ``t_s``, ``step``, ``prev_t_s``, ``prev_step``, ``itl_s``, ordered by
-    request then time (the tokens frame's own order within a request: its times never go back).
+    Columns ``t_s``, ``step``, ``prev_t_s``, ``prev_step``, ``itl_s``, ordered by request (sorted
+    ids) then time (the tokens frame's own order within a request: its times never go back).
     """
     rid = _group_codes(tokens["request_id"])
     order = np.argsort(rid, kind="stable")
@@ -83,7 +83,7 @@ def itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
     keep = np.zeros(len(order), dtype=bool)
     keep[1:] = (rid[1:] == rid[:-1]) & (rid[1:] >= 0)
     pos = np.flatnonzero(keep)
-    return pd.DataFrame({"request_id": tokens["request_id"].to_numpy()[order[pos]], "t_s": t[pos], "step": step[pos],
+    return pd.DataFrame({"t_s": t[pos], "step": step[pos],
                          "prev_t_s": t[pos - 1], "prev_step": step[pos - 1], "itl_s": t[pos] - t[pos - 1]})
 
 
