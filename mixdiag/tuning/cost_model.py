@@ -52,7 +52,7 @@ class FittedCost:
     n_steps: int
     context: str                 # "exact (aligned replay)" | "estimated from step rows"
     kind: str = "fitted"
-    #: measured / fitted duration of every step: the replay draws one factor per step from these,
+    #: measured minus fitted duration of every step (s): the replay adds one draw per step,
     #: so P99s carry the jitter the data had (a mean fit alone would predict no tail)
     jitter: tuple[float, ...] = ()
 
@@ -61,10 +61,10 @@ class FittedCost:
         return max(self.min_step_s, float(np.dot(self.coef, shape.features())))
 
     def describe(self) -> dict:
-        j = np.asarray(self.jitter) if self.jitter else np.ones(1)
+        j = np.asarray(self.jitter) if self.jitter else np.zeros(1)
         return {"kind": self.kind, "features": list(FEATURES), "coef": list(self.coef), "gap_s": self.gap_s,
                 "r2": self.r2, "mape_heldout": self.mape_heldout, "steps": self.n_steps, "context": self.context,
-                "jitter_p50_p99": [float(np.quantile(j, 0.5)), float(np.quantile(j, 0.99))]}
+                "jitter_s_p50_p99": [float(np.quantile(j, 0.5)), float(np.quantile(j, 0.99))]}
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,13 @@ def estimated_shapes(rows: pd.DataFrame, kv_tokens: int) -> list[StepShape]:
 
 
 def fit(rows: pd.DataFrame, shapes: list[StepShape], context: str, seed: int = 0) -> FittedCost:
-    """Least-squares fit of step durations on ``shapes`` (one per row); MAPE on a held-out fifth."""
+    """Fit step durations on ``shapes`` (one per row); MAPE on a held-out fifth.
+
+    Relative least squares with non-negative coefficients (a cost per token/row/context cannot be
+    negative, and a negative one extrapolates to nonsense at other chunk sizes); steps far slower
+    than their fit (a neighbour's CPU burst, a GC pause) are trimmed once and refitted — they
+    come back as jitter.
+    """
     if len(rows) < 8:
         raise UserError(f"only {len(rows)} per-step rows with durations: too few to fit a step-cost model")
     y = (rows["t_end_s"] - rows["t_start_s"]).to_numpy()
@@ -132,23 +138,38 @@ def fit(rows: pd.DataFrame, shapes: list[StepShape], context: str, seed: int = 0
     test = rng.random(len(y)) < 0.2
     if test.all() or not test.any():
         test = np.arange(len(y)) % 5 == 0
-    coef_tr = _lstsq(X[~test], y[~test])
+    coef_tr = _robust(X[~test], y[~test])
     pred_te = np.maximum(X[test] @ coef_tr, y.min())
     mape = float(np.mean(np.abs(pred_te - y[test]) / y[test]))
-    coef = _lstsq(X, y)
-    pred = X @ coef
+    coef = _robust(X, y)
+    pred = np.maximum(X @ coef, y.min())
     ss = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float(((y - pred) ** 2).sum()) / ss if ss > 0 else math.nan
-    jitter = y / np.maximum(pred, y.min())
-    # one-off outliers (a GC pause, a neighbour's burst) would own the P99 of a short replay
+    jitter = y - pred   # additive: a neighbour's burst or a GC pause costs seconds, whatever the shape
+    # one-off outliers would own the P99 of a short replay
     jitter = np.clip(jitter, *np.quantile(jitter, [0.01, 0.99]))
     return FittedCost(tuple(float(c) for c in coef), host_gap(rows), float(y.min()), r2, mape, len(y), context,
                       jitter=tuple(float(j) for j in jitter))
 
 
-def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _robust(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative relative fit, then once more without the steps > 3 MADs slower than it."""
+    coef = _nonneg(X, y)
+    r = y / np.maximum(X @ coef, y.min())
+    med = np.median(r)
+    keep = r <= med + 3 * max(np.median(np.abs(r - med)), 1e-3)
+    return _nonneg(X[keep], y[keep]) if keep.sum() >= X.shape[1] + 2 and not keep.all() else coef
+
+
+def _nonneg(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of relative error with coefficients >= 0: drop the most negative feature until none is."""
+    Xw, yw = X / y[:, None], np.ones_like(y)
     # columns that never vary (no prefill in the data, say) get a zero coefficient, not noise
-    keep = np.array([True] + [X[:, j].std() > 0 for j in range(1, X.shape[1])])
-    coef = np.zeros(X.shape[1])
-    coef[keep] = np.linalg.lstsq(X[:, keep], y, rcond=None)[0]
-    return coef
+    active = [0] + [j for j in range(1, X.shape[1]) if X[:, j].std() > 0]
+    while True:
+        c = np.linalg.lstsq(Xw[:, active], yw, rcond=None)[0]
+        if (c >= 0).all() or len(active) == 1:
+            coef = np.zeros(X.shape[1])
+            coef[active] = np.maximum(c, 0)
+            return coef
+        active.pop(int(np.argmin(c)))

@@ -49,7 +49,7 @@ class ReplayResult:
 
 
 class ModelTiming:
-    """Step ``i`` lasts ``cost.step_s(shape)`` times a factor drawn from the fit's per-step jitter
+    """Step ``i`` lasts ``cost.step_s(shape)`` plus a draw from the fit's per-step residuals
     (seeded: every setting sees the same draws); the next starts ``cost.gap_s`` after it ends."""
 
     def __init__(self, cost, seed: int = 0):
@@ -58,8 +58,10 @@ class ModelTiming:
         self._draws = np.random.default_rng(seed).choice(np.asarray(jitter), 1 << 16) if len(jitter) else None
 
     def __call__(self, i: int, shape: StepShape) -> tuple[float, float]:
-        f = 1.0 if self._draws is None else float(self._draws[i & 0xFFFF])
-        return self.cost.step_s(shape) * f, self.cost.gap_s
+        base = self.cost.step_s(shape)
+        if self._draws is None:
+            return base, self.cost.gap_s
+        return max(self.cost.min_step_s, base + float(self._draws[i & 0xFFFF])), self.cost.gap_s
 
 
 class RecordedTiming:
