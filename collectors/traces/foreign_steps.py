@@ -286,6 +286,8 @@ def gap_threshold(start: np.ndarray, end: np.ndarray, default_ns: int = 500_000)
 
 def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.DataFrame:
     sel = step >= 0
+    if sel.all():  # every item in a step (the usual case): views, not 2 M-row copies
+        sel = slice(None)
     st = step[sel]
     n = int(st.max()) + 1
     start, end, what = items.start[sel], items.end[sel], items.what[sel]
@@ -312,6 +314,7 @@ def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.Data
         np.minimum.at(cpu, st[c >= 0], c[c >= 0])
         cpu = np.where(cpu == np.iinfo(np.int64).max, first, cpu)
     graph_rows = what == 1
+    fl = np.where(is_k, flags, 0)  # kernel flags only (copies and graph rows carry none)
     out = pd.DataFrame({
         "group": g, "step": np.arange(n), "step_source": how,
         "gpu_start_ns": first, "gpu_end_ns": last, "start_ns": first, "end_ns": last,
@@ -319,10 +322,10 @@ def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.Data
         "gpu_kernel_ns": np.bincount(st[is_k], dur[is_k], minlength=n), "cpu_start_ns": cpu,
         "opaque_ns": np.bincount(st[graph_rows], dur[graph_rows], minlength=n),
         "graph_launches": launches, "eager_between": between, "device": dev,
-        "comm_ns": np.bincount(st[is_k & (flags & 4 > 0)], dur[is_k & (flags & 4 > 0)], minlength=n),
-        "ep_kernels": np.bincount(st[is_k & (flags & 16 > 0)], minlength=n),
-        "prefill_family": np.bincount(st[is_k & (flags & 1 > 0)], minlength=n) > 0,
-        "decode_family": np.bincount(st[is_k & (flags & 2 > 0)], minlength=n) > 0,
+        "comm_ns": np.bincount(st[fl & 4 > 0], dur[fl & 4 > 0], minlength=n),
+        "ep_kernels": np.bincount(st[fl & 16 > 0], minlength=n),
+        "prefill_family": np.bincount(st[fl & 1 > 0], minlength=n) > 0,
+        "decode_family": np.bincount(st[fl & 2 > 0], minlength=n) > 0,
         "h2d_bytes": np.bincount(st[h2d], nbytes[h2d], minlength=n),
         "d2h_bytes": np.bincount(st[d2h], nbytes[d2h], minlength=n),
     })

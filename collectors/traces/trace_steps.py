@@ -255,9 +255,20 @@ def graph_counts(step: np.ndarray, start: np.ndarray, graph_key: np.ndarray, n_s
         return launches, eager_between
     gs, gk = step[is_graph].astype(np.int64), graph_key[is_graph].astype(np.int64)
     span = int(gk.max()) + 1
-    if span * max(n_steps, 1) < 2**62:  # one int64 key per (step, launch): a 1-D sort, not a 2-D unique
-        keys = np.unique(gs * span + gk)
-        launches += np.bincount(keys // span, minlength=n_steps)
+    if span <= 8 * len(gk) + 1024:
+        # dense launch ids (correlation ids): a launch lies in one step almost always, so count it
+        # there from a per-id table (no sort); only ids spread over several steps are paired up
+        lo = np.full(span, np.iinfo(np.int64).max)
+        hi = np.full(span, -1, dtype=np.int64)
+        np.minimum.at(lo, gk, gs)
+        np.maximum.at(hi, gk, gs)
+        one = (hi >= 0) & (lo == hi)
+        launches += np.bincount(lo[one], minlength=n_steps)
+        spread = (hi >= 0) & ~one
+        if spread.any():
+            m = spread[gk]
+            pairs = np.unique(np.stack([gs[m], gk[m]]), axis=1)
+            np.add.at(launches, pairs[0], 1)
     else:
         pairs = np.unique(np.stack([gs, gk]), axis=1)
         np.add.at(launches, pairs[0], 1)
