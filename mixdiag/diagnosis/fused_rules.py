@@ -30,12 +30,20 @@ def _prefill_in_log(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
     whole seconds) cannot be slow, so the interval's ITL is the only latency. A step in the interval
     that held prefill and decode rows (SGLang: a Prefill line with ``#running-req`` > 0 under
     ``--enable-mixed-chunk``) -> mixing; prefill-only steps that running decodes waited through
-    (the same line without mixed chunk: SGLang runs the prefill batch alone) -> prefill_stall. The
+    (the same line without mixed chunk: SGLang runs the prefill batch alone) -> prefill_stall; only
+    1-token extends after a KV transfer in this or the previous interval -> pd_transfer. The
     lines show the work, not its duration, so confidence stays below the step rules'; it rises when
     ITL rises with prefill work across the instance's intervals (the interval rule found the relation)."""
     mixed, stall = num(row.get("fused_mixed_steps_in_interval")), num(row.get("fused_stall_steps_in_interval"))
     if num(row.get("prefill_tokens")) == 0:
         return None  # the interval's own prompt-token counter saw no prefill finish in it
+    installs, recent = num(row.get("fused_install_steps_in_interval")), num(row.get("fused_recent_kv_transfer_bytes"))
+    if installs and recent and not mixed:  # KV arrived just before; the log's extends installed it
+        return Attribution("pd_transfer", round(0.7 * cfg.interval_factor, 3),
+                           dict(a.evidence) | {"install_steps_in_log": installs, "recent_kv_transfer_bytes": recent,
+                                               "reason": "a KV transfer was counted in this or the previous "
+                                                         "interval and the log's only prefill lines are 1-token "
+                                                         "extends of transferred requests"})
     related = a.evidence.get("prefill_itl_p_value") is not None and a.cause == "mixing"
     ev = dict(a.evidence) | {"mixed_steps_in_log": mixed, "stall_steps_in_log": stall}
     if mixed:
@@ -103,8 +111,11 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
     conf = round(0.6 * cfg.interval_factor, 3)
     xfer = num(row.get("fused_interval_kv_transfer_bytes"))
     if pd_install:  # only a transfer can explain it; with none counted, mixing stands
-        if _pos(xfer):
-            return Attribution("pd_transfer", conf, dict(a.evidence) | {"interval": int(k),
+        # the KV arrived in the step's interval or just before it (the transfer precedes the install)
+        xfer = max((x for x in (xfer, num(row.get("fused_recent_kv_transfer_bytes"))) if x is not None),
+                   default=None)
+        if _pos(xfer):  # the step's shape (1-token installs) and a measured transfer: two pieces
+            return Attribution("pd_transfer", round(0.75 * cfg.interval_factor, 3), dict(a.evidence) | {"interval": int(k),
                                                                         "interval_kv_transfer_bytes": xfer})
         return a
     ev = dict(a.evidence) | {"interval": int(k)}

@@ -150,11 +150,14 @@ INTERVAL_EVIDENCE = ("fused_steps_in_interval", "fused_slow_steps_in_interval", 
                      "fused_host_gap_excess_s", "fused_host_gap_threshold_s", "fused_host_gap_unusual_s")
 #: What the step view's rows inside an interval show of its prefill work (NaN without a step view):
 #: steps that held prefill and decode rows (a mixed forward - for SGLang, a Prefill line with running
-#: requests under ``--enable-mixed-chunk``), and prefill-only steps that decodes waited through.
-LOG_SHAPE_EVIDENCE = ("fused_mixed_steps_in_interval", "fused_stall_steps_in_interval")
+#: requests under ``--enable-mixed-chunk``), prefill-only steps that decodes waited through, and
+#: PD installs (mixed rows of 1-token extends).
+LOG_SHAPE_EVIDENCE = ("fused_mixed_steps_in_interval", "fused_stall_steps_in_interval",
+                      "fused_install_steps_in_interval")
 STEP_EVIDENCE = ("fused_interval", "fused_interval_expert_imbalance", "fused_interval_imbalance_median",
                  "fused_interval_graph_off_decode_steps", "fused_among_largest_batches",
-                 "fused_interval_kv_transfer_bytes", "fused_pd_install", "fused_interval_preempted_reqs")
+                 "fused_interval_kv_transfer_bytes", "fused_pd_install", "fused_interval_preempted_reqs",
+                 "fused_recent_kv_transfer_bytes")
 
 
 def _time_or_count_window(st: pd.DataFrame, ab, r) -> pd.DataFrame:
@@ -219,8 +222,15 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
         f.loc[iv.index, "fused_steps_in_interval"] = [float(len(x)) for x in inside]
         slow = [float(x["is_spike"].sum()) for x in inside]
         f.loc[iv.index, "fused_slow_steps_in_interval"] = slow
+        # a mixed row whose context requests took one token each installs KV a prefill worker
+        # sent (PD), it is no prompt chunk
         f.loc[iv.index, "fused_mixed_steps_in_interval"] = [
-            float((x["has_prefill"].astype(bool) & x["has_decode"].astype(bool)).sum()) for x in inside]
+            float((x["has_prefill"].astype(bool) & x["has_decode"].astype(bool) & ~install_steps(x)).sum())
+            for x in inside]
+        f.loc[iv.index, "fused_install_steps_in_interval"] = [float(install_steps(x).sum()) for x in inside]
+        xfer = iv.sort_values("t_end_s")["kv_transfer_bytes"]
+        f.loc[xfer.index, "fused_recent_kv_transfer_bytes"] = np.fmax(xfer.to_numpy(dtype=float),
+                                                                      xfer.shift(1).to_numpy(dtype=float))
         f.loc[iv.index, "fused_stall_steps_in_interval"] = [
             float((x["has_prefill"].astype(bool) & ~x["has_decode"].astype(bool)
                    & (x["decodes_before"].astype(bool) | x["running_reqs"].fillna(0).gt(0))).sum())
@@ -251,7 +261,31 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
             f.loc[idx, "fused_interval_kv_transfer_bytes"] = float(r["kv_transfer_bytes"])
             f.loc[idx, "fused_pd_install"] = float(bool(install_steps(sv.iloc[lo:hi]).any()))
             f.loc[idx, "fused_interval_preempted_reqs"] = float(r["preempted_reqs"])
+        if not any(i == inst for i, _ in ranges):
+            _fuse_steps_by_time(f, st_mask, iv)
     return True
+
+
+def _fuse_steps_by_time(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -> None:
+    """Step rows of a view whose scrapes carry no per-kind step counters (vLLM's, SGLang's): each
+    step belongs to the interval its end falls in (scrape k covers (end of k-1, end of k]), and gets
+    ``fused_recent_kv_transfer_bytes``: the KV transfer counted in that interval or the one before
+    (a transfer completes before the step that installs its KV; whole-second stamps blur the edge),
+    read only for steps shaped like a PD install."""
+    ivs = iv.sort_values("t_end_s")
+    ends = ivs["t_end_s"].to_numpy(dtype=float)
+    st = f[st_mask]
+    pos = np.searchsorted(ends, st["t_end_s"].to_numpy(dtype=float), side="left")
+    ok = pos < len(ends)
+    if not ok.any():
+        return
+    idx, pos = st.index[ok], pos[ok]
+    xfer = ivs["kv_transfer_bytes"].to_numpy(dtype=float)
+    prev = np.r_[np.nan, xfer[:-1]]
+    # time is too coarse to pin gauges and counters on one step: only the transfer that a step
+    # shaped like a PD install (1-token extends) took is handed over
+    f.loc[idx, "fused_interval"] = ivs.index.to_numpy(dtype=float)[pos]
+    f.loc[idx, "fused_recent_kv_transfer_bytes"] = np.fmax(xfer, prev)[pos]
 
 
 def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[str, np.ndarray]:

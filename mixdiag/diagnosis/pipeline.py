@@ -22,9 +22,11 @@ from mixdiag.diagnosis.attribution import (AttributionConfig, InstanceContext, a
 from mixdiag.schema import Timeline
 from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import (SIGNALS, SignalConfig, decode_graph_norm, looks_like_llm_serving, periodicity,
+                                      prefill_since_last_decode,
                                       prefill_events, rank_relation, row_qualities, signal_quality, step_signals)
 from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
-from mixdiag.diagnosis.spikes import SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+from mixdiag.diagnosis.spikes import (SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, rows_of,
+                                      spike_rows, step_timing)
 from mixdiag.diagnosis.budget import budget_of
 from mixdiag.diagnosis.result import SPIKE_COLUMNS, Diagnosis, count_by_cause, itl_summary, last_spike_of, make_headline  # noqa: F401
 
@@ -71,8 +73,14 @@ def _coarse_clock(st: pd.DataFrame) -> bool:
     return bool(bad.iloc[1:].mean() > 0.1)
 
 
+def _window_mean_latency(meta: dict, inst: str) -> bool:
+    """Whether the instance's ``elapsed_s`` is an estimated mean over the steps since the previous
+    decode line (the collector declares it ``estimated``) rather than one step's own time."""
+    return ((meta or {}).get("signals", {}).get(inst, {}) or {}).get("elapsed_s") == "estimated"
+
+
 def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig,
-                   outside_faulty: np.ndarray | None = None):
+                   outside_faulty: np.ndarray | None = None, window_latency: bool = False):
     st = step_timing(rows).reset_index(drop=True)
     coarse = _coarse_clock(st)
     if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
@@ -90,6 +98,15 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     sig = pd.concat([sig, row_qualities(sig, quality)], axis=1)
     if coarse:
         sig["gap_excess_s"] = np.nan
+    # A decode row whose latency is the collector's estimate of the mean step time since the
+    # previous decode row (SGLang's gen throughput) covers a window: the prefill batches logged
+    # inside it are evidence for its height (step_rules reads window_*_steps).
+    sig["window_mixed_steps"] = sig["window_stall_steps"] = np.nan
+    if coarse and window_latency and "elapsed_s" in sig.columns:
+        mixed, stall = prefill_since_last_decode(sig)
+        win = sig["decode_only"] & pd.to_numeric(sig.get("elapsed_s"), errors="coerce").notna()
+        sig["window_mixed_steps"] = mixed.where(win)
+        sig["window_stall_steps"] = stall.where(win)
     if has_tokens:
         visible = sig["itl_events"] > 0
         # a request that already had tokens waited through this prefill-only step: decodes were
@@ -215,14 +232,15 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
     seen_faulty = faults_seen_by_intervals(timeline, cfg)
     for inst in timeline.instances:  # detection, per instance
         rows = timeline.steps[timeline.steps["instance"] == inst]
-        tokens = timeline.tokens[timeline.tokens["instance"] == inst]
+        tokens = rows_of(timeline.tokens, inst)
         if not len(rows):
             continue
         rows = graph_off_decode_column(rows)
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
         step_rows = rows[rows["granularity"] == "step"]
         if len(step_rows):
-            sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst))
+            sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst),
+                                                      _window_mean_latency(timeline.meta, inst))
         else:
             sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
         sig["instance"] = inst
@@ -237,8 +255,8 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
     for inst, sig, ctx in views:  # attribution, per spike
         missing = [s for s in SIGNALS if ctx.quality.get(s) == "absent"]
         causes = [None] * len(sig)
-        for i in np.flatnonzero(sig["is_spike"].to_numpy()):
-            row = sig.iloc[i]
+        at = np.flatnonzero(sig["is_spike"].to_numpy())
+        for i, row in zip(at, spike_rows(sig, at)):  # plain rows: attribution reads each many times
             a = attribute(row, ctx, cfg.attribution)
             if row.get("request_stall", False):
                 itl_s = row["stall_max_s"]

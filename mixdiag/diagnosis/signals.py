@@ -117,6 +117,25 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     return s
 
 
+def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per row: how many rows since the previous decode-only row held prefill and decode rows
+    (mixed forwards) and how many were prefill-only with decodes waiting (running requests or
+    decodes before). For a log that prints a decode line every N forwards with the mean step time
+    since the last one (SGLang's ``Decode batch`` gen throughput), these are the prefill batches
+    inside the window that mean covers."""
+    hp, hd = sig["has_prefill"].astype(bool), sig["has_decode"].astype(bool)
+    running = sig["running_reqs"].fillna(0).gt(0) if "running_reqs" in sig.columns else False
+    mixed = (hp & hd).astype(int)
+    stall = (hp & ~hd & (sig["decodes_before"].astype(bool) | running)).astype(int)
+    dec = hd & ~hp
+
+    def since(x: pd.Series) -> pd.Series:  # x's rows after the previous decode-only row, up to this one
+        c = x.cumsum()
+        return (c - c.where(dec).ffill().shift(1).fillna(0)).astype(float)
+
+    return since(mixed), since(stall)
+
+
 def decode_graph_norm(sig: pd.DataFrame) -> str:
     """The graph mode most decode-only steps of the instance ran in ('unknown' if none known).
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
@@ -270,6 +289,11 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float
         return False
     out = st["output_tokens"].fillna(0).gt(0) if "output_tokens" in st.columns else pd.Series(False, index=st.index)
     if float((st["has_decode"].astype(bool) | out).mean()) >= min_share:
+        return True
+    # a log that samples decode lines (SGLang: one per decode_log_interval forwards) between many
+    # prefill lines: several rows that state a running decode batch are decode structure
+    if "decode_reqs" in st.columns and int((st["has_decode"].astype(bool) & st["decode_reqs"].fillna(0).gt(0)
+                                            & ~st["has_prefill"].astype(bool)).sum()) >= 3:
         return True
     full = st["graph_mode"].eq("FULL") & st.get("graph_replayed", pd.Series(np.nan, index=st.index)).eq(1)
     if float(full.mean()) < min_share or full.sum() < 5:

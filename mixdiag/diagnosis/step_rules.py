@@ -12,6 +12,8 @@ reaches is in docs/analyze.md):
    recurring with prefill arrivals; ``unknown`` with the reason when the subset cannot separate;
 7. ``ep_hotspot``     decode-only, an imbalance gauge, comm-bound decode or high rank skew;
 8. ``graph_fallback`` decode-only step that left the graph mode decode steps normally replay;
+   8b. a decode line whose latency is a mean over a window (SGLang ``Decode batch``): the prefill
+   batches logged inside the window -> ``mixing`` (mixed forwards) or ``prefill_stall``;
 9. ``unknown``.
 """
 from __future__ import annotations
@@ -106,6 +108,14 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
     if cands:
         cause, conf, extra = max(cands, key=lambda c: c[1])
         return done(cause, conf, **extra)
+    # 8b. a decode line whose height is a mean over the forwards since the previous decode line
+    # (SGLang's gen throughput), run in its usual graph mode: the prefill batches logged inside
+    # that window explain it - mixed forwards (mixing) or prefill-only batches decodes waited
+    # through (prefill_stall). The mean cannot say which forward was slow: lower confidence.
+    wm, ws = num(row.get("window_mixed_steps")), num(row.get("window_stall_steps"))
+    if decode_only and (wm or ws):
+        cause = "mixing" if (wm or 0) >= (ws or 0) else "prefill_stall"
+        return done(cause, 0.5 + (0.1 if periodic else 0.0), window_mixed_steps=wm, window_stall_steps=ws)
 
     # 9. unknown: confidence = the share of causes the available signals could rule out.
     checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
