@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import CAUSES
-from mixdiag.diagnosis.spikes import itl_events
+from mixdiag.diagnosis.spikes import itl_events, rows_of
 
 #: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
 BUDGET_CAUSES = (*CAUSES, "none")
@@ -219,7 +219,7 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
         n = spikes.loc[spikes["instance"] == inst, "cause"].value_counts() if len(spikes) else pd.Series(dtype=int)
         counts = {str(c): int(v) for c, v in n.items()}
         step_rows = rows[rows["granularity"] == "step"]
-        tok = tokens[tokens["instance"] == inst] if len(tokens) else tokens
+        tok = rows_of(tokens, inst)
         if len(step_rows) and len(tok):
             u, source = _token_units(inst, step_rows, tok), "token_gaps"
         elif len(step_rows):

@@ -50,6 +50,29 @@ def _group_codes(s: pd.Series) -> np.ndarray:
     return pd.factorize(s, sort=True)[0]
 
 
+def rows_of(frame: pd.DataFrame, instance: str) -> pd.DataFrame:
+    """The rows of ``frame`` that belong to ``instance``: the frame itself when all do (one engine,
+    the common case), without copying a million rows."""
+    if not len(frame):
+        return frame
+    mine = frame["instance"].to_numpy() == instance  # numpy: 4x faster than the Series comparison
+    return frame if mine.all() else frame[mine]
+
+
+def spike_rows(sig: pd.DataFrame, positions: np.ndarray) -> list:
+    """The rows at ``positions`` as column -> value mappings holding what ``sig.iloc[i][col]`` holds.
+
+    Attribution reads a spike row ~50 times; a dict answers each read ~20x faster than a Series,
+    and building the rows column by column avoids one row extraction per spike. A frame with a
+    repeated column name keeps the Series rows (a Series returns every column of that name).
+    """
+    if not sig.columns.is_unique:
+        return [sig.iloc[i] for i in positions]
+    sub = sig.iloc[positions]
+    cols = [(c, sub[c].to_numpy() if isinstance(sub[c].dtype, np.dtype) else sub[c].array) for c in sub.columns]
+    return [{c: v[j] for c, v in cols} for j in range(len(sub))]
+
+
 def step_timing(steps: pd.DataFrame) -> pd.DataFrame:
     """Per-instance ``gap_before_s`` and ``latency_s`` of step rows (sorted by instance, step).
 
