@@ -194,3 +194,64 @@ def test_video_generation_trace_is_not_llm_serving():
     assert "does not look like LLM serving" in d.verdict
     assert len(d.spikes) and (d.spikes["confidence"] <= 0.5).all()
     assert d.itl["p50_s"] is not None and d.itl["p99_s"] is not None and d.itl["max_s"] is not None
+
+
+def view_sglang_log(s, log_interval=2, mixed_chunk=True):
+    """(iv) an SGLang scheduler log only: a ``Prefill batch`` line per prefill forward (stamped when
+    it was scheduled, whole seconds, no duration) and a ``Decode batch`` line every
+    ``log_interval`` decode forwards with the gen throughput since the previous one. Returns the
+    log text and, per batch line in order, the truth causes of the forwards that line speaks for
+    (a Decode line: every forward since the previous Decode line)."""
+    import datetime as dt
+
+    def stamp(t):
+        return dt.datetime.fromtimestamp(1_796_000_000 + t, dt.timezone.utc).strftime("[%Y-%m-%d %H:%M:%S]")
+
+    lines = [f"{stamp(s['t_start_s'].iloc[0])} server_args=ServerArgs(model_path='m', chunked_prefill_size=2048, "
+             f"enable_mixed_chunk={mixed_chunk}, decode_log_interval={log_interval}, disable_cuda_graph=False)"]
+    covers, window, n_dec, tokens, t_last = [], [], 0, 0, float(s["t_start_s"].iloc[0])
+    for r in s.itertuples():
+        window.append(r.cause)
+        tokens += 32
+        if r.prefill:
+            lines.append(f"{stamp(r.t_start_s)} Prefill batch, #new-seq: 1, #new-token: {int(r.prefill)}, #cached-token: 0, "
+                         "token usage: 0.10, #running-req: 32, #queue-req: 0, cuda graph: False, "
+                         "input throughput (token/s): 20000.00")
+            covers.append({r.cause})
+            continue
+        n_dec += 1
+        if n_dec % log_interval:
+            continue
+        graph = "False" if r.graph == "NONE" else "True"
+        lines.append(f"{stamp(r.t_end_s)} Decode batch, #running-req: 32, #token: 9000, token usage: 0.10, "
+                     f"cuda graph: {graph}, gen throughput (token/s): {tokens / (r.t_end_s - t_last):.2f}, #queue-req: 0")
+        covers.append(set(window))
+        window, tokens, t_last = [], 0, r.t_end_s
+    return "\n".join(lines) + "\n", covers
+
+
+def test_sglang_log_names_mixing_from_prefill_lines_in_the_decode_window(tmp_path):
+    """View (iv): a Decode line's mean step time rises over a window whose Prefill lines carried
+    running requests under --enable-mixed-chunk: mixing, at the lower confidence a window mean
+    allows; windows slowed by a fallback, a hotspot or a host stall hold no prefill line and are
+    never called mixing."""
+    s = script()
+    text, covers = view_sglang_log(s)
+    p = tmp_path / "sglang.log"
+    p.write_text(text)
+    d = diagnose(load(str(p)))
+    sp = d.spikes[d.spikes["granularity"] == "step"]
+    truth = [covers[int(k)] for k in sp["step"]]
+    mixing = [(r, t) for r, t in zip(sp.itertuples(), truth) if "mixing" in t]
+    assert len(mixing) >= len(MIX) - 1, sp[["step", "cause", "confidence"]]
+    assert all(r.cause == "mixing" and 0.4 <= r.confidence <= 0.65 for r, _ in mixing), \
+        [(r.step, r.cause, r.confidence) for r, _ in mixing]
+    wrong = [(r.step, t) for r, t in zip(sp.itertuples(), truth) if r.cause == "mixing" and "mixing" not in t]
+    assert not wrong
+    others = [r.cause for r, t in zip(sp.itertuples(), truth) if t & {"host_stall", "ep_hotspot", "graph_fallback"}]
+    assert len(others) >= 4  # the other faults' windows spike too, so "never mixing" is tested
+    # without mixed chunk the same lines mean the decodes waited: prefill_stall, never mixing
+    text, covers = view_sglang_log(s, mixed_chunk=False)
+    p.write_text(text)
+    d = diagnose(load(str(p)))
+    assert "mixing" not in set(d.spikes["cause"]) and "prefill_stall" in set(d.spikes["cause"])
