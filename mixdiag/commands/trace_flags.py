@@ -26,4 +26,6 @@ def step_options(args) -> dict:
         if not name.strip():
             raise UserError("--step-range needs a range name")
         out["step_range"] = name.strip()
+    if getattr(args, "quiet", False) or getattr(args, "json", False):
+        out["progress"] = False  # long trace ingests draw a bar on stderr otherwise (terminals only)
     return out

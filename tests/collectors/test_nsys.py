@@ -340,3 +340,18 @@ def test_export_without_step_stats_reports_those_signals_absent(tmp_path):
     sig = nsys.read(_nvtx_export(tmp_path / "run.sqlite")).meta["signals"]
     for s in sig.values():
         assert (s["expert_imbalance"], s["kv_transfer"], s["preemption"]) == ("absent",) * 3
+
+
+@pytest.mark.parametrize("progress,drawn", [(True, True), (False, False), (None, False)])
+def test_progress_bar_on_stderr_only_when_asked_or_long_on_a_terminal(capsys, progress, drawn):
+    """A bar while GPU rows are read: forced with True, never with False (the CLI's -q/--json),
+    and by default only for >= PROGRESS_MIN_ROWS rows on a terminal (pytest's stderr is not one)."""
+    from argparse import Namespace
+
+    from mixdiag.commands.trace_flags import step_options
+
+    nsys.read(FIX / "h100_2gpu_1s.sqlite", progress=progress)
+    out = capsys.readouterr()
+    assert ("GPU rows" in out.err) == drawn and out.out == ""
+    assert step_options(Namespace(quiet=False, json=True))["progress"] is False
+    assert "progress" not in step_options(Namespace(quiet=False, json=False))
