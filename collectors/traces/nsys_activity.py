@@ -132,9 +132,13 @@ def _ranges(db: NsysDb, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     rows = db.conn.execute(sql, (*types, *step_names, *likes)).fetchall()
     if not rows:
         return empty
-    df = pd.DataFrame(rows, columns=["start", "end", "tid", "name"]).dropna()
-    df = df.astype({"start": "int64", "end": "int64", "tid": "int64"})
-    df["grp"] = df["tid"] & PID_MASK
-    df["name"] = df["name"].astype(str).str.strip()
-    df["transfer"] = df["name"].map(lambda s: bool(sr.TRANSFER_RANGE_RE.search(s))) & ~df["name"].isin(step_names)
-    return df
+    rows = [r for r in rows if None not in r]
+    if not rows:
+        return empty
+    start, end, tid, name = zip(*rows)
+    codes, uniq = pd.factorize(pd.Series(name, dtype=object))
+    names = np.array([str(u).strip() for u in uniq], dtype=object)  # per distinct name, not per row
+    xfer = np.array([bool(sr.TRANSFER_RANGE_RE.search(u)) and u not in step_names for u in names], dtype=bool)
+    tid = np.array(tid, dtype=np.int64)
+    return pd.DataFrame({"grp": tid & PID_MASK, "tid": tid, "start": np.array(start, dtype=np.int64),
+                         "end": np.array(end, dtype=np.int64), "name": names[codes], "transfer": xfer[codes]})
