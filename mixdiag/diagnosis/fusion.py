@@ -288,6 +288,49 @@ def _fuse_steps_by_time(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -
     f.loc[idx, "fused_recent_kv_transfer_bytes"] = np.fmax(xfer, prev)[pos]
 
 
+#: Columns :func:`couple_ranks` adds to the step rows of ranks that meet in collectives.
+RANK_EVIDENCE = ("peer_prefill", "peer_graph_off")
+
+
+def couple_ranks(frames: list[pd.DataFrame], align: float = 0.1) -> None:
+    """Expert-parallel ranks meet in the all-to-all every step, so a step is as slow as its slowest
+    rank: a decode step on one rank waits for a peer whose same step held a prompt chunk. Step views
+    (no intervals) whose rows share step numbers, exchange collectives (``comm_share`` > 0 on some
+    steps) and end each shared step together (median |end difference| below ``align`` x the median
+    step duration) are ranks of one engine; each row gets ``peer_prefill`` (a peer's same step held
+    prefill tokens) and ``peer_graph_off`` (a peer's same step left the graph), in place; NaN
+    elsewhere."""
+    for f in frames:
+        for col in RANK_EVIDENCE:
+            f[col] = np.nan
+    cand = [f for f in frames if len(f) and (f["granularity"] == "step").all() and "comm_share" in f.columns
+            and f["comm_share"].fillna(0).gt(0).any()]
+    for f in cand:
+        me = f.set_index("step")
+        if not me.index.is_unique:
+            continue
+        dur = float((me["t_end_s"] - me["t_start_s"]).median())
+        pre, off = pd.Series(False, index=me.index), pd.Series(False, index=me.index)
+        coupled = False
+        for g in cand:
+            if g is f:
+                continue
+            peer = g.set_index("step")
+            if not peer.index.is_unique:
+                continue
+            common = me.index.intersection(peer.index)
+            if len(common) < 0.5 * len(me) or not dur > 0:
+                continue
+            if float((me.loc[common, "t_end_s"] - peer.loc[common, "t_end_s"]).abs().median()) > align * dur:
+                continue
+            coupled = True
+            pre = pre | peer["has_prefill"].astype(bool).reindex(me.index, fill_value=False)
+            off = off | peer["graph_off"].astype(bool).reindex(me.index, fill_value=False)
+        if coupled:
+            f["peer_prefill"] = pre.to_numpy(dtype=float)
+            f["peer_graph_off"] = off.to_numpy(dtype=float)
+
+
 def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[str, np.ndarray]:
     """For step-only views (log lines) fused with an interval view (scrapes) of one engine: the
     step positions inside intervals whose gauges/counters show a fault (EP imbalance well above

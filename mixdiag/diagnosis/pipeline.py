@@ -24,7 +24,7 @@ from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import (SIGNALS, SignalConfig, decode_graph_norm, looks_like_llm_serving, periodicity,
                                       prefill_since_last_decode,
                                       prefill_events, rank_relation, row_qualities, signal_quality, step_signals)
-from mixdiag.diagnosis.fusion import engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
+from mixdiag.diagnosis.fusion import couple_ranks, engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
 from mixdiag.diagnosis.spikes import (SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, rows_of,
                                       spike_rows, step_timing)
 from mixdiag.diagnosis.budget import budget_of
@@ -69,7 +69,10 @@ def _coarse_clock(st: pd.DataFrame) -> bool:
     if len(st) < 3:
         return False
     prev_end = st["t_end_s"].shift(1)
-    bad = (st["t_start_s"] < prev_end - 1e-6) | (st["t_start_s"] == st["t_start_s"].shift(1))
+    # back-to-back steps whose boundaries a collector placed a few microseconds apart (a trace's
+    # sync points, float rounding at unix-epoch scale) are contiguous, not overlapping
+    tol = max(1e-6, 0.01 * float((st["t_end_s"] - st["t_start_s"]).median()))
+    bad = (st["t_start_s"] < prev_end - tol) | (st["t_start_s"] == st["t_start_s"].shift(1))
     return bool(bad.iloc[1:].mean() > 0.1)
 
 
@@ -252,6 +255,7 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
                               if ctx.relation else {})}
     frames = [sig for _, sig, _ in views]
     has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
+    couple_ranks(frames)  # EP ranks of one engine: each step row learns what its peers' same step held
     for inst, sig, ctx in views:  # attribution, per spike
         missing = [s for s in SIGNALS if ctx.quality.get(s) == "absent"]
         causes = [None] * len(sig)

@@ -10,6 +10,7 @@ reaches is in docs/analyze.md):
 6. ``mixing`` / ``graph_fallback`` without token counts: left the FULL decode graph, and SM
    activity above (compute-heavy: mixing) or at (memory-bound: fallback) the decode level, or
    recurring with prefill arrivals; ``unknown`` with the reason when the subset cannot separate;
+   6b. ``mixing`` on a peer EP rank: a decode step whose peer rank's same step held prefill tokens;
 7. ``ep_hotspot``     decode-only, an imbalance gauge, comm-bound decode or high rank skew;
 8. ``graph_fallback`` decode-only step that left the graph mode decode steps normally replay;
    8b. a decode line whose latency is a mean over a window (SGLang ``Decode batch``): the prefill
@@ -91,6 +92,14 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
 
     full_replay = row.get("graph_mode") == "FULL" and corroborates(qg)
     decode_only = (alloc and has_d and not has_p) or (not alloc and full_replay)
+    # 6b. an EP rank's decode step whose peer rank ran prefill tokens in the same step: they meet in
+    # the all-to-all, so this rank waited for the peer's mixed step (and engines that keep ranks in
+    # one graph mode run the whole step eager) - mixing, on the peer; never this rank's fallback.
+    if decode_only and bool(num(row.get("peer_prefill"))):
+        both_off = bool(row.get("graph_off")) and bool(num(row.get("peer_graph_off")))
+        return done("mixing", 0.55 + (0.1 if both_off else 0.0), peer_rank_prefill=True,
+                    reason="a peer EP rank's same step held prefill tokens; this rank waited for it in the "
+                           "all-to-all")
     # 7. EP hotspot / 8. graph fallback, on decode-only steps; the better-supported one wins.
     cands = []
     if decode_only:
@@ -120,6 +129,10 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
     # 9. unknown: confidence = the share of causes the available signals could rule out.
     checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
     ruled = sum(have(ctx, s) for s in checkable) / len(checkable)
+    if full_replay and decode_only and not (num(row.get("comm_share")) or 0) and num(row.get("rank_skew")) is None:
+        ev["reason"] = ("a decode step replayed the FULL graph slower than usual; a graph replay hides its kernels "
+                        "(no collective time, no per-rank compute), so an EP hotspot cannot be told from other "
+                        "in-graph slowdowns")
     return Attribution("unknown", round(ruled, 3), ev | {"reason": ev.get("reason", "no cause's evidence present")})
 
 
