@@ -58,11 +58,15 @@ def read(source, *, instance: str | None = None, step_gap_s: float | None = None
         db.close()
 
 
-def _bar(db: NsysDb, rows: int, progress: bool | None):
-    """A tqdm bar over ``rows`` GPU rows on stderr, or None."""
+def _bar(db: NsysDb, count_rows, progress: bool | None):
+    """A tqdm bar over the export's GPU rows (``count_rows()``, counted only when a bar may show) on
+    stderr, or None."""
     import sys
 
-    if progress is False or rows < (1 if progress else PROGRESS_MIN_ROWS) or (progress is None and not sys.stderr.isatty()):
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+    rows = count_rows()
+    if rows < (1 if progress else PROGRESS_MIN_ROWS):
         return None
     from tqdm.auto import tqdm
 
@@ -82,12 +86,15 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         notes.append("no StringIds table: API and kernel names cannot be resolved")
     nv = find_steps(db)
     notes += nv.notes
-    kernels_total = int(db.scalar(f"SELECT count(*) FROM {KERNEL}")) if db.has(KERNEL) else 0
+    has_kernels = db.has(KERNEL) and db.scalar(f"SELECT 1 FROM {KERNEL} LIMIT 1") is not None
+    count_kernels = lambda: int(db.scalar(f"SELECT count(*) FROM {KERNEL}")) if has_kernels else 0  # noqa: E731
     graph_rows = int(db.scalar(f"SELECT count(*) FROM {GRAPH_TRACE}")) if db.has(GRAPH_TRACE) else 0
     cuda_traced = db.has(RUNTIME) and db.has(STRINGS) and bool(any(launch_names(db)))
 
     foreign = None
+    kernels_total = 0
     if nv.source == "nvtx-mixdiag" and not step_range:
+        kernels_total = count_kernels()
         ranges = nv.ranges
         agg, n = project(db, ranges)
         notes += n
@@ -95,15 +102,16 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
             partial = True
         steps = _nvtx_steps(ranges, agg, cuda_traced)
         step_source = nv.source
-    elif kernels_total or graph_rows:
-        copies = int(db.scalar(f"SELECT count(*) FROM {MEMCPY_TABLE}")) if db.has(MEMCPY_TABLE) else 0
-        bar = _bar(db, kernels_total + graph_rows + copies, progress)
+    elif has_kernels or graph_rows:
+        bar = _bar(db, lambda: count_kernels() + graph_rows + (
+            int(db.scalar(f"SELECT count(*) FROM {MEMCPY_TABLE}")) if db.has(MEMCPY_TABLE) else 0), progress)
         try:
             act = read_activity(db, progress=bar.update if bar else None,
                                 step_names=(step_range,) if step_range else ())
         finally:
             if bar:
                 bar.close()
+        kernels_total = int((act.items.what == 0).sum())
         gap_ns = None if step_gap_s is None else int(round(float(step_gap_s) * 1e9))
         steps, n, step_source = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
         notes += n
@@ -123,6 +131,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         if len(steps):
             steps = foreign_frame.finish(steps, graph_known)
     else:
+        kernels_total = count_kernels()
         steps = pd.DataFrame(columns=["group", "step"])
         step_source = None
         notes.append("no kernels and no step ranges in this export: nothing to build steps from")

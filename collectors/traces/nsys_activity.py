@@ -24,7 +24,7 @@ def _flags(db: NsysDb) -> np.ndarray:
     if not db.has(STRINGS):
         return np.zeros(1, dtype=np.int64)
     top = int(db.scalar(f"SELECT max(id) FROM {STRINGS}") or 0)
-    flags = np.zeros(top + 1, dtype=np.int64)
+    flags = np.zeros(top + 2, dtype=np.int64)  # the last entry: sentinel 0 for missing names (-1)
     for i, s in db.conn.execute(f"SELECT id, value FROM {STRINGS}"):
         if not s or i is None or i < 0:
             continue
@@ -44,8 +44,12 @@ def _flags(db: NsysDb) -> np.ndarray:
 
 
 def _lookup(flags: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    ok = (ids >= 0) & (ids < len(flags))
-    return np.where(ok, flags[np.where(ok, ids, 0)], 0)
+    """Flag of each string id in one pass: ``flags`` ends with a 0 sentinel that the missing
+    ids (-1) reach by wrapping; ids past the table (a damaged export) are checked separately."""
+    if len(ids) and (int(ids.max()) >= len(flags) - 1 or int(ids.min()) < -1):
+        ok = (ids >= 0) & (ids < len(flags))
+        return np.where(ok, flags[np.where(ok, ids, 0)], 0)
+    return np.take(flags, ids, mode="wrap")
 
 
 def kernel_sql(db: NsysDb) -> tuple[str, int]:
