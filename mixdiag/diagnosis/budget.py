@@ -161,8 +161,9 @@ def _row_units(inst: str, rows: pd.DataFrame, weighted: bool) -> pd.DataFrame:
 def _units(inst, t, lat, base, weight, spike, cause) -> pd.DataFrame:
     good = np.isfinite(lat) & np.isfinite(base)
     excess = np.where(good, np.maximum(lat - base, 0.0), 0.0)
-    c = np.where(spike & pd.notna(cause), cause, "none").astype(object)
-    c = np.where(pd.Series(c, dtype=object).isin(BUDGET_CAUSES).to_numpy(), c, "unknown").astype(object) if len(c) else c
+    codes, names = pd.factorize(cause)  # the few distinct causes are mapped once, not a million strings
+    kept = np.array([n if n in BUDGET_CAUSES else "unknown" for n in names] + ["none"], dtype=object)
+    c = kept[np.where(spike & (codes >= 0), codes, len(names))]
     return pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
                          "excess_s": excess * weight, "weight": weight, "cause": c})[good]
 
@@ -185,7 +186,7 @@ def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> In
     iv = u["weight"].to_numpy(dtype="float64") if source == "interval_itl" else None
     lat = u["latency_s"].to_numpy(dtype="float64")
     own = np.where(u["weight"].to_numpy() > 0, u["excess_s"].to_numpy() / u["weight"].replace(0, 1).to_numpy(), 0.0)
-    cause = u["cause"].to_numpy(dtype=object)
+    cause = u["cause"]  # factorized below as it is stored (no copy to Python strings)
     p99 = _p99(lat, iv)
     floor = _p99(lat - own, iv)
     p99_excess = p99 - floor
