@@ -26,15 +26,23 @@ if TYPE_CHECKING:
 def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
     """Interval rows get ``graph_off_decode_steps``: decode-only steps that left the FULL graph,
     i.e. off-FULL dispatches (``graph_piecewise_steps + graph_none_steps``) beyond the interval's
-    prefill and mixed steps. Only when the rows carry per-mode counts and per-kind step counts."""
+    prefill and mixed steps (per-kind step counts, else the large-step share of all passes). Only
+    when the rows carry per-mode counts and one of those."""
     iv = rows["granularity"] == "interval"
     modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
-    if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any() \
-            or not {"mixed_steps", "prefill_steps"} <= set(rows.columns):
+    if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
+        return rows
+    if {"mixed_steps", "prefill_steps"} <= set(rows.columns) and rows.loc[iv, "prefill_steps"].notna().any():
+        other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
+    elif "large_step_share" in rows.columns and rows.loc[iv, "large_step_share"].notna().any():
+        # SGLang counts passes by mode (decode_/prefill_ x cuda_graph/none) and the collector merges
+        # prefill_none into the eager count: the prefill passes (large_step_share of all) come off it
+        total = rows.loc[iv, modes].fillna(0).sum(axis=1)
+        other = (rows.loc[iv, "large_step_share"].fillna(0) * total).round()
+    else:
         return rows
     rows = rows.copy()
     n_off = rows.loc[iv, "graph_piecewise_steps"].fillna(0) + rows.loc[iv, "graph_none_steps"].fillna(0)
-    other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
     rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
     return rows
 

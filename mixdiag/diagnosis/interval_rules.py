@@ -50,6 +50,7 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
                     "does not rise with prefill work, so it does not show that the prefill slowed the decodes")
     goff = num(row.get("graph_off_decode_steps"))
     if goff is not None and goff > 0 and not work:
-        return done("graph_fallback", 0.6, interval_graph_off_decode_steps=goff)
+        # decode passes the engine itself counted as run without a graph: a direct count
+        return done("graph_fallback", 0.7, interval_graph_off_decode_steps=goff)
     return done("unknown", 0.3, reason="no prefill work, transfer, preemption, imbalance or off-graph decode "
                 "counted in the interval")
