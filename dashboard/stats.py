@@ -65,7 +65,7 @@ def signals_frame(timeline: Timeline, diagnosis=None) -> pd.DataFrame:
                 row[sig] = str(declared[sig])
                 continue
             if sig == "itl":
-                has = bool((tokens["instance"] == inst).any()) or bool(st["itl_p99_s"].notna().any())
+                has = bool((tokens["instance"].to_numpy() == inst).any()) or bool(st["itl_p99_s"].notna().any())
             elif cols == ("graph_mode",):
                 has = bool((st["graph_mode"] != "unknown").any())
             else:

@@ -432,7 +432,10 @@ class Timeline:
         # groupbys cost seconds at a day of tokens).
         tok = self.tokens
         cols = ["instance", "request_id", "step", "t_s", "n_tokens", "itl_s", "itl_per_token_s"]
-        inst, rid = pd.factorize(tok["instance"])[0], pd.factorize(tok["request_id"])[0]
+        names = tok["instance"].to_numpy()
+        one = len(names) and (names == names[0]).all()  # one engine: no factorizing a million names
+        inst = np.zeros(len(tok), dtype=np.intp) if one else pd.factorize(names)[0]
+        rid = pd.factorize(tok["request_id"])[0]
         key = inst.astype(np.int64) * (int(rid.max(initial=0)) + 1) + rid
         order = np.argsort(key, kind="stable")
         t = tok["t_s"].to_numpy(dtype="float64")
