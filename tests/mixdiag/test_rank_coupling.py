@@ -1,0 +1,43 @@
+"""Multi-rank step views of one EP engine (fusion.couple_ranks + step rule 6b): a decode step that
+waited in the all-to-all for a peer rank's mixed step is mixing on the peer, never this rank's
+graph fallback or EP hotspot; ranks that do not end their steps together are not coupled."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.diagnosis import diagnose
+from mixdiag.schema import Timeline
+
+N, BASE, MIX = 200, 0.02, set(range(10, 200, 20))
+
+
+def _rank(name, offset_s, mixed_here, skew_s=0.0):
+    rng = np.random.default_rng(len(name))
+    rows, t = [], 100.0
+    for i in range(N):
+        dur = BASE * rng.uniform(0.98, 1.02) * (4.0 if i in MIX else 1.0)
+        mine = i in MIX and mixed_here
+        rows.append(dict(instance=name, step=i, t_start_s=t + offset_s + skew_s * i, t_end_s=t + dur + offset_s + skew_s * i,
+                         granularity="step", kind="mixed" if mine else "decode",
+                         prefill_tokens=1024.0 if mine else 0.0, decode_rows=64.0, decode_reqs=64.0,
+                         graph_mode="NONE" if i in MIX else "FULL", graph_replayed=0.0 if i in MIX else 1.0,
+                         comm_share=0.1 if i in MIX else 0.02, q_token_allocation="inferred", q_graph_mode="measured"))
+        t += dur + 0.0005
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("skew_s, coupled", [(0.0, True), (0.01, False)])
+def test_waiting_rank_is_mixing_on_the_peer_only_when_coupled(skew_s, coupled):
+    steps = pd.concat([_rank("r0", 0.0, True), _rank("r1", 1e-5, False, skew_s)], ignore_index=True)
+    d = diagnose(Timeline(steps, None, meta={}))
+    waiting = d.spikes[(d.spikes["instance"] == "r1") & d.spikes["step"].isin(MIX)]
+    assert len(waiting) >= len(MIX) - 1
+    if coupled:
+        assert (waiting["cause"] == "mixing").all(), waiting[["step", "cause"]]
+        assert all(e.get("peer_rank_prefill") for e in waiting["evidence"])
+        assert (waiting["confidence"] <= 0.65).all()
+    else:
+        assert not (waiting["cause"] == "mixing").any()
+    assert not set(waiting["cause"]) & ({"ep_hotspot"} if not coupled else {"ep_hotspot", "graph_fallback"})
+    own = d.spikes[(d.spikes["instance"] == "r0") & d.spikes["step"].isin(MIX)]
+    assert (own["cause"] == "mixing").all()
