@@ -1,18 +1,18 @@
 """PyTorch-profiler (Kineto / Chrome trace) JSON -> Timeline.
 
-Events used (``ph == "X"``, by ``cat``): ``user_annotation`` (``record_function`` ranges: the
-step and phase names of docs/contracts.md §2), ``cuda_runtime``/``cuda_driver`` (kernel and
-graph launches, linked to GPU work by ``args.correlation``), ``kernel`` (GPU work) and ``cpu_op``
-(counted per step). Steps come from mixdiag's ``step`` ranges, else an engine's step range names,
-else idle gaps between kernels (heuristic); graph mode from the launches, exactly as in
-:mod:`.nsys`. Clock: ``ts`` is microseconds after ``baseTimeNanoseconds`` (unix) when the trace
-records it, else relative. A file cut mid-way is read up to the last whole event and flagged
-partial.
+Decoding: :mod:`.kineto_events`. With mixdiag's own ``step`` ranges (docs/contracts.md §2) the
+steps, kinds and tokens come from their messages: ``user_annotation`` ranges, phase sub-ranges,
+``cuda_runtime``/``cuda_driver`` launches linked to ``kernel`` rows by ``args.correlation``, and
+``cpu_op`` counts per step. Any other trace (an engine we did not write) goes through the same
+foreign-engine path as Nsight exports (:mod:`.kineto_activity` -> :mod:`.foreign_steps`): engine
+step range names, else the engine thread's copy + synchronize pattern, else GPU gaps; kinds and
+tokens inferred from copy sizes, graph mode, KV transfer, comm share and - for per-rank files read
+together (:func:`read_ranks`) - rank skew. Clock: ``ts`` is microseconds after
+``baseTimeNanoseconds`` (unix) when the trace records it, else relative. A file cut mid-way is read
+up to the last whole event and flagged partial.
 """
 from __future__ import annotations
 
-import gzip
-import json
 import os
 import re
 import zlib
@@ -26,6 +26,7 @@ from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.traces import foreign_frame
 from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, reconstruct
 from mixdiag.collectors.traces.kineto_activity import concat, read_activity
+from mixdiag.collectors.traces.kineto_events import KinetoFile
 from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
 from mixdiag.collectors.traces.trace_steps import (PHASE_COLUMNS, STEP_STATS, attach_step_stats, graph_counts,
                                                    graph_modes, leading_phases, parse_step_messages)
@@ -52,117 +53,6 @@ def sniff(head: bytes, name: str) -> bool:
     return head.lstrip()[:1] in (b"{", b"[") and _SNIFF.search(head[:65536]) is not None
 
 
-class _Events:
-    """The events of a trace, decoded one at a time from the text (no list of every event dict).
-
-    After iteration: ``count`` events decoded, ``cut_at`` the byte where decoding stopped early
-    (a file cut mid-way or damaged), else None.
-    """
-
-    def __init__(self, text: str, start: int):
-        self.text, self.start = text, start
-        self.count, self.cut_at = 0, None
-
-    @property
-    def closed(self) -> bool:
-        """The document ends as it began (``}`` or ``]``): nothing after the events was cut off."""
-        head, tail = self.text.lstrip()[:1], self.text.rstrip()[-1:]
-        return tail == ("}" if head == "{" else "]")
-
-    def __iter__(self):
-        text, pos, n = self.text, self.start, len(self.text)
-        dec = json.JSONDecoder()
-        while True:
-            while pos < n and text[pos] in " \t\r\n,":
-                pos += 1
-            if pos >= n:
-                self.cut_at = pos  # the array never closed
-                return
-            if text[pos] == "]":
-                return
-            try:
-                ev, pos = dec.raw_decode(text, pos)
-            except json.JSONDecodeError:
-                self.cut_at = pos
-                return
-            self.count += 1
-            yield ev
-
-
-def _open(path: Path) -> tuple[_Events, dict]:
-    """The trace's event stream and top-level facts (``baseTimeNanoseconds``)."""
-    if path.is_dir():
-        raise UserError(f"{path}: is a directory, not a Kineto trace")
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError):
-            with gzip.open(path, "rb") as f:
-                raw = _read_truncated_gzip(f)
-    if not raw.strip():
-        raise UserError(f"{path}: empty file")
-    text = raw.decode("utf-8", errors="replace")
-    del raw
-    head = text.lstrip()[:1]
-    m = re.search(r'"traceEvents"\s*:\s*\[', text) if head == "{" else None
-    if m is None and head != "[":
-        try:
-            json.loads(text)
-        except json.JSONDecodeError:
-            raise UserError(f"{path}: not a readable Kineto trace (invalid JSON, no traceEvents list)") from None
-        raise UserError(f"{path}: JSON but not a Kineto/Chrome trace (no traceEvents list)")
-    start = m.end() if m else text.index("[") + 1
-    top = {}
-    base = re.search(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text[:m.start()] if m else "")
-    if base is None and m is not None:  # some writers put the key after the events
-        tail = text.rfind('"baseTimeNanoseconds"')
-        base = re.match(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text[tail:]) if tail > m.start() else None
-    if base:
-        top["baseTimeNanoseconds"] = int(base.group(1))
-    return _Events(text, start), top
-
-
-def _read_truncated_gzip(f) -> bytes:
-    out = bytearray()
-    try:
-        while chunk := f.read(1 << 20):
-            out += chunk
-    except (EOFError, OSError):
-        pass
-    return bytes(out)
-
-
-def _frame(events) -> tuple[pd.DataFrame, int, int, list[str]]:
-    """Well-formed complete events as a frame; count the other kinds (ignored) and show the
-    malformed ones (skipped)."""
-    rows, bad, other, examples = [], 0, 0, []
-    for ev in events:
-        if not isinstance(ev, dict):
-            bad += 1
-            if len(examples) < 5:
-                examples.append(f"not an event object: {str(ev)[:80]}")
-            continue
-        ph = ev.get("ph")
-        if ph != "X":
-            other += 1  # metadata, instant, flow events: not used, not errors
-            continue
-        ts, dur, name = ev.get("ts"), ev.get("dur", 0), ev.get("name")
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)) or not isinstance(name, str):
-            bad += 1
-            if len(examples) < 5:
-                examples.append(f"event without numeric ts/dur or name: {json.dumps(ev)[:120]}")
-            continue
-        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-        corr, dev, stream, nb = (args.get(k, -1) for k in ("correlation", "device", "stream", "bytes"))
-        rows.append((name, str(ev.get("cat", "")), float(ts), float(ts) + max(float(dur), 0.0),
-                     str(ev.get("pid", "")), str(ev.get("tid", "")), corr if isinstance(corr, int) else -1,
-                     dev if isinstance(dev, int) else -1, stream if isinstance(stream, int) else -1,
-                     nb if isinstance(nb, int) else 0))
-    df = pd.DataFrame(rows, columns=["name", "cat", "t0_us", "t1_us", "pid", "tid", "corr", "dev", "stream", "bytes"])
-    return df, bad, other, examples
-
-
 def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
          **options) -> Timeline:
     """Read one trace file (``.json`` or ``.json.gz``), or a list of one job's per-rank files (then
@@ -172,7 +62,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float | None = None
     if isinstance(source, (list, tuple)):
         return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range)
     path = Path(os.fspath(source))
-    f = _load(path)
+    f = KinetoFile(path)
     base = instance or path.name.split(".")[0]
     steps, step_source = _annotated_steps(f.df[f.df["cat"] == "user_annotation"])
     if step_source == "kineto-mixdiag" and not step_range:
@@ -187,32 +77,11 @@ def read_ranks(paths, *, instance: str | None = None, step_gap_s: float | None =
     paths = [Path(os.fspath(p)) for p in paths]
     if not paths:
         raise UserError("no Kineto files given")
-    files = [_load(p) for p in paths]
+    files = [KinetoFile(p) for p in paths]
     return _foreign(files, paths, instance or paths[0].name.split(".")[0], step_gap_s, step_range)
 
 
-class _File:
-    """One decoded trace: its event frame and what the decoding saw."""
-
-    def __init__(self, path: Path):
-        if not path.exists():
-            raise UserError(f"{path}: no such file")
-        self.events, top = _open(path)
-        self.df, self.bad, self.ignored, self.examples = _frame(self.events)
-        self.notes = []
-        if self.events.cut_at is not None:
-            self.notes.append(f"JSON cut or damaged at byte {self.events.cut_at}: "
-                              f"read {self.events.count} whole events before it")
-        elif not self.events.closed:
-            self.notes.append("JSON cut after the events: the document is not closed")
-        self.partial = bool(self.notes)
-        self.base_ns = top.get("baseTimeNanoseconds")
-
-
-_load = _File
-
-
-def _foreign(files: list[_File], paths: list[Path], base: str, step_gap_s, step_range) -> Timeline:
+def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, step_range) -> Timeline:
     """Steps of engines we did not write (:mod:`.foreign_steps`), as for Nsight exports."""
     unix = all(isinstance(f.base_ns, int) for f in files)
     acts, pids = [], {}
@@ -276,7 +145,7 @@ def _foreign(files: list[_File], paths: list[Path], base: str, step_gap_s, step_
 _SOURCES = {"nvtx-engine-naming": "kineto-engine-naming"}
 
 
-def _mixdiag(f: _File, path: Path, base: str, steps: pd.DataFrame) -> Timeline:
+def _mixdiag(f: KinetoFile, path: Path, base: str, steps: pd.DataFrame) -> Timeline:
     """mixdiag's own ``step`` ranges (docs/contracts.md §2): kinds and tokens from the message."""
     df, events, notes, partial = f.df, f.events, list(f.notes), f.partial
     bad, ignored, examples = f.bad, f.ignored, f.examples
