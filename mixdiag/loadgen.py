@@ -85,6 +85,7 @@ class LoadConfig:
     seed: int = 0
     timeout_s: float = 300.0         # per request
     token_range: tuple[int, int] = (2, 256)
+    id_prefix: str = "load"          # request ids are PREFIX-N (two loads into one file: two prefixes)
 
     def __post_init__(self):
         if not self.url.startswith(("http://", "https://")):
@@ -124,7 +125,7 @@ class _Clock:
 
 async def _one(client, cfg: LoadConfig, model: str, idx: int, prompt: list[int], max_tokens: int,
                scheduled_s: float, clock: _Clock) -> dict:
-    rec = {"type": "request", "request_id": f"load-{idx}", "scheduled_s": scheduled_s, "start_s": clock.now(),
+    rec = {"type": "request", "request_id": f"{cfg.id_prefix}-{idx}", "scheduled_s": scheduled_s, "start_s": clock.now(),
            "prompt_tokens": len(prompt), "max_tokens": max_tokens, "status": "ok", "error": None,
            "ttft_s": None, "token_times_s": [], "itls_s": [], "output_tokens": None, "usage": None}
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
@@ -216,7 +217,7 @@ async def run_load(cfg: LoadConfig, write: Callable[[dict], None], progress=None
             async with sem:
                 if time.perf_counter() - clock.perf0 >= cfg.duration_s:
                     # its slot freed only after the sending window: not sent, so the run stays bounded
-                    rec = {"type": "request", "request_id": f"load-{i}", "scheduled_s": clock.wall0 + off,
+                    rec = {"type": "request", "request_id": f"{cfg.id_prefix}-{i}", "scheduled_s": clock.wall0 + off,
                            "start_s": None, "end_s": None, "status": "not_sent", "error": "no free slot before "
                            "--duration ended (server slower than the offered rate)", "prompt_tokens": len(prompt),
                            "max_tokens": max_tokens, "ttft_s": None, "token_times_s": [], "itls_s": [],

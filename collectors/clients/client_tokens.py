@@ -37,10 +37,21 @@ def to_timeline(reqs: list[ClientRequest], fmt: str, path, *, instance: str | No
     tokens = pd.DataFrame(rows, columns=["instance", "request_id", "t_s", "n_tokens", "step", "is_first", "arrival_s",
                                          "prompt_tokens"])
     tokens = tokens.sort_values(["request_id", "t_s"], kind="stable")
+    steps, stalls = None, None
+    if clock == "unix" or all(r.start_s is not None for r in reqs):   # streams line up: steps are visible
+        from mixdiag.collectors.clients.client_steps import client_steps
+
+        steps, tokens, stalls = client_steps(tokens, inst)
     entry = source_entry(fmt, path, total=total, parsed=total - skipped, skipped=skipped, examples=examples,
                          partial=skipped > 0, notes=list(notes), instances=[inst], measured_at="client", **extra)
-    meta = {"clock": clock, "sources": [entry], "signals": {inst: {"tokens": quality}},
-            "client": {"requests": len(reqs), "token_events": len(rows), "quality": quality}}
+    signals = {"tokens": quality}
+    if steps is not None and len(steps):
+        signals |= {"token_allocation": "inferred", "host_time": "absent"}
+    meta = {"clock": clock, "sources": [entry], "signals": {inst: signals},
+            "client": {"requests": len(reqs), "token_events": len(rows), "quality": quality,
+                       **({"steps_from_client": stalls} if stalls else {})}}
+    if steps is not None and len(steps):
+        return Timeline(steps=steps, tokens=tokens, meta=meta)
     return Timeline(tokens=tokens, meta=meta)
 
 

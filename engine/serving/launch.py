@@ -69,10 +69,15 @@ def build_state(opts: ServeOptions, server_cfg, icfg):
     injector = FaultInjector(engine, faults) if faults.active else None
     out = Path(opts.out_dir) if opts.out_dir else None
     inst = Instrumentation(icfg, engine, out)
+    # the server's truth (as ``mixdiag run``): which cause shaped each step, and when each step ran on
+    # the wall clock, so client-seen stalls can be checked against it (evaluation only)
+    truth = ServerTruth(engine, injector, out) if out is not None else None
     loop = EngineLoop(engine, injector.add_request if injector else None)
 
     def close():
         inst.close(linger_s=0.0)
+        if truth is not None:
+            truth.write()
         if injector is not None:
             injector.close()
 
@@ -80,6 +85,30 @@ def build_state(opts: ServeOptions, server_cfg, icfg):
     state.scenario = sc
     state.faults = faults.active
     return state
+
+
+class ServerTruth:
+    """``truth.csv`` (instance, step, cause) and ``steps.csv`` (step, kind, wall-clock start/end, host
+    stall before it) of a served engine, written at shutdown into the ``--out`` directory."""
+
+    def __init__(self, engine, injector, out: Path):
+        from mixdiag.engine.testbed.truth import TruthRecorder
+
+        self.out = out
+        self.injector = injector
+        self.recorder = TruthRecorder(engine, injector)
+        self.steps: list[tuple[int, str, float, float]] = []
+        engine.observers.append(lambda rec: self.steps.append((rec.step, rec.kind, rec.t_start_s, rec.t_end_s)))
+
+    def write(self) -> None:
+        from mixdiag.engine.testbed.truth import write_truth
+
+        write_truth(self.out / "truth.csv", self.recorder.rows, overwrite=True)
+        stalls = self.injector.state.stalled_steps if self.injector is not None else {}
+        with (self.out / "steps.csv").open("w") as f:
+            f.write("step,kind,t_start_s,t_end_s,host_stall_s\n")
+            for n, kind, t0, t1 in self.steps:
+                f.write(f"{n},{kind},{t0:.6f},{t1:.6f},{stalls.get(n, 0.0):.6f}\n")
 
 
 def serve(opts: ServeOptions, server_cfg, icfg, *, announce=None) -> int:

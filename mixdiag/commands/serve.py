@@ -28,7 +28,8 @@ def register(sub, common):
     p.add_argument("--drain-timeout", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long open streams may finish (default 30)")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="directory for --log-format, --profile, --scrape-interval files and the final metrics.prom")
+                   help="directory for --log-format, --profile, --scrape-interval files, the final metrics.prom and, "
+                        "at shutdown, truth.csv + steps.csv (the server's ground truth, wall clock)")
     g = p.add_argument_group("instrumentation (as mixdiag run)")
     g.add_argument("--log-format", choices=("vllm", "sglang", "both"), default=None,
                    help="write vLLM and/or SGLang batch log lines to DIR/engine.log")
@@ -38,6 +39,8 @@ def register(sub, common):
     g.add_argument("--profile-light", action="store_true", help="no per-operator events in the --profile trace")
     g.add_argument("--scrape-interval", type=float, metavar="S", default=None,
                    help="also write /metrics every S seconds to DIR/scrapes/<unix_time>.prom")
+    g.add_argument("--metrics-dialect", choices=("mixdiag", "vllm", "sglang"), default="mixdiag",
+                   help="series /metrics and the scrapes expose: mixdiag's own, or exactly vLLM's / SGLang's")
     g.add_argument("--nvtx", action="store_true", default=True, help="NVTX ranges in domain 'mixdiag' (default on)")
     g.add_argument("--no-nvtx", dest="nvtx", action="store_false", help="no NVTX ranges")
     p.set_defaults(func=run)

@@ -1,0 +1,122 @@
+"""Engine steps as the client saw them: token arrivals shared by the in-flight streams -> step rows.
+
+An engine step emits one token to every request it decoded, and the server flushes those chunks
+together; so on the client's clock the token events of all streams fall into clusters, one per
+step, separated by the step time (plus any host gap before the step). A stall shared by every
+in-flight stream at the same moment is therefore an engine step (or the gap before it), not a
+network hiccup of one stream. This module turns the client tokens into ``granularity = "step"``
+rows (``step_source = "client"``) and numbers the tokens by them, so the diagnosis can charge
+client ITLs to steps and fuse those steps with the server's scrape intervals or log on the wall
+clock like any other step view.
+
+What the client can tell about a step, all ``inferred``: decode rows (streams that got a token in
+it), when each prompt was sent and when its first token came. A prompt's prefill ran in the step
+of its first token and, chunked, in the run of slow steps just before it (not before its send
+time): its tokens are spread evenly over them; a cluster holding prefill work and decode tokens is ``mixed``, prefill work and
+no decode token while streams were in flight is ``prefill``, else ``decode``. The step's start is
+the previous cluster's end, so a host gap before a step is inside its latency (the client cannot
+split them: ``host_time`` stays absent).
+
+Tolerance: a step starts at a gap above ``cluster_s`` (default 0.5 x the median per-stream gap)
+or where a stream gets its next token more than 1 ms after the previous event (one step sends a
+stream one chunk; closer chunks came in one read and stay together). On an idle loopback one
+step's chunks arrive within ~1 ms; on a busy machine the client's own event loop spreads them
+over tens of ms, which the second rule keeps together (docs/serving.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+BURST_S = 0.001      # chunks of one stream closer than this came in one read: the client cannot split them
+STALL_FACTOR = 3.0   # a gap this many times the median step gap, shared by all in-flight streams, is a stall
+
+
+def cluster_tolerance(tokens: pd.DataFrame) -> float:
+    """Default clustering tolerance: 0.5 x the median gap between a stream's tokens (one step's time)."""
+    gaps = tokens.sort_values(["request_id", "t_s"]).groupby("request_id", sort=False)["t_s"].diff().dropna()
+    gaps = gaps[gaps > 0]
+    med = float(gaps.median()) if len(gaps) else 0.02
+    return max(1e-4, 0.5 * med)
+
+
+def _boundaries(t: np.ndarray, rid: np.ndarray, tol: float) -> np.ndarray:
+    """True where a new step starts: a gap above ``tol`` after the previous event, or a stream that
+    already got a token in the current cluster (one step gives a stream one chunk), so a step whose
+    chunks reached a busy client spread out stays one step."""
+    new = np.empty(len(t), dtype=bool)
+    seen: set = set()
+    prev = -np.inf
+    for i in range(len(t)):
+        r = int(rid[i])
+        if t[i] - prev > tol or (r in seen and t[i] - prev > BURST_S):
+            new[i] = True
+            seen = {r}
+        else:
+            new[i] = False
+            seen.add(r)
+        prev = t[i]
+    return new
+
+
+def client_steps(tokens: pd.DataFrame, instance: str, cluster_s: float | None = None
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """(steps, tokens with ``step`` filled, stall summary) for one client's tokens (sorted any way)."""
+    if tokens.empty:
+        return pd.DataFrame(), tokens, {"steps": 0, "stalls": 0}
+    tol = cluster_tolerance(tokens) if cluster_s is None else float(cluster_s)
+    tok = tokens.sort_values("t_s", kind="stable").reset_index(drop=True)
+    t = tok["t_s"].to_numpy(dtype="float64")
+    new = _boundaries(t, pd.factorize(tok["request_id"])[0], tol)
+    cid = np.cumsum(new) - 1
+    tok["step"] = cid.astype("float64")
+    n = int(cid[-1]) + 1
+    ends = t[new]                                   # the first arrival of each cluster ~ the step's end
+    gaps = np.diff(ends)
+    med = float(np.median(gaps)) if len(gaps) else 0.0
+    starts = np.r_[ends[0] - med, ends[:-1]]
+    first = tok["is_first"].fillna(0).to_numpy() > 0
+    ntok = tok["n_tokens"].to_numpy(dtype="float64")
+    decode_reqs = np.bincount(cid, weights=(~first).astype(float), minlength=n)
+    out_tokens = np.bincount(cid, weights=ntok, minlength=n)
+    firsts = np.bincount(cid, weights=first.astype(float), minlength=n)
+    prefill = np.zeros(n)
+    prefill_reqs = np.zeros(n)
+    # a prompt's prefill ran in the step that sent its first token and, chunked, in the slow steps
+    # right before it (back to its send time): its tokens are spread evenly over that run
+    slow = (ends - starts) > 1.5 * med if med > 0 else np.zeros(n, dtype=bool)
+    fr = tok[first & tok["arrival_s"].notna()]
+    for sent, plen, k in zip(fr["arrival_s"].to_numpy(), fr["prompt_tokens"].to_numpy(), fr["step"].to_numpy()):
+        k = int(k)
+        floor = min(int(np.searchsorted(ends, sent, side="right")), k)
+        lo = k
+        while lo - 1 >= floor and slow[lo - 1]:
+            lo -= 1
+        if np.isfinite(plen) and plen > 0:
+            prefill[lo:k + 1] += plen / (k + 1 - lo)
+        prefill_reqs[lo:k + 1] += 1
+    # streams in flight at each cluster: between their first and last token
+    by_req = tok.groupby("request_id", sort=False)["step"].agg(["min", "max"]).to_numpy(dtype=int)
+    inflight = np.zeros(n + 1)
+    np.add.at(inflight, by_req[:, 0], 1)
+    np.add.at(inflight, by_req[:, 1] + 1, -1)
+    inflight = np.cumsum(inflight)[:n]
+    kind = np.where(prefill_reqs > 0, np.where(decode_reqs > 0, "mixed", "prefill"), "decode")
+    steps = pd.DataFrame({
+        "instance": instance, "step": np.arange(n, dtype="int64"), "t_start_s": starts, "t_end_s": ends,
+        "granularity": "step", "kind": kind, "prefill_tokens": prefill, "prefill_reqs": prefill_reqs,
+        "decode_reqs": decode_reqs, "decode_rows": decode_reqs, "output_tokens": out_tokens,
+        "running_reqs": inflight, "arrivals": firsts, "step_source": "client", "q_token_allocation": "inferred"})
+    # stall events: long gaps every stream in flight across them shared (its previous token in the
+    # cluster before, its next in this one) - an engine-wide event
+    shared = np.zeros(n, dtype=bool)
+    if n > 1 and med > 0:
+        prev = tok.groupby("request_id", sort=False)["step"].shift(1)
+        cont = (prev == tok["step"] - 1).to_numpy()
+        crossed = np.bincount(cid, weights=cont.astype(float), minlength=n)
+        long = np.r_[False, gaps > STALL_FACTOR * med]
+        shared = long & (crossed >= np.r_[0.0, inflight[:-1]] - prefill_reqs) & (crossed > 0)
+    stalls = {"steps": n, "cluster_s": tol, "median_step_s": med, "stalls": int(shared.sum()),
+              "stall_times_s": [round(float(x), 6) for x in ends[shared]][:1000]}
+    tok = tok.sort_values(["request_id", "t_s"], kind="stable").reset_index(drop=True)
+    return steps, tok, stalls
