@@ -63,7 +63,7 @@ def read(source, *, instance: str | None = None, step_gap_s: float | None = None
         return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range)
     path = Path(os.fspath(source))
     f = KinetoFile(path)
-    base = instance or path.name.split(".")[0]
+    base = instance or path.name.split(".")[0] + ("" if f.rank is None else f":rank{f.rank}")
     steps, step_source = _annotated_steps(f.df[f.df["cat"] == "user_annotation"])
     if step_source == "kineto-mixdiag" and not step_range:
         return _mixdiag(f, path, base, steps)

@@ -82,6 +82,15 @@ def _open(path: Path) -> tuple[_Events, dict]:
         base = re.match(r'"baseTimeNanoseconds"\s*:\s*(\d+)', text[tail:]) if tail > m.start() else None
     if base:
         top["baseTimeNanoseconds"] = int(base.group(1))
+    # torch.distributed runs: {"distributedInfo": {"backend": ..., "rank": r, "world_size": n}}
+    dist = re.search(r'"distributedInfo"\s*:\s*(\{[^{}]*\})', text[:m.start()] if m else "")
+    if dist:
+        try:
+            info = json.loads(dist.group(1))
+            if isinstance(info.get("rank"), int) and isinstance(info.get("world_size"), int):
+                top["rank"], top["world_size"] = info["rank"], info["world_size"]
+        except json.JSONDecodeError:
+            pass
     return _Events(text, start), top
 
 
@@ -142,3 +151,5 @@ class KinetoFile:
             self.notes.append("JSON cut after the events: the document is not closed")
         self.partial = bool(self.notes)
         self.base_ns = top.get("baseTimeNanoseconds")
+        #: this file's rank in a multi-process job (``distributedInfo``), else None
+        self.rank = top["rank"] if top.get("world_size", 1) > 1 else None

@@ -36,6 +36,10 @@ def test_foreign_kineto_accuracy(tmp_path, engine, nvtx, seed):
     _check(truth, tl, nvtx, "node")
     if engine == "ep2":
         assert tl.meta["signals"][tl.instances[0]]["expert_imbalance"] == "inferred"
+        # one rank file alone: named by its distributedInfo rank (so `ingest a.json a.rank1.json` does
+        # not clash), no rank skew without the other ranks
+        alone = kineto.read(truth.paths[1])
+        assert alone.instances == ["t:rank1"] and alone.steps["rank_skew"].isna().all()
     else:  # one file alone reads the same as the list of one
         assert kineto.read(truth.path).steps["kind"].tolist() == tl.steps["kind"].tolist()
 
