@@ -82,3 +82,61 @@ def server(tmp_path_factory):
     run = start(tmp_path_factory.mktemp("serve"))
     yield run
     run.stop()
+
+
+# A mixing engine: long prompts chunked (256 tokens a step) into the steps of running decodes.
+MIXING = """
+name = "serve-mixing"
+seed = 3
+[model]
+preset = "tiny"
+max_model_len = 4096
+[cache]
+block_size = 16
+num_blocks = 1024
+[scheduler]
+policy = "token_budget"
+max_num_batched_tokens = 256
+[engine]
+num_threads = 1
+[workload]
+time_unit = "step"
+[[workload.groups]]
+name = "x"
+count = 1
+arrival = "burst"
+start = 0
+prompt_len = { dist = "fixed", value = 8 }
+output_len = { dist = "fixed", value = 8 }
+"""
+
+
+def start_mixing(tmp, dialect: str = "vllm"):
+    """A server thread over the mixing engine writing scrapes (``dialect``) and truth to ``tmp/srv``."""
+    from mixdiag.engine.serving.launch import ServeOptions, build_state
+    from mixdiag.engine.serving.server import ServerConfig, bind, create_app, make_uvicorn
+    from mixdiag.engine.telemetry.instrumentation import InstrumentationConfig
+
+    sc = tmp / "serve-mixing.toml"
+    sc.write_text(MIXING)
+    scfg = ServerConfig(port=0)
+    state = build_state(ServeOptions(scenario=str(sc), out_dir=str(tmp / "srv")), scfg,
+                        InstrumentationConfig(nvtx=False, scrape_interval_s=1.0, metrics_dialect=dialect))
+    sock = bind("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = make_uvicorn(create_app(state), scfg)
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return url, server, th
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not come up")
+
+
+@pytest.fixture
+def mixing_server():
+    """``start_mixing`` (a factory: tests choose the directory and the metrics dialect)."""
+    return start_mixing

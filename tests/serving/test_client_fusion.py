@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
-
-import httpx
 import numpy as np
 import pandas as pd
 import pytest
@@ -22,56 +18,6 @@ from mixdiag.collectors.clients.client_steps import client_steps
 from mixdiag.loadgen import Dist, LoadConfig, run_load
 
 LAG_S = 0.02   # client arrival after the server's step end, at most (loopback, 2 busy cores: measured < 20 ms)
-
-MIXING = """
-name = "serve-mixing"
-seed = 3
-[model]
-preset = "tiny"
-max_model_len = 4096
-[cache]
-block_size = 16
-num_blocks = 1024
-[scheduler]
-policy = "token_budget"
-max_num_batched_tokens = 256
-[engine]
-num_threads = 1
-[workload]
-time_unit = "step"
-[[workload.groups]]
-name = "x"
-count = 1
-arrival = "burst"
-start = 0
-prompt_len = { dist = "fixed", value = 8 }
-output_len = { dist = "fixed", value = 8 }
-"""
-
-
-def _serve(tmp):
-    from mixdiag.engine.serving.launch import ServeOptions, build_state
-    from mixdiag.engine.serving.server import ServerConfig, bind, create_app, make_uvicorn
-    from mixdiag.engine.telemetry.instrumentation import InstrumentationConfig
-
-    sc = tmp / "serve-mixing.toml"
-    sc.write_text(MIXING)
-    scfg = ServerConfig(port=0)
-    state = build_state(ServeOptions(scenario=str(sc), out_dir=str(tmp / "srv")), scfg,
-                        InstrumentationConfig(nvtx=False, scrape_interval_s=1.0, metrics_dialect="vllm"))
-    sock = bind("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = make_uvicorn(create_app(state), scfg)
-    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    th.start()
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return url, server, th
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    raise RuntimeError("server did not come up")
-
 
 def _truth_of_spikes(spikes: pd.DataFrame, srv) -> pd.DataFrame:
     """Per client spike: the truth causes of the server steps that ended inside its window."""
@@ -91,11 +37,11 @@ def _truth_of_spikes(spikes: pd.DataFrame, srv) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["cause", "hit", "server_steps"])
 
 
-def test_client_spikes_of_a_served_mixing_fault_are_charged_to_mixing(tmp_path):
+def test_client_spikes_of_a_served_mixing_fault_are_charged_to_mixing(tmp_path, mixing_server):
     from mixdiag.collectors import load
     from mixdiag.diagnosis.pipeline import diagnose
 
-    url, server, th = _serve(tmp_path)
+    url, server, th = mixing_server(tmp_path)
     path = tmp_path / "client.jsonl"
     chat = LoadConfig(url=url, rate=6.0, duration_s=4.0, prompt_len=Dist.parse("uniform:32:96"),
                       output_len=Dist("fixed", 80), seed=1, id_prefix="chat")
