@@ -13,6 +13,7 @@ import pandas as pd
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.budget import Budget
+from mixdiag.diagnosis.spikes import itl_values
 from mixdiag.schema import SPIKE_COLUMNS as _SPIKE_SCHEMA, Timeline
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
     """ITL P50/P99/max (s) and their source: token events, else decode step latency, else the
     interval quantiles' medians (max = the largest interval P99)."""
     if len(tl.tokens):
-        v = tl.itl()["itl_s"].to_numpy()
+        v = itl_values(tl.tokens)  # Timeline.itl()'s values, in request order: same quantiles
         src = "token_events"
     else:
         st = steps[(steps["granularity"] == "step")]

@@ -110,6 +110,21 @@ def itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
                          "prev_t_s": t[pos - 1], "prev_step": step[pos - 1], "itl_s": t[pos] - t[pos - 1]})
 
 
+def itl_values(tokens: pd.DataFrame) -> np.ndarray:
+    """Every inter-token latency of a tokens frame (any instances): the ``itl_s`` values of
+    ``Timeline.itl()`` grouped by request instead of by time - enough for quantiles and the max,
+    without building the frame (a third of the cost at 1.6 M events)."""
+    names = tokens["instance"].to_numpy()
+    one = len(names) and (names == names[0]).all()
+    inst = np.zeros(len(names), dtype=np.intp) if one else pd.factorize(names)[0]
+    rid = pd.factorize(tokens["request_id"])[0]
+    key = inst.astype(np.int64) * (int(rid.max(initial=0)) + 1) + rid
+    order = np.argsort(key, kind="stable")  # within a request the frame is in time order already
+    k, t = key[order], tokens["t_s"].to_numpy(dtype="float64")[order]
+    same = (k[1:] == k[:-1]) & (inst[order][1:] >= 0) & (rid[order][1:] >= 0)
+    return (t[1:] - t[:-1])[same]
+
+
 def charge_itl(steps: pd.DataFrame, itl: pd.DataFrame) -> pd.DataFrame:
     """Charge each inter-token latency to the steps it spans.
 
