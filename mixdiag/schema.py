@@ -121,6 +121,10 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("rank_skew", "float64", "ratio",
        "multi-rank traces: slowest rank's compute time / median rank's for the same step (1 = even)",
        nonnegative=True),
+    _c("rank_sm_skew", "float64", "ratio",
+       "multi-rank EP traces whose compute hides inside CUDA graphs: largest rank's SM-busy time "
+       "(mean SMs-active x step span) / median rank's for the same step (1 = even); an asymmetry, "
+       "not a compute time: waiting all-to-all kernels keep only their CTAs' SMs active", nonnegative=True),
     _c("device_idle_before_s", "float64", "s",
        "measured device idle time between the previous step's end and this step's start (traces)",
        nonnegative=True),
@@ -221,6 +225,7 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "comm_delta": ("ratio", "comm_share above decode neighbours"),
     "rank_skew": ("ratio", "slowest rank's compute time / median rank's"),
     "rank_skew_high": ("bool", "rank_skew above the EP-hotspot threshold"),
+    "rank_sm_skew": ("ratio", "largest rank's SM-busy time / median rank's (graph-hidden compute)"),
     "device_idle_before_s": ("s", "measured device idle time before the step"),
     "arrivals": ("count", "requests that arrived / began prefill in the row"),
     "large_step_share": ("ratio", "interval rows: share of steps with prefill work"),

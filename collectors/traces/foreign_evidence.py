@@ -18,6 +18,9 @@ KV_PATTERN_SAME_SIZE = 0.5
 #: steps for its compute time to be compared with the other ranks' (an EP engine exchanges in
 #: every MoE layer of every step; a training job's occasional point-to-point sends do not).
 EP_STEP_SHARE = 0.5
+#: A graph-level trace shows a rank's exchange kernels only on its eager steps: at least this many
+#: such steps must show them before its SM activity is compared with the other ranks'.
+EP_MIN_VISIBLE = 3
 P2P = 10
 
 
@@ -73,25 +76,33 @@ def transfers(steps: pd.DataFrame, items, cand: np.ndarray, ranges: pd.DataFrame
     steps["kv_transfer_s"] = secs
 
 
-def rank_skew(steps: pd.DataFrame) -> None:
-    """Multi-process exports of EP ranks: slowest rank's compute time over the (lower) median rank's, per step.
+def _ep_ranks(steps: pd.DataFrame, visible_only: bool) -> list | None:
+    """Row indices per rank of a multi-rank EP export, or None when the ranks are not EP ranks.
 
-    Only for steps an engine marked (ranges) or the sync pattern found, of ranks that exchange
-    in most steps. Steps are matched across processes by order when every process has the same count, else by
-    nearest GPU start time against the first process.
-    """
-    steps["rank_skew"] = np.nan
+    Every rank must exchange (EP kernels) in >= ``EP_STEP_SHARE`` of its steps - of the steps whose
+    kernels the trace shows, with ``visible_only`` (graph-level traces hide the kernels of replays;
+    then >= ``EP_MIN_VISIBLE`` visible exchanging steps are required) - and the steps must be the
+    engine's (ranges, sync pattern): GPU-gap windows do not correspond across ranks."""
     groups = list(steps.groupby("group").groups.items())
-    if len(groups) < 2:
-        return
-    share = [(steps.loc[ix, "ep_kernels"] > 0).mean() for _, ix in groups]
-    if min(share) < EP_STEP_SHARE:  # ranks that do not exchange every step are not EP ranks
-        return
-    if (steps["step_source"] == "gap").any():  # GPU-gap windows are not the engine's steps: nothing to match
-        return
-    # graph-level trace: kernels inside a replayed graph are invisible, so is the rank's compute
-    compute = np.where(steps["opaque_ns"] > 0, np.nan, steps["gpu_kernel_ns"] - steps["comm_ns"]).astype("float64")
-    pos = [steps.index.get_indexer(ix) for _, ix in groups]
+    if len(groups) < 2 or (steps["step_source"] == "gap").any():
+        return None
+    for _, ix in groups:
+        g = steps.loc[ix]
+        if visible_only:
+            g = g[g["opaque_ns"] <= 0]
+            if (g["ep_kernels"] > 0).sum() < EP_MIN_VISIBLE:
+                return None
+        if not len(g) or (g["ep_kernels"] > 0).mean() < EP_STEP_SHARE:
+            return None
+    return [ix for _, ix in groups]
+
+
+def _matched_ratio(steps: pd.DataFrame, groups: list, value: np.ndarray) -> np.ndarray:
+    """Per row: the largest rank's ``value`` over the (lower) median rank's in its matched step.
+
+    Steps are matched across processes by order when every process has the same count, else by
+    nearest GPU start time against the first process; NaN where any rank's value is missing."""
+    pos = [steps.index.get_indexer(ix) for ix in groups]
     pos = [p[np.argsort(steps["gpu_start_ns"].to_numpy()[p], kind="stable")] for p in pos]
     ref = pos[0]
     n = len(ref)
@@ -99,19 +110,54 @@ def rank_skew(steps: pd.DataFrame) -> None:
         match = [np.arange(n) for _ in pos]
     else:
         rs = steps["gpu_start_ns"].to_numpy()[ref]
-        match = []
-        for p in pos:
-            k = np.clip(np.searchsorted(rs, steps["gpu_start_ns"].to_numpy()[p]), 0, n - 1)
-            match.append(k)
+        match = [np.clip(np.searchsorted(rs, steps["gpu_start_ns"].to_numpy()[p]), 0, n - 1) for p in pos]
     table = np.full((len(pos), n), np.nan)
     for r, (p, m) in enumerate(zip(pos, match)):
-        table[r, m] = compute[p]
+        table[r, m] = value[p]
     srt = np.sort(table, axis=0)
     cnt = np.sum(~np.isnan(table), axis=0)
     med = srt[np.maximum((cnt - 1) // 2, 0), np.arange(n)]
     with np.errstate(invalid="ignore", divide="ignore"):
-        skew = np.where(cnt == len(pos), np.nanmax(np.where(np.isnan(table), -np.inf, table), axis=0) / med, np.nan)
-    vals = steps["rank_skew"].to_numpy().copy()
+        ratio = np.where(cnt == len(pos), np.nanmax(np.where(np.isnan(table), -np.inf, table), axis=0) / med, np.nan)
+    out = np.full(len(steps), np.nan)
     for p, m in zip(pos, match):
-        vals[p] = skew[m]
-    steps["rank_skew"] = vals
+        out[p] = ratio[m]
+    return out
+
+
+def rank_skew(steps: pd.DataFrame) -> None:
+    """Multi-process exports of EP ranks: slowest rank's compute time over the (lower) median rank's, per step.
+
+    Only for steps an engine marked (ranges) or the sync pattern found, of ranks that exchange
+    in most steps. A graph-level trace hides the compute inside replayed graphs: NaN there.
+    """
+    steps["rank_skew"] = np.nan
+    groups = _ep_ranks(steps, visible_only=False)
+    if groups is None:
+        return
+    compute = np.where(steps["opaque_ns"] > 0, np.nan, steps["gpu_kernel_ns"] - steps["comm_ns"]).astype("float64")
+    steps["rank_skew"] = _matched_ratio(steps, groups, compute)
+
+
+def sm_rank_skew(steps: pd.DataFrame) -> None:
+    """``rank_sm_skew``: where the compute hides inside replayed graphs (``rank_skew`` NaN),
+    the largest rank's SM-busy time (mean SMs-active over the step's GPU window x its span) over the
+    (lower) median rank's for the matched step; NaN elsewhere and when there is no ``sm_active``.
+
+    Why it carries skew: EP ranks meet in every all-to-all, so their steps end together; the hot
+    rank spends the wait computing on (nearly) all SMs while the others wait inside the
+    dispatch/combine kernel, which keeps only its own CTAs resident (NCCL: one per channel, DeepEP
+    normal mode: ``num_sms`` ~20). Needs the ranks to be EP ranks by their visible (eager) steps.
+    """
+    steps["rank_sm_skew"] = np.nan
+    if "sm_active" not in steps or steps["sm_active"].isna().all():
+        return
+    groups = _ep_ranks(steps, visible_only=True)
+    if groups is None:
+        return
+    span = (steps["gpu_end_ns"] - steps["gpu_start_ns"]).to_numpy(dtype="float64")
+    busy = steps["sm_active"].to_numpy(dtype="float64") * np.where(span > 0, span, np.nan)
+    ratio = _matched_ratio(steps, groups, busy)
+    # only where the kernel-level skew cannot be had (a rank's step replayed a graph)
+    kernel_level = steps["rank_skew"].notna().to_numpy() if "rank_skew" in steps else np.zeros(len(steps), bool)
+    steps["rank_sm_skew"] = np.where(kernel_level, np.nan, ratio)

@@ -36,7 +36,8 @@ def signals(steps: pd.DataFrame, graph_known: bool) -> dict[str, str]:
            for key in ("kind", "token_allocation", "prefill_tokens", "decode_rows")}
     out["graph_mode"] = "measured" if graph_known else "absent"
     out["kv_transfer"] = "inferred" if steps["kv_transfer_s"].notna().any() else "absent"
-    out["expert_imbalance"] = "inferred" if steps["rank_skew"].notna().any() else "absent"
+    skew = steps["rank_skew"].notna().any() or ("rank_sm_skew" in steps and steps["rank_sm_skew"].notna().any())
+    out["expert_imbalance"] = "inferred" if skew else "absent"
     out["comm"] = "inferred" if steps["comm_s"].gt(0).any() else "absent"
     return out
 
@@ -45,5 +46,5 @@ def signals(steps: pd.DataFrame, graph_known: bool) -> dict[str, str]:
 COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens", "decode_reqs",
            "decode_rows", "graph_mode", "graph_replayed", "sm_active", "forward_s", "kv_transfer_s",
            "kv_transfer_bytes", "gpu_kernels", "gpu_kernel_s", "graph_launches", "step_source", "comm_s",
-           "comm_share", "rank_skew", "device_idle_before_s", "q_token_allocation", "q_graph_mode",
+           "comm_share", "rank_skew", "rank_sm_skew", "device_idle_before_s", "q_token_allocation", "q_graph_mode",
            "q_expert_imbalance", "q_kv_transfer", "q_sm_active"]

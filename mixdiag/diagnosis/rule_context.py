@@ -21,18 +21,20 @@ class AttributionConfig:
     interval_factor: float = 0.8    # confidence scale for interval (log/scrape) rows
     comm_delta: float = 0.10        # ep_hotspot: collective share this much above decode neighbours
     rank_skew: float = 1.2          # ep_hotspot: slowest rank / median rank compute time
+    rank_sm_skew: float = 1.05      # ep_hotspot, graph-hidden compute: largest / median rank SM-busy time ...
+    sm_skew_delta: float = 0.03     # ... and this much above its decode neighbourhood's
     eager_height: float = 2.5       # graph_fallback without counts: eager decode stays below this x baseline
     relation_p: float = 0.01        # interval mixing: permutation p-value of prefill work vs ITL excess
 
     def __post_init__(self):
         if not 0 < self.host_gap_share <= 1:
             raise ValueError("AttributionConfig.host_gap_share must be in (0, 1]")
-        if self.imbalance_rel < 1 or self.imbalance_abs < 1 or self.rank_skew < 1:
+        if self.imbalance_rel < 1 or self.imbalance_abs < 1 or self.rank_skew < 1 or self.rank_sm_skew < 1:
             raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
         if not 0 < self.interval_factor <= 1:
             raise ValueError("AttributionConfig.interval_factor must be in (0, 1]")
-        if not 0 < self.relation_p < 1 or self.comm_delta <= 0:
-            raise ValueError("AttributionConfig.relation_p must be in (0, 1) and comm_delta > 0")
+        if not 0 < self.relation_p < 1 or self.comm_delta <= 0 or self.sm_skew_delta <= 0:
+            raise ValueError("AttributionConfig.relation_p must be in (0, 1), comm_delta and sm_skew_delta > 0")
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
                 "height_x": (lat / base) if lat and base else None}
     for col in ("prefill_tokens", "prefill_reqs", "decode_rows", "decode_reqs", "graph_mode", "sm_active",
                 "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s", "preempted_reqs", "gap_before_s",
-                "comm_share", "rank_skew", "device_idle_before_s", "arrivals", "large_step_share"):
+                "comm_share", "rank_skew", "rank_sm_skew", "device_idle_before_s", "arrivals", "large_step_share"):
         v = row.get(col)
         if isinstance(v, str):
             if v != "unknown":

@@ -107,6 +107,10 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w)
     comm = s["comm_share"] if "comm_share" in s.columns else pd.Series(np.nan, index=s.index)
     s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, 201))
+    # SM-busy skew across ranks (graph-hidden compute) above its decode neighbourhood's: balanced
+    # steps already differ by their jitter, and that floor varies with the deployment
+    smsk = s["rank_sm_skew"] if "rank_sm_skew" in s.columns else pd.Series(np.nan, index=s.index)
+    s["sm_skew_delta"] = smsk - _rolling_ref_median(smsk, ref, max(w, 201))
     # a wide window: hotspot windows last tens of steps and must not become their own reference
     imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 201))
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)

@@ -132,7 +132,8 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
     if full_replay and decode_only and not (num(row.get("comm_share")) or 0) and num(row.get("rank_skew")) is None:
         ev["reason"] = ("a decode step replayed the FULL graph slower than usual; a graph replay hides its kernels "
                         "(no collective time, no per-rank compute), so an EP hotspot cannot be told from other "
-                        "in-graph slowdowns")
+                        "in-graph slowdowns" + (" (the ranks' SM-busy time was even)"
+                                                if num(row.get("rank_sm_skew")) is not None else ""))
     return Attribution("unknown", round(ruled, 3), ev | {"reason": ev.get("reason", "no cause's evidence present")})
 
 
@@ -182,4 +183,11 @@ def _ep_hotspot(row, ctx, cfg, smd) -> tuple | None:
     if comm_up or skewed:
         conf = 0.55 + 0.15 * (comm_up and skewed) + 0.1 * (smd is not None and smd <= -cfg.sm_delta / 2)
         return ("ep_hotspot", conf, {"comm_delta": cd, "rank_skew_high": skewed})
+    # compute hidden inside graph replays: the ranks' SM-busy time over the step. The waiting rank
+    # keeps only its all-to-all kernel's CTAs active, the hot rank computes on all SMs. Weaker than
+    # kernel-level skew (which rank is hot is not known, and a wide comm kernel hides the wait), so
+    # lower confidence and no SM-down bonus (that is the same measurement).
+    sk, skd = num(row.get("rank_sm_skew")), num(row.get("sm_skew_delta"))
+    if skew is None and sk is not None and sk >= cfg.rank_sm_skew and skd is not None and skd >= cfg.sm_skew_delta:
+        return ("ep_hotspot", 0.5, {"rank_sm_skew": sk, "sm_skew_delta": skd, "rank_skew_method": "sm_busy"})
     return None

@@ -191,5 +191,32 @@ def layer_kernels(spec: EngineSpec, prefill_tokens: int, decode_rows: int) -> li
     return ks
 
 
+#: SMs of an H100 / H200 SXM (both 132).
+GPU_SMS = 132
+#: Routed-expert counts of public MoE models: DeepSeek-V2-Lite / Qwen1.5-MoE (64), Qwen3-MoE (128),
+#: DeepSeek-V2 (160), DeepSeek-V3 / R1 (256).
+EXPERT_COUNTS = (64, 128, 160, 256)
+
+
+def comm_sm_shares(spec: EngineSpec, rng: np.random.Generator) -> dict[str, float]:
+    """Share of the GPU's SMs each all-to-all / transfer kernel keeps resident for its whole
+    duration (it spins on flags while it waits for the peers, so those SMs count as active).
+
+    NCCL runs one CTA per channel (``NCCL_MAX_NCHANNELS``; 16-32 channels on NVLink H100/H200);
+    DeepEP normal mode runs ``Buffer.num_sms`` CTAs (default 20; 20-24 in public deployments);
+    DeepEP low-latency runs ``ceil(E / num_warp_groups)`` CTAs with ``num_warp_groups =
+    ceil(E / num_device_sms)`` (``csrc/kernels/internode_ll.cu``), E the routed experts - up to
+    almost every SM, so its wait is not visible as idle SMs for every model.
+    """
+    nccl = int(rng.integers(16, 33)) / GPU_SMS
+    normal = int(rng.integers(20, 25)) / GPU_SMS
+    e = int(rng.choice(EXPERT_COUNTS))
+    ll = -(-e // -(-e // GPU_SMS)) / GPU_SMS
+    out = {"ncclDevKernel_SendRecv": nccl}
+    out.update({k: ll for k in spec.ep_decode})
+    out.update({k: normal for k in spec.ep_prefill})
+    return out
+
+
 ROLE_WEIGHT = {"norm": 0.03, "misc": 0.02, "gemm_qkv": 0.18, "gemm_o": 0.12, "gemm_mlp": 0.25,
                "expert": 0.25, "attn_p": 0.2, "attn_d": 0.2, "dispatch": 0.0, "combine": 0.0}

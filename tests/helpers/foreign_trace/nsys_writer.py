@@ -50,26 +50,33 @@ class _Strings:
 
 
 def sm_active(trace: Trace, hz: int, fill: float) -> list[tuple[int, int, int]]:
-    """``(timestamp, device, percent)`` samples: busy share of each window times an SM fill factor."""
+    """``(timestamp, device, percent)`` samples: per window, the time-weighted SM share of every
+    kernel that ran (graph nodes too, whether or not the trace shows them), clipped at 1.
+
+    A compute kernel occupies ``fill`` of the SMs (0.6-0.95: tails of waves, small decode GEMMs);
+    an all-to-all kernel only its CTAs' share (``Trace.sm_work``), also while it waits for peers.
+    """
     out = []
     period = int(1e9 / hz)
+    work = np.array(trace.sm_work, dtype=np.float64).reshape(-1, 4)
     for dev in range(len(trace.pids)):
-        iv = [(s, e) for s, e, d, *_ in trace.kernels if d == dev] + [(s, e) for s, e, d, *_ in trace.graphs if d == dev]
-        if not iv:
+        w = work[work[:, 2] == dev]
+        if not len(w):
             continue
-        a = np.array(iv, dtype=np.int64)
+        a = w[:, :2].astype(np.int64)
+        share = np.where(w[:, 3] >= 1.0, fill, w[:, 3])
         lo, hi = int(a[:, 0].min()), int(a[:, 1].max())
         n = (hi - lo) // period + 1
         busy = np.zeros(n + 1)
-        for s, e in a - lo:  # kernels are short against a window; split the few that straddle one
+        for (s, e), f in zip(a - lo, share):  # kernels are short against a window; split the few that straddle one
             w0, w1 = s // period, e // period
             if w0 == w1:
-                busy[w0] += e - s
+                busy[w0] += (e - s) * f
             else:
-                busy[w0] += (w0 + 1) * period - s
-                busy[w0 + 1:w1] += period
-                busy[w1] += e - w1 * period
-        pct = np.clip(busy[:n] / period, 0, 1) * fill * 100
+                busy[w0] += ((w0 + 1) * period - s) * f
+                busy[w0 + 1:w1] += period * f
+                busy[w1] += (e - w1 * period) * f
+        pct = np.clip(busy[:n] / period, 0, 1) * 100
         out += [(lo + i * period, dev, int(v)) for i, v in enumerate(pct)]
     return out
 

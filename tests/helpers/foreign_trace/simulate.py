@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .engines import ENGINES, draw_costs
+from .engines import ENGINES, comm_sm_shares, draw_costs
 from .kineto_writer import write_kineto
 from .nsys_writer import write_nsys
 from .planner import plan_steps, validate_faults
@@ -39,6 +39,8 @@ def simulate(engine: str = "vllm", seed: int = 0, n_steps: int = 400, faults=Non
     if fmt == "kineto":
         graph_trace = "node"  # Kineto has no graph-level mode: replayed kernels appear one by one
     sim = Simulator(spec, cost, rng, graph_trace, nvtx)
+    # drawn from a generator of its own: GPU metrics never shift the draws the truth depends on
+    sim.comm_sm = comm_sm_shares(spec, np.random.default_rng([seed, 0x5E]))
     done = 0
     while True:  # with ``scale``, keep adding batches of steps until the kernel table is that large
         for p in plan_steps(spec, cost, rng, n_steps, faults):
@@ -55,5 +57,6 @@ def simulate(engine: str = "vllm", seed: int = 0, n_steps: int = 400, faults=Non
     else:
         paths = tuple(write_kineto(trace, out, process_names=spec.process_names))
     meta = dict(engine=engine, seed=seed, fmt=fmt, graph_trace=graph_trace, nvtx=nvtx, faults=faults,
-                pids=trace.pids, t0_ns=trace.t0, kernel_rows=len(trace.kernels), cost=asdict(cost))
+                pids=trace.pids, t0_ns=trace.t0, kernel_rows=len(trace.kernels), cost=asdict(cost),
+                comm_sm=dict(sim.comm_sm))
     return Truth(steps=frame(trace.truth), paths=paths, meta=meta)

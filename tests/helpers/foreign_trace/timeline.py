@@ -32,6 +32,7 @@ class Trace:
     runtime: list = field(default_factory=list)   # start,end,pid,tid,corr,name
     syncs: list = field(default_factory=list)     # start,end,dev,stream,corr,pid,syncType
     nvtx: list = field(default_factory=list)      # start,end,pid,tid,text
+    sm_work: list = field(default_factory=list)   # start,end,dev,SM share: every kernel, graph nodes included
     truth: list = field(default_factory=list)     # dicts, one per (step, rank)
 
 
@@ -57,6 +58,12 @@ class Simulator:
         pids = [int(rng.integers(2000, 60000)) for _ in range(spec.n_ranks)]
         self.trace = Trace(t0=t0, pids=pids)
         self.ranks = [_Rank(r, p, t0) for r, p in enumerate(pids)]
+        # share of the GPU's SMs an all-to-all kernel occupies, per kernel name (set by simulate()
+        # from its own generator; compute kernels occupy 1.0, scaled by the writer's fill factor)
+        self.comm_sm: dict[str, float] = {}
+
+    def _sm(self, dev: int, start: int, end: int, name: str) -> None:
+        self.trace.sm_work.append((start, end, dev, self.comm_sm.get(name, 1.0)))
 
     # -- primitives ----------------------------------------------------------------------------
     def _api(self, rk: _Rank, name: str, dur_ns: int, tid=None) -> tuple[int, int, int]:
@@ -181,6 +188,7 @@ class Simulator:
                 s = max(rk.gpu, e - US)
                 rk.gpu = s + int(rng.uniform(20, 60) * US)
                 tr.kernels.append((s, rk.gpu, rk.r, COMPUTE, corr, rk.pid, k, None, None))
+                self._sm(rk.r, s, rk.gpu, k)
                 inf["launches"] += 1
             inf["d2h"] = spec.sampled_bytes * inf["reqs"]
             stream = COPY_OUT if spec.overlap else COMPUTE
@@ -221,6 +229,7 @@ class Simulator:
             if gid is None or self.graph_trace == "node":
                 tr.kernels.append((start, end, rk.r, COMPUTE, corr, rk.pid, per_rank[rk.r][k][0], gid,
                                    None if gid is None else gid * 1000 + node))
+            self._sm(rk.r, start, end, per_rank[rk.r][k][0])
             units[rk.r].setdefault(u, [start, end, gid, corr])[1] = end
             rk.gpu = end
             pos[rk.r] += 1
@@ -262,6 +271,7 @@ class Simulator:
             end = at + 2 * US + int(chunk / c.transfer_gbps)
             if c.transfer == "nccl":
                 tr.kernels.append((at + 2 * US, end, rk.r, KV_STREAM, corr, rk.pid, "ncclDevKernel_SendRecv", None, None))
+                self._sm(rk.r, at + 2 * US, end, "ncclDevKernel_SendRecv")
             else:
                 kind, src_dev = (1, rk.r) if c.transfer == "h2d" else (10, rk.r + 4)
                 tr.copies.append((at + 2 * US, end, rk.r, KV_STREAM, corr, rk.pid, chunk, kind,
