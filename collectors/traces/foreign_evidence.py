@@ -158,6 +158,8 @@ def sm_rank_skew(steps: pd.DataFrame) -> None:
     span = (steps["gpu_end_ns"] - steps["gpu_start_ns"]).to_numpy(dtype="float64")
     busy = steps["sm_active"].to_numpy(dtype="float64") * np.where(span > 0, span, np.nan)
     ratio = _matched_ratio(steps, groups, busy)
-    # only where the kernel-level skew cannot be had (a rank's step replayed a graph)
+    # only where some rank's matched step replayed a graph (NaN marks it, so the match is NaN) and
+    # no kernel-level skew exists: eager steps show their kernels and need no proxy
+    visible = ~np.isnan(_matched_ratio(steps, groups, np.where(steps["opaque_ns"] > 0, np.nan, 1.0)))
     kernel_level = steps["rank_skew"].notna().to_numpy() if "rank_skew" in steps else np.zeros(len(steps), bool)
-    steps["rank_sm_skew"] = np.where(kernel_level, np.nan, ratio)
+    steps["rank_sm_skew"] = np.where(visible | kernel_level, np.nan, ratio)

@@ -11,7 +11,8 @@ reaches is in docs/analyze.md):
    activity above (compute-heavy: mixing) or at (memory-bound: fallback) the decode level, or
    recurring with prefill arrivals; ``unknown`` with the reason when the subset cannot separate;
    6b. ``mixing`` on a peer EP rank: a decode step whose peer rank's same step held prefill tokens;
-7. ``ep_hotspot``     decode-only, an imbalance gauge, comm-bound decode or high rank skew;
+7. ``ep_hotspot``     decode-only, an imbalance gauge, comm-bound decode or high rank skew (kernel
+   time, or the ranks' SM-busy time on FULL replays whose kernels a graph-level trace hides);
 8. ``graph_fallback`` decode-only step that left the graph mode decode steps normally replay;
    8b. a decode line whose latency is a mean over a window (SGLang ``Decode batch``): the prefill
    batches logged inside the window -> ``mixing`` (mixed forwards) or ``prefill_stall``;
@@ -188,6 +189,8 @@ def _ep_hotspot(row, ctx, cfg, smd) -> tuple | None:
     # kernel-level skew (which rank is hot is not known, and a wide comm kernel hides the wait), so
     # lower confidence and no SM-down bonus (that is the same measurement).
     sk, skd = num(row.get("rank_sm_skew")), num(row.get("sm_skew_delta"))
-    if skew is None and sk is not None and sk >= cfg.rank_sm_skew and skd is not None and skd >= cfg.sm_skew_delta:
+    replayed = row.get("graph_mode") == "FULL" and corroborates(row_quality(row, ctx, "graph_mode"))
+    if replayed and skew is None and sk is not None and sk >= cfg.rank_sm_skew and skd is not None \
+            and skd >= cfg.sm_skew_delta:
         return ("ep_hotspot", 0.5, {"rank_sm_skew": sk, "sm_skew_delta": skd, "rank_skew_method": "sm_busy"})
     return None

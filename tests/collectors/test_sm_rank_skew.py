@@ -1,0 +1,85 @@
+"""SM-based rank skew (``collectors/traces/foreign_evidence.sm_rank_skew``): EP ranks whose compute
+hides inside replayed CUDA graphs, compared by their SM-busy time over the step."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.collectors.traces import nsys
+from mixdiag.collectors.traces.foreign_evidence import sm_rank_skew
+
+
+def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_skew=np.nan):
+    rows = []
+    for g, vals in enumerate(sm):
+        for i in range(n):
+            eager = i < visible_ep  # the first steps ran eager (kernels visible), the rest replayed graphs
+            rows.append(dict(group=100 + g, step=i, gpu_start_ns=i * 10_000_000 + g, gpu_end_ns=(i + 1) * 10_000_000,
+                             opaque_ns=0 if eager else 9_000_000, ep_kernels=12 if eager else 0,
+                             step_source=source, sm_active=vals[i], rank_skew=rank_skew if eager else np.nan))
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("case, kwargs, expect", [
+    ("balanced", {}, 1.0),
+    ("rank 1 waits on 3 steps", {"sm": ((0.8,) * 8, (0.8,) * 5 + (0.4,) * 3)}, 2.0),
+    ("GPU-gap windows do not match across ranks", {"source": "gap"}, None),
+    ("too few eager steps to show the ranks exchange", {"visible_ep": 2}, None),
+])
+def test_sm_rank_skew_table(case, kwargs, expect):
+    s = _frame(**kwargs)
+    sm_rank_skew(s)
+    graph = s["opaque_ns"] > 0
+    if expect is None:
+        assert s["rank_sm_skew"].isna().all(), case
+    else:
+        # only the steps whose compute a graph hid; the last steps carry the asymmetry
+        assert s.loc[~graph, "rank_sm_skew"].isna().all(), case
+        last = s[(s["step"] == 7)]
+        assert np.allclose(last["rank_sm_skew"], expect, rtol=0.01), case
+        assert np.allclose(s.loc[graph & (s["step"] < 5), "rank_sm_skew"], 1.0, rtol=0.01), case
+
+
+def test_kernel_level_skew_wins_and_no_sm_means_nothing():
+    s = _frame(rank_skew=1.0)
+    sm_rank_skew(s)
+    assert s.loc[s["opaque_ns"] == 0, "rank_sm_skew"].isna().all()
+    s = _frame().assign(sm_active=np.nan)
+    sm_rank_skew(s)
+    assert s["rank_sm_skew"].isna().all()
+
+
+def _sim(tmp_path, faults):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers.foreign_trace import simulate
+    out = tmp_path / "ep2.sqlite"
+    truth = simulate("ep2", seed=7, n_steps=160, faults=faults, graph_trace="graph", out=out, gpu_metrics_hz=1000)
+    return truth, out
+
+
+def test_graph_only_trace_cannot_show_ep_ranks(tmp_path):
+    # every step replays FULL: no exchange kernel is ever visible, so nothing says these are EP ranks
+    _, out = _sim(tmp_path, ("ep_hotspot",))
+    assert nsys.read(out).steps["rank_sm_skew"].isna().all()
+
+
+def test_simulated_ep_hotspots_in_a_graph_level_trace(tmp_path):
+    # mixed steps run eager (their exchange kernels show); decode replays FULL graphs
+    truth, out = _sim(tmp_path, ("ep_hotspot", "mixing"))
+    tl = nsys.read(out)
+    s = tl.steps
+    assert s["rank_skew"].isna().all()  # FULL replays hide the compute
+    inst = sorted(s["instance"].unique())[0]
+    g = s[s["instance"] == inst].sort_values("t_start_s").reset_index(drop=True)
+    t = truth.steps[truth.steps["rank"] == 0].sort_values("step").reset_index(drop=True)
+    assert len(g) == len(t)
+    hot = (t["cause"] == "ep_hotspot").to_numpy()
+    assert hot.sum() >= 3
+    k = g["rank_sm_skew"].to_numpy()
+    assert np.nanmedian(k[hot]) > np.nanmedian(k[~hot]) + 0.03
+    assert (g.loc[g["rank_sm_skew"].notna(), "q_expert_imbalance"] == "inferred").all()
+    assert g.loc[(t["graph_mode"] != "FULL").to_numpy(), "rank_sm_skew"].isna().all()  # eager: kernels visible
+    assert tl.meta["signals"][inst]["expert_imbalance"] == "inferred"
