@@ -41,6 +41,7 @@ def simulate(engine: str = "vllm", seed: int = 0, n_steps: int = 400, faults=Non
     sim = Simulator(spec, cost, rng, graph_trace, nvtx)
     # drawn from a generator of its own: GPU metrics never shift the draws the truth depends on
     sim.comm_sm = comm_sm_shares(spec, np.random.default_rng([seed, 0x5E]))
+    sim.track_sm = fmt == "nsys" and gpu_metrics_hz > 0
     done = 0
     while True:  # with ``scale``, keep adding batches of steps until the kernel table is that large
         for p in plan_steps(spec, cost, rng, n_steps, faults):

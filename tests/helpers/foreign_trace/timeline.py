@@ -61,9 +61,11 @@ class Simulator:
         # share of the GPU's SMs an all-to-all kernel occupies, per kernel name (set by simulate()
         # from its own generator; compute kernels occupy 1.0, scaled by the writer's fill factor)
         self.comm_sm: dict[str, float] = {}
+        self.track_sm = False  # only when GPU metrics are written: one tuple per kernel (2 M at scale)
 
     def _sm(self, dev: int, start: int, end: int, name: str) -> None:
-        self.trace.sm_work.append((start, end, dev, self.comm_sm.get(name, 1.0)))
+        if self.track_sm:
+            self.trace.sm_work.append((start, end, dev, self.comm_sm.get(name, 1.0)))
 
     # -- primitives ----------------------------------------------------------------------------
     def _api(self, rk: _Rank, name: str, dur_ns: int, tid=None) -> tuple[int, int, int]:
