@@ -23,8 +23,10 @@ class ClientRequest:
 
 
 def to_timeline(reqs: list[ClientRequest], fmt: str, path, *, instance: str | None, clock: str,
-                quality: str = "measured", total: int, skipped: int, examples=(), notes=(), **extra) -> Timeline:
-    """The tokens frame of ``reqs`` on ``clock`` ('unix' or 'relative') with provenance in meta."""
+                quality: str = "measured", total: int, skipped: int, examples=(), notes=(), aligned: bool = True,
+                **extra) -> Timeline:
+    """The tokens frame of ``reqs`` on ``clock`` ('unix' or 'relative') with provenance in meta; with
+    ``aligned`` (streams on one clock, token times measured) also the steps the client saw."""
     inst = instance or DEFAULT_INSTANCE
     rows = []
     for r in reqs:
@@ -38,7 +40,7 @@ def to_timeline(reqs: list[ClientRequest], fmt: str, path, *, instance: str | No
                                          "prompt_tokens"])
     tokens = tokens.sort_values(["request_id", "t_s"], kind="stable")
     steps, stalls = None, None
-    if clock == "unix" or all(r.start_s is not None for r in reqs):   # streams line up: steps are visible
+    if aligned and quality == "measured":   # streams line up and each chunk's time is real: steps are visible
         from mixdiag.collectors.clients.client_steps import client_steps
 
         steps, tokens, stalls = client_steps(tokens, inst)

@@ -43,7 +43,8 @@ def read(source, *, instance: str | None = None, t0: float | None = None, **opti
     starts = doc.get("start_times")
     errors = doc.get("errors") or [""] * n
     notes = []
-    if not isinstance(starts, list) or len(starts) != n:
+    aligned = isinstance(starts, list) and len(starts) == n
+    if not aligned:
         starts, clock = [0.0] * n, "relative"
         notes.append("no per-request start_times: every request starts at 0 (per-stream ITLs only)")
     elif t0 is not None or min(starts, default=0) > _EPOCH_2001:
@@ -69,6 +70,6 @@ def read(source, *, instance: str | None = None, t0: float | None = None, **opti
                                   prompt_tokens=plen))
     if n == 0:
         raise UserError(f"{path}: the result lists no requests")
-    return to_timeline(reqs, FORMAT, path, instance=instance, clock=clock, total=n, skipped=skipped,
+    return to_timeline(reqs, FORMAT, path, instance=instance, clock=clock, total=n, skipped=skipped, aligned=aligned,
                        examples=examples, notes=notes, backend=doc.get("backend"), model=doc.get("model_id"),
                        date=doc.get("date"))

@@ -93,6 +93,8 @@ def test_vllm_bench_result_is_read(tmp_path, starts, t0, clock, first):
     if starts:
         r1 = tl.tokens[tl.tokens.request_id == "vllm-bench-1"]["t_s"].tolist()
         assert r1[0] - r0[0] == pytest.approx(1.6)
+    # client steps only where the streams line up (start times); never from streams all put at 0
+    assert (len(tl.steps) > 0) == starts and ((tl.steps["step_source"] == "client").all() if starts else True)
 
 
 def test_guidellm_report_is_read_with_inferred_token_times(tmp_path):
