@@ -54,10 +54,10 @@ def real_run(tmp: Path, chunk: int) -> dict:
 def speed(run_dir: Path, minutes: float = 10.0, settings: int = 10) -> dict:
     """Seconds for a ``settings``-setting sweep over ``minutes`` of the run's traffic, repeated."""
     from mixdiag.schema import Timeline
-    from mixdiag.tuning import cost_model, frontier, tune, workload
+    from mixdiag.tuning import cost_model, frontier, sweep, traffic
 
     tl = Timeline.load(run_dir)
-    wl = workload.from_timeline(tl)
+    wl = traffic.from_timeline(tl)
     span = wl.span_s + 1.0
     reqs, k = [], 0
     while k * span < minutes * 60:
@@ -65,8 +65,8 @@ def speed(run_dir: Path, minutes: float = 10.0, settings: int = 10) -> dict:
                  for r in wl.requests]
         k += 1
     rows = cost_model.step_rows(tl.steps)
-    base, cache, mml = tune.base_config(tl, rows, {}, [])
-    cost = tune.fit_cost(tl, wl, rows, base, cache, mml, [], "glm-5.3", "h200")
+    base, cache, mml = sweep.base_config(tl, rows, {}, [])
+    cost = sweep.fit_cost(tl, wl, rows, base, cache, mml, [], "glm-5.3", "h200")
     chunks = [256 * (i + 1) for i in range(settings)]
     t = time.perf_counter()
     frontier.sweep(reqs, cost, base, cache, mml, [{"chunk_size": c} for c in chunks], jobs=2)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from mixdiag.schema import Timeline
-    from mixdiag.tuning import tune
+    from mixdiag.tuning import sweep
 
     chunks = [int(c) for c in args.chunks.split(",")]
     others = [c for c in chunks if c != args.base]
@@ -95,10 +95,10 @@ def main(argv=None) -> int:
         note(f"real run of the base setting chunk_size={args.base}")
         base = real_run(tmp, args.base)
         tl = Timeline.load(base["out"])
-        res = tune.run(tl, [("chunk_size", chunks)])
+        res = sweep.run(tl, [("chunk_size", chunks)])
         pred = {r["setting"]["chunk_size"]: r for r in res["settings"]}
         slo = args.slo_ttft_p99 or statistics.median(r["ttft_p99_s"] for r in res["settings"])
-        rec = tune.frontier.recommend(res["settings"], None, slo)[0]
+        rec = sweep.frontier.recommend(res["settings"], None, slo)[0]
         note(f"tuned in {res['seconds']:.1f} s; cost model R² {res['cost_model']['r2']:.3f}, held-out MAPE "
              f"{100 * res['cost_model']['mape_heldout']:.1f} %; SLO P99 TTFT <= {slo:.2f} s -> "
              f"{rec['label'] if rec else 'none'}")

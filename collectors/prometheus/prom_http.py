@@ -57,7 +57,7 @@ def queries(selector: str = "") -> list[str]:
     # Metric names hold only [a-zA-Z0-9_:], so they need no regex escaping.
     names = "|".join(p + ".*" for p in PREFIXES)
     # Histograms whose buckets the interval rows read: ITL, and the dialects' TTFT / iteration tokens.
-    from mixdiag.collectors.prometheus.dialects import ITERATION_TOKENS, TTFT_HISTOGRAMS
+    from mixdiag.collectors.prometheus.dialect_columns import ITERATION_TOKENS, TTFT_HISTOGRAMS
     hists = tuple(ITL_HISTOGRAMS) + tuple(TTFT_HISTOGRAMS) + tuple(ITERATION_TOKENS)
     itl = "|".join(h + "_bucket" for h in hists)
     itl += "|" + "|".join(h.replace(":", "_", 1) + "_bucket" for h in hists if ":" in h)
@@ -307,7 +307,7 @@ def read_aggregated(url: str, start: float, end: float, step_s: float, selector:
                 except (TypeError, ValueError):
                     continue
     multi_engine = len({i.split("/engine")[1] for i, _ in cols if "/engine" in i}) > 1
-    from mixdiag.collectors.prometheus.dialects import dialect_columns, quality
+    from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, quality
     used_by: dict[str, dict[str, str]] = {}
     rows = []
     for (inst, t), vals in sorted(cols.items()):

@@ -290,7 +290,7 @@ def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View
             if math.isfinite(v):
                 series_rows.append({"instance": inst, "name": cname + ":increase", "labels": f"{label}={cat}",
                                     "t_s": t1, "value": v})
-    from mixdiag.collectors.prometheus.dialects import dialect_columns  # vLLM/SGLang/mixdiag evidence columns
+    from mixdiag.collectors.prometheus.dialect_columns import dialect_columns  # vLLM/SGLang/mixdiag evidence columns
     row.update(dialect_columns(prev, cur, row, used))
     row["step_source"] = "scrape"
     return row
@@ -329,7 +329,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
         if down:
             notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
         metric_sources[inst] = used
-        from mixdiag.collectors.prometheus.dialects import quality
+        from mixdiag.collectors.prometheus.dialect_columns import quality
         sig = {col: quality(src) for col, src in used.items() if col not in ("itl",)}
         if "itl" in used:
             sig.update({c: "measured" for c in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count")})

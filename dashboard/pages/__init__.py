@@ -13,7 +13,7 @@ import importlib
 from dataclasses import dataclass
 
 #: Page modules in navigation order.
-PAGES = ("overview", "timeline", "spike", "tune", "sources")
+PAGES = ("overview", "timeline", "spike", "frontier", "sources")
 #: Flask ``extensions`` key under which the app keeps its :class:`AppState`.
 STATE_KEY = "mixdiag"
 

@@ -34,8 +34,8 @@ def register(sub, common):
 
 def run(args, console):
     from mixdiag.commands.analyze import load_inputs
-    from mixdiag.tuning import frontier, tune
-    from mixdiag.tuning.report_html import headline
+    from mixdiag.tuning import frontier, sweep
+    from mixdiag.tuning.frontier_report import headline
 
     if args.html and Path(args.html).exists():
         raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
@@ -51,10 +51,10 @@ def run(args, console):
             raise UserError(f"--current {c!r}: one value per knob")
         current[name] = vals[0]
     tl = load_inputs(args.inputs, args.format)
-    res = tune.run(tl, knobs, slo_itl=args.slo_itl_p99, slo_ttft=args.slo_ttft_p99, current=current,
+    res = sweep.run(tl, knobs, slo_itl=args.slo_itl_p99, slo_ttft=args.slo_ttft_p99, current=current,
                    window_s=args.window, jobs=args.jobs, ledger_model=args.model, ledger_device=args.device)
     if args.html:
-        from mixdiag.tuning.report_html import write_html
+        from mixdiag.tuning.frontier_report import write_html
 
         write_html(res, args.html, title=f"mixdiag tune {' '.join(args.inputs)}")
         console.note(f"wrote {args.html}")

@@ -84,7 +84,7 @@ class RecordedTiming:
 
 def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, keep_steps: bool = False,
            max_steps: int = 5_000_000) -> ReplayResult:
-    """Replay ``requests`` (:class:`~mixdiag.tuning.workload.RequestSpec`, sorted by arrival) under
+    """Replay ``requests`` (:class:`~mixdiag.tuning.traffic.RequestSpec`, sorted by arrival) under
     ``scheduler`` (a SchedulerConfig) and ``cache`` (a CacheConfig); ``timing(i, shape)`` gives
     step ``i``'s (duration, gap to the next step) — :class:`ModelTiming` or :class:`RecordedTiming`."""
     from mixdiag.engine.core.kv_cache import KVCacheManager

@@ -1,11 +1,11 @@
-"""collectors/prometheus/dialects.py: two scrapes of each dialect (written from formats.md §1.1/§2.3,
+"""collectors/prometheus/dialect_columns.py: two scrapes of each dialect (written from formats.md §1.1/§2.3,
 version drift included) -> the evidence columns of the interval row, with honest qualities."""
 import math
 
 import pytest
 
 from mixdiag.collectors.prometheus import prom_text
-from mixdiag.collectors.prometheus.dialects import share_above
+from mixdiag.collectors.prometheus.dialect_columns import share_above
 
 import numpy as np
 

@@ -57,7 +57,7 @@ def test_tune_refuses_bad_input_in_one_line(run_dir, capsys, args, msg):
 
 
 def test_tune_page_figure_is_a_pure_builder():
-    from mixdiag.dashboard.pages.tune import frontier_figure
+    from mixdiag.dashboard.pages.frontier import frontier_figure
 
     rows = [{"label": f"chunk_size={c}", "setting": {"chunk_size": c}, "itl_p99_s": i, "ttft_p99_s": t,
              "throughput_tok_s": 1000.0, "pareto": p, "current": c == 512}
@@ -71,7 +71,7 @@ def test_tune_page_figure_is_a_pure_builder():
 
 def test_tune_page_is_linked_and_sweeps_the_loaded_run(run_dir):
     from mixdiag.dashboard.app import create_app
-    from mixdiag.dashboard.pages import tune as page
+    from mixdiag.dashboard.pages import frontier as page
     from mixdiag.dashboard.settings import DashboardConfig
 
     app = create_app(DashboardConfig.from_data_path(run_dir))

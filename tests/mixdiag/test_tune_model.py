@@ -7,7 +7,7 @@ import pytest
 
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
-from mixdiag.tuning import cost_model, frontier, workload
+from mixdiag.tuning import cost_model, frontier, traffic
 from mixdiag.tuning.cost_model import StepShape
 
 
@@ -36,7 +36,7 @@ def steps(n=3, granularity="step", **cols):
     (True, False, {"arrivals": "measured", "prompt_tokens": "estimated"}),
 ])
 def test_workload_from_token_events(arrival, prompt, quality):
-    wl = workload.from_timeline(Timeline(steps=steps(), tokens=tokens(arrival, prompt)))
+    wl = traffic.from_timeline(Timeline(steps=steps(), tokens=tokens(arrival, prompt)))
     assert {k: wl.quality[k] for k in quality} == quality
     assert [r.output_tokens for r in wl.requests] == [3, 2, 4]
     if arrival:
@@ -51,7 +51,7 @@ def test_workload_from_token_events(arrival, prompt, quality):
 def test_workload_from_interval_counters_is_estimated():
     st = steps(4, "interval", arrivals=[2.0, 0.0, 3.0, 1.0], prefill_tokens=[400.0, 0.0, 900.0, 100.0],
                output_tokens=[120.0] * 4)
-    wl = workload.from_timeline(Timeline(steps=st))
+    wl = traffic.from_timeline(Timeline(steps=st))
     assert len(wl.requests) == 6 and wl.source == "interval counters"
     assert set(wl.quality.values()) == {"estimated"}
     assert [r.prompt_tokens for r in wl.requests] == [200, 200, 300, 300, 300, 100]
@@ -61,7 +61,7 @@ def test_workload_from_interval_counters_is_estimated():
 
 def test_workload_refuses_inputs_without_requests():
     with pytest.raises(UserError, match="cannot estimate a workload"):
-        workload.from_timeline(Timeline(steps=steps()))
+        traffic.from_timeline(Timeline(steps=steps()))
 
 
 def test_fit_recovers_a_linear_cost_and_reports_quality():

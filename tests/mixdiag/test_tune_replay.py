@@ -5,9 +5,9 @@ import pytest
 from mixdiag.engine.core.config import CacheConfig, SchedulerConfig
 from mixdiag.engine.testbed.session import RunRequest, run_scenario
 from mixdiag.schema import Timeline
-from mixdiag.tuning import cost_model, tune, workload
+from mixdiag.tuning import cost_model, sweep, traffic
 from mixdiag.tuning.replay import RecordedTiming, ModelTiming, replay
-from mixdiag.tuning.workload import RequestSpec
+from mixdiag.tuning.traffic import RequestSpec
 
 from helpers.tune_scenario import SCENARIO
 
@@ -27,10 +27,10 @@ def recorded_runs(tmp_path_factory):
 @pytest.mark.parametrize("policy", ["token_budget", "mix_running", "prefill_first"])
 def test_replay_reproduces_recorded_step_sequence(recorded_runs, policy):
     tl = recorded_runs[policy]
-    wl = workload.from_timeline(tl)
+    wl = traffic.from_timeline(tl)
     assert wl.quality == {"arrivals": "measured", "prompt_tokens": "measured", "output_tokens": "measured"}
     rows = cost_model.step_rows(tl.steps)
-    sched, cache, mml = tune.base_config(tl, rows, {}, [])
+    sched, cache, mml = sweep.base_config(tl, rows, {}, [])
     assert sched.policy == policy
     res = replay(list(wl.requests), RecordedTiming(rows["t_start_s"], rows["t_end_s"], wl.requests[0].arrival_s),
                  sched, cache, mml, keep_steps=True)

@@ -10,7 +10,7 @@ import dataclasses
 import time
 
 from mixdiag.errors import UserError
-from mixdiag.tuning import cost_model, frontier, workload
+from mixdiag.tuning import cost_model, frontier, traffic
 
 #: foreign inputs: a KV pool no realistic workload fills (the replay then never preempts)
 LARGE_POOL_BLOCKS = 1 << 18
@@ -68,7 +68,7 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
             raise UserError("SLOs must be positive seconds")
     if not knobs:
         raise UserError("give at least one --knob NAME=V1,V2,... to sweep (e.g. --knob chunk_size=256,512,1024)")
-    wl = workload.from_timeline(tl)
+    wl = traffic.from_timeline(tl)
     if window_s is not None:
         wl = wl.window(window_s)
     notes = list(wl.notes)

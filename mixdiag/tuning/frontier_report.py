@@ -8,7 +8,7 @@ from pathlib import Path
 
 def frontier_figure(result: dict):
     """P99 TTFT vs P99 ITL of every setting (marker size ~ throughput); frontier joined, current and
-    recommended marked, SLOs as dashed lines. Pure: a plotly Figure from ``tune.run``'s result."""
+    recommended marked, SLOs as dashed lines. Pure: a plotly Figure from ``sweep.run``'s result."""
     import plotly.graph_objects as go
 
     rows = result["settings"]

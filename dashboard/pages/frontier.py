@@ -1,6 +1,6 @@
 """Tune page: sweep a scheduler knob on a replay of the loaded data and plot the Pareto frontier.
 
-The sweep is :func:`mixdiag.tuning.tune.run` (the same as ``mixdiag tune``); the figure is
+The sweep is :func:`mixdiag.tuning.sweep.run` (the same as ``mixdiag tune``); the figure is
 :func:`frontier_figure`, a pure builder from its result (shared with ``tune --html``).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ NAME = "Tune"
 
 def frontier_figure(result: dict):
     """The frontier figure of a tuning result (pure: plain data in, plotly Figure out)."""
-    from mixdiag.tuning.report_html import frontier_figure as build
+    from mixdiag.tuning.frontier_report import frontier_figure as build
 
     return build(result)
 
@@ -42,14 +42,14 @@ def layout(**_query) -> html.Div:
 
 def on_sweep(store: DataStore, key: dict | None, knob: str, slo_ttft, slo_itl):
     """(headline, figure) of a sweep of ``knob`` on the dataset ``key``; a UserError becomes the headline."""
-    from mixdiag.tuning import frontier, tune
-    from mixdiag.tuning.report_html import headline
+    from mixdiag.tuning import frontier, sweep
+    from mixdiag.tuning.frontier_report import headline
 
     ds = store.get(key["id"]) if key else None
     if ds is None:
         raise PreventUpdate
     try:
-        res = tune.run(ds.timeline, [frontier.parse_knob(knob or "")], slo_itl=slo_itl or None,
+        res = sweep.run(ds.timeline, [frontier.parse_knob(knob or "")], slo_itl=slo_itl or None,
                        slo_ttft=slo_ttft or None)
     except UserError as e:
         return f"error: {e}", {}
