@@ -228,16 +228,59 @@ def _spike(inst: str, row: pd.Series, itl_s, baseline_s, a, missing: list) -> di
             "granularity": row["granularity"]}
 
 
-def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagnosis:
-    """Detect and attribute TPOT spikes in ``timeline``; never reads ground truth."""
+def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None, jobs: int = 1) -> Diagnosis:
+    """Detect and attribute TPOT spikes in ``timeline``; never reads ground truth.
+
+    ``jobs`` > 1 diagnoses groups of instances in worker processes when the instances are
+    independent (see :mod:`~mixdiag.diagnosis.parallel`); the result equals the serial one."""
     cfg = config or DiagnosisConfig()
+    if jobs > 1:
+        from mixdiag.diagnosis.parallel import diagnose_parallel
+
+        d = diagnose_parallel(timeline, cfg, jobs)
+        if d is not None:
+            return d
+    part = diagnose_part(timeline, cfg, timeline.instances)
+    return finish(timeline, cfg, part)
+
+
+@dataclass
+class Part:
+    """What detection and attribution found for some instances: their signal frames (in instance
+    order), spike records (per instance in the order attribution made them), per-instance
+    summaries, and which instances do not look like LLM serving."""
+
+    frames: list
+    spikes: list
+    instances: dict
+    not_llm: list
+
+
+def _instance_rows(steps: pd.DataFrame, insts) -> dict:
+    """instance -> its rows of ``steps`` (what ``steps[steps.instance == inst]`` holds), from one
+    factorisation instead of one full-column compare per instance."""
+    if not len(steps):
+        return {}
+    codes, names = pd.factorize(steps["instance"].to_numpy(), sort=False)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    pos = {str(n): order[bounds[i]:bounds[i + 1]] for i, n in enumerate(names)}
+    return {inst: steps.iloc[pos[inst]] for inst in insts if inst in pos}
+
+
+def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
+    """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
+    group with no evidence shared outside it: parallel.py)."""
     views, spikes, instances = [], [], {}
-    seen_faulty = faults_seen_by_intervals(timeline, cfg)
-    for inst in timeline.instances:  # detection, per instance
-        rows = timeline.steps[timeline.steps["instance"] == inst]
-        tokens = rows_of(timeline.tokens, inst)
-        if not len(rows):
+    has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
+    # interval-only inputs have no step view to protect from interval-seen faults
+    seen_faulty = faults_seen_by_intervals(timeline, cfg) if has_steps else {}
+    by_inst = _instance_rows(timeline.steps, insts)
+    for inst in insts:  # detection, per instance
+        rows = by_inst.get(inst)
+        if rows is None or not len(rows):
             continue
+        tokens = rows_of(timeline.tokens, inst)
         rows = graph_off_decode_column(rows)
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
         step_rows = rows[rows["granularity"] == "step"]
@@ -295,20 +338,40 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
             keys = list(zip(f.loc[iv, "instance"], f.loc[iv, "step"].astype(int)))
             f.loc[iv, "cause"] = [kept.get(k) for k in keys]
             f.loc[iv, "is_spike"] = [k in kept for k in keys]
-    steps = pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
+    return Part(frames=frames, spikes=spikes, instances=instances,
+                not_llm=[inst for inst, _, ctx in views if not ctx.llm_like])
+
+
+def _frames_or_empty(timeline: Timeline, frames: list) -> pd.DataFrame:
+    """``Diagnosis.steps``: the views' frames in order, or the input's (empty) rows with the columns."""
+    return pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
         gap_before_s=pd.Series(dtype=float), is_spike=pd.Series(dtype=bool), cause=pd.Series(dtype=object),
         itl_max_s=pd.Series(dtype=float), latency_s=pd.Series(dtype=float), baseline_s=pd.Series(dtype=float),
         has_decode=pd.Series(dtype=bool))
+
+
+def _spike_frame(spikes: list) -> pd.DataFrame:
+    """``Diagnosis.spikes``: the records sorted by time, then instance (stable: per instance, the
+    order attribution made them)."""
     sp = pd.DataFrame(spikes, columns=SPIKE_COLUMNS)
     if len(sp):
         sp = sp.sort_values(["t_s", "instance"], kind="stable").reset_index(drop=True)
+    return sp
+
+
+def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) -> Diagnosis:
+    """The Diagnosis of ``timeline`` from the detection/attribution of all its instances (one
+    :class:`Part`, or the parts of parallel.py merged): counts, ITL, verdict, headline, and the budget
+    (computed here unless the parts computed it)."""
+    steps = _frames_or_empty(timeline, part.frames)
+    sp = _spike_frame(part.spikes)
     by_cause = count_by_cause(sp["cause"])
     itl = itl_summary(timeline, steps)
     n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
-    not_llm = [inst for inst, _, ctx in views if not ctx.llm_like]
-    if views and len(not_llm) == len(views):
+    not_llm = part.not_llm
+    if part.frames and len(not_llm) == len(part.frames):
         verdict = (f"This input does not look like LLM serving (no decode-like steps: no output tokens or decode "
                    f"rows, no repeated FULL-graph replays, no ITL); causes are named with confidence <= "
                    f"{NOT_LLM_CAP}. {verdict}")
@@ -316,4 +379,5 @@ def diagnose(timeline: Timeline, config: DiagnosisConfig | None = None) -> Diagn
         verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {NOT_LLM_CAP})."
     headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
-                     instances=instances, config=cfg, budget=budget_of(timeline.tokens, steps, sp))
+                     instances=part.instances, config=cfg,
+                     budget=budget if budget is not None else budget_of(timeline.tokens, steps, sp))
