@@ -18,6 +18,8 @@ def register(sub, common):
     p.add_argument("--format", default="auto", help="input format for every INPUT (default: auto-detect)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="spikes listed in the human report (default 10)")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (never overwrites)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes diagnosing a fleet's instances (default: CPU count; 1: serial)")
     h = p.add_argument_group("predicted spike height (HTML report)")
     h.add_argument("--model", default="glm-5.3", metavar="PRESET", help="ledger model preset (default glm-5.3)")
     h.add_argument("--model-config", metavar="FILE", help="ledger model config file (JSON/TOML) instead of --model")
@@ -59,13 +61,16 @@ def run(args, console):
 
     if args.top < 0:
         raise UserError("--top must be >= 0")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError("--jobs must be >= 1")
     if args.html and Path(args.html).exists():
         raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
     from mixdiag.commands.trace_flags import step_options
     from mixdiag.commands.ingest import source_options
     tl = load_inputs(args.inputs, args.format, **step_options(args), **source_options(args))
     console.note(f"loaded {tl!r}", level=1)
-    d = diagnose(tl)
+    from mixdiag.diagnosis.parallel import default_jobs
+    d = diagnose(tl, jobs=args.jobs or default_jobs())
     if args.html:
         from mixdiag.ledger.device_model import device
         from mixdiag.ledger.shapes import resolve

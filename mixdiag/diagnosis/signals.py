@@ -268,7 +268,8 @@ def rank_relation(work: pd.Series, excess: pd.Series, n_perm: int = 999, seed: i
     den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
     rho = float((rw * re_).sum() / den)
     rng = np.random.default_rng(seed)
-    perm = np.array([float((rng.permutation(rw) * re_).sum() / den) for _ in range(n_perm)])
+    # all permutations at once: the same draws, row by row, as n_perm rng.permutation(rw) calls
+    perm = (rng.permuted(np.tile(rw, (n_perm, 1)), axis=1) * re_).sum(axis=1) / den
     p = float((1 + (perm >= rho).sum()) / (n_perm + 1))
     return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
 
