@@ -5,7 +5,8 @@ Backfills the TSDB with ``promtool tsdb create-blocks-from openmetrics`` (vLLM n
 
 * a bare fetch-and-parse of the same raw series over the window (``query_range`` + JSON),
 * ``mixdiag analyze http://127.0.0.1:PORT/?start=..&end=..&step=15 --json`` in a child process
-  (wall time, peak RSS from ``getrusage(RUSAGE_CHILDREN)``),
+  (wall time, peak RSS from ``getrusage(RUSAGE_CHILDREN)``: the largest of it and its diagnosis
+  workers; ``--jobs`` is passed through, default the CPU count),
 
 and prints the ratio (target <= 3x), absolute time (<= 15 s at 500) and RSS (<= 1 GB). One instance
 in ``--burst-every`` carries prefill bursts (4096 prompt tokens, ITL 60 ms instead of 20 ms) every
@@ -135,6 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, default=15.0)
     ap.add_argument("--burst-every", type=int, default=10, help="every N-th instance carries prefill bursts")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--jobs", type=int, default=None, help="analyze --jobs (default: its default, the CPU count)")
     a = ap.parse_args(argv)
     for b in ("prometheus", "promtool"):
         if shutil.which(b) is None:
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
         bare_s, n_bare = bare_fetch(url, start, end)
         bare_s = min(bare_s, bare_fetch(url, start, end)[0])
         cmd = [sys.executable, "-m", "mixdiag.cli", "analyze", f"{url}/?start={start}&end={end}&step={STEP_S}",
-               "--json"]
+               "--json"] + (["--jobs", str(a.jobs)] if a.jobs else [])
         tic = time.perf_counter()
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         an_s = time.perf_counter() - tic
