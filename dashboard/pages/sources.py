@@ -110,6 +110,19 @@ def on_live_tick(store: DataStore, live):
                         f"refreshed {time.strftime('%H:%M:%S')}")
 
 
+def user_trigger(values: dict[str, object]) -> str | None:
+    """The id among ``values`` (id -> its input's value) that really fired the callback, or None.
+
+    Dash fires a callback whose inputs a page mount inserts, prevent_initial_call or not, when its
+    outputs (the frame's stores) are already on the page, and reports every inserted input as
+    changed. A button at 0 clicks or an empty upload is such a mount, never a user's action.
+    """
+    for cid in ctx.triggered_prop_ids.values():
+        if cid in values and values[cid]:
+            return cid
+    return None
+
+
 def register(app, store: DataStore, live=None) -> None:
     """Bind the Sources page's callbacks (loading; live mode when ``live`` is given) to ``app``."""
     @app.callback(Output("app-dataset-key", "data"), Output("app-status", "data"),
@@ -117,7 +130,8 @@ def register(app, store: DataStore, live=None) -> None:
                   State("sources-data-choice", "value"), State("sources-upload", "filename"),
                   prevent_initial_call=True)
     def _load(_n, upload, choice, filename):
-        return on_load(store, ctx.triggered_id, choice, upload, filename)
+        return on_load(store, user_trigger({"sources-load-btn": _n, "sources-upload": upload}), choice,
+                       upload, filename)
 
     @app.callback(Output("sources-status", "children"), Input("app-status", "data"))
     def _status(message):
@@ -132,7 +146,10 @@ def register(app, store: DataStore, live=None) -> None:
                   State("sources-live-url", "value"), State("sources-live-refresh", "value"),
                   prevent_initial_call=True)
     def _live_toggle(_go, _stop, url, refresh):
-        return on_live_toggle(live, ctx.triggered_id, url, refresh)
+        trigger = user_trigger({"sources-live-btn": _go, "sources-live-stop": _stop})
+        if trigger is None:
+            raise PreventUpdate  # the page was mounted, no button pressed
+        return on_live_toggle(live, trigger, url, refresh)
 
     @app.callback(Output("app-dataset-key", "data", allow_duplicate=True),
                   Output("app-status", "data", allow_duplicate=True),

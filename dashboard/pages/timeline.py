@@ -20,9 +20,17 @@ from mixdiag.schema import Timeline
 
 PATH = "/timeline"
 NAME = "Timeline"
+#: Ids whose change alone means "re-sample the zoomed window" (the graph itself, or its x-range store).
+ZOOM_TRIGGERS = frozenset({"timeline-graph", "timeline-xrange"})
 #: Where a click on a spike goes.
 SPIKE_PATH = "/spike"
 _RANGE_KEY = re.compile(r"^xaxis\d*\.range\[(0|1)\]$")
+#: Browser-side filter from the graph's relayoutData to ``timeline-xrange``: x zooms pass, the rest
+#: (``{'autosize': true}`` after every redraw or resize, y zooms, modebar toggles) never reach the
+#: server. Dash drops the answer of a callback still in flight when it fires again, so a server-side
+#: "not a zoom" call right after a zoom threw the re-sampled figure away.
+X_ZOOM_ONLY = """(r) => (r && Object.keys(r).some(k => /^xaxis\\d*\\.(range|autorange)/.test(k)))
+    ? r : window.dash_clientside.no_update"""
 #: Step columns the Timeline page draws (all on the steps frame of the contract).
 STEP_PANEL_COLUMNS = ("step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "decode_rows", "sm_active",
                       "graph_mode", "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s")
@@ -138,6 +146,7 @@ def layout(**_query) -> html.Div:
         html.Div("Zoom on any panel zooms all; click a spike marker for its evidence.",
                  style={**HINT, "margin": "4px 0"}),
         dcc.Loading(dcc.Graph(id="timeline-graph", config=GRAPH_CONFIG), type="circle", delay_show=300),
+        dcc.Store(id="timeline-xrange", data=None),  # the last x zoom's relayoutData (see X_ZOOM_ONLY)
     ], style=PAGE)
 
 
@@ -175,13 +184,20 @@ def on_instances(store: DataStore, key: dict | None):
 
 
 def on_timeline(store: DataStore, key: dict | None, instance: str | None, relayout: dict | None, max_points: int,
-                trigger: str | None = None):
-    """The Timeline figure, re-sampled to the zoomed x-range when the trigger was a zoom."""
+                trigger: str | tuple | None = None):
+    """The Timeline figure, re-sampled to the zoomed x-range when the only trigger was a zoom.
+
+    ``trigger`` is the id (or the ids) that fired the callback. Dash merges triggers that arrive
+    together: on page mount the graph's first ``relayoutData`` ({'autosize': True}) often comes
+    with the instance choice, and that call must draw the full figure, not be dropped as a non-zoom.
+    """
     ds = store.get(key["id"]) if key else None
     if ds is None or not instance or instance not in ds.timeline.instances:
         raise PreventUpdate
+    triggers = set() if trigger is None else {trigger} if isinstance(trigger, str) else set(trigger)
     x_range = None
-    if trigger == "timeline-graph":
+    # an empty x-range store as the only trigger is the page mounting it: draw everything
+    if triggers and triggers <= ZOOM_TRIGGERS and relayout is not None:
         x_range = x_range_from_relayout(relayout)
         if x_range is False:
             raise PreventUpdate
@@ -224,9 +240,12 @@ def register(app, store: DataStore, live=None) -> None:
         return on_instances(store, key)
 
     @app.callback(Output("timeline-graph", "figure"), Input("app-dataset-key", "data"),
-                  Input("timeline-instance", "value"), Input("timeline-graph", "relayoutData"))
+                  Input("timeline-instance", "value"), Input("timeline-xrange", "data"))
     def _timeline(key, instance, relayout):
-        return on_timeline(store, key, instance, relayout, max_points, ctx.triggered_id)
+        return on_timeline(store, key, instance, relayout, max_points, tuple(ctx.triggered_prop_ids.values()))
+
+    app.clientside_callback(X_ZOOM_ONLY, Output("timeline-xrange", "data"), Input("timeline-graph", "relayoutData"),
+                            prevent_initial_call=True)
 
     @app.callback(Output("app-spike-choice", "data"), Output("app-url", "pathname"),
                   Input("timeline-graph", "clickData"), State("app-dataset-key", "data"),
