@@ -71,9 +71,9 @@ def capture(app, out: Path, tab: str = "Timeline", wait_s: float = 30.0) -> Path
     try:
         driver.get(srv.url)
         wait = WebDriverWait(driver, wait_s)
-        wait.until(EC.text_to_be_present_in_element((By.ID, "verdict"), "spike"))
+        wait.until(EC.text_to_be_present_in_element((By.ID, "overview-verdict"), "spike"))
         if tab != "Overview":
-            driver.find_element(By.XPATH, f"//*[contains(@class,'tab') and normalize-space()='{tab}']").click()
+            driver.find_element(By.XPATH, f"//a[contains(@class,'nav-tab') and normalize-space()='{tab}']").click()
             wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#timeline-graph .scatterlayer .trace")))
         time.sleep(2.0)  # let plotly finish laying out
         # Size the window to the whole page so the screenshot holds every panel.

@@ -83,6 +83,17 @@ def test_timeline_full_then_zoomed(store, key):
         timeline.on_timeline(store, key, "ghost", None, 400, trigger="timeline-instance")
 
 
+@pytest.mark.parametrize("triggers,relayout,zoomed", [
+    (("timeline-xrange",), {"xaxis.range": [1.0, 2.0]}, True),           # a zoom alone re-samples
+    (("timeline-xrange", "timeline-instance"), {"autosize": True}, False),  # mount: Dash merged the triggers
+    (("timeline-xrange",), None, False),                                   # the empty store's mount: everything
+    ((), None, False),                                                     # initial call
+])
+def test_timeline_zooms_only_when_a_zoom_alone_fired(store, key, triggers, relayout, zoomed):
+    fig = timeline.on_timeline(store, key, "engine0", relayout, 400, trigger=triggers)
+    assert (fig.layout.xaxis.range is not None) == zoomed
+
+
 def test_click_on_a_spike_opens_the_spike_page_on_it(store, key):
     ds = store.get(key["id"])
     options, value = spike.on_choices(store, key, None)
