@@ -352,3 +352,15 @@ def _idle_before(out: pd.DataFrame, items: Items) -> None:
     k = np.searchsorted(s, t, side="left") - 1
     prev = np.where(k >= 0, e[np.maximum(k, 0)], t)
     out["device_idle_before_s"] = np.maximum(t - prev, 0) / 1e9
+
+
+def method_notes(steps, step_range: str | None, step_source: str) -> list[str]:
+    """The source notes that say how steps were found (shared by the Nsight and Kineto readers)."""
+    notes = []
+    if step_range and not (len(steps) and (steps["step_source"] == "range").any()):
+        notes.append(f"no '{step_range}' ranges on an engine thread: steps found another way")
+    if step_source == "kernel-gaps":
+        notes.append("no step ranges and no sync pattern: steps split on GPU idle gaps (heuristic)")
+    elif step_source == "sync-pattern":
+        notes.append("steps from the engine thread's sampled-token copy + synchronize pattern (heuristic)")
+    return notes

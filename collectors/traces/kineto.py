@@ -24,7 +24,7 @@ import pandas as pd
 from mixdiag import wire
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.traces import foreign_frame
-from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, reconstruct
+from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, method_notes, reconstruct
 from mixdiag.collectors.traces.kineto_activity import concat, read_activity
 from mixdiag.collectors.traces.kineto_events import KinetoFile
 from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
@@ -100,13 +100,8 @@ def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, 
         steps, n, src = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
         notes += n
         step_source = _SOURCES.get(src, src)
-        if step_range and not (len(steps) and (steps["step_source"] == "range").any()):
-            notes.append(f"no '{step_range}' ranges on an engine thread: steps found another way")
-        if step_source == "kernel-gaps":
-            notes.append("no step ranges and no sync pattern: steps split on GPU idle gaps (heuristic)")
-        elif step_source == "sync-pattern":
-            notes.append("steps from the engine thread's sampled-token copy + synchronize pattern (heuristic)")
-        elif step_source == "kineto-engine-naming":
+        notes += method_notes(steps, step_range, step_source)
+        if step_source == "kineto-engine-naming":
             notes.append("steps from engine range names (heuristic)")
     else:
         notes.append("no step ranges and no kernels: nothing to build steps from")

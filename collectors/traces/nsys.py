@@ -21,7 +21,7 @@ from mixdiag.collectors.traces.nsys_kernels import (launch_names, project, runti
                                              sm_active_samples, window_means)
 from mixdiag.collectors.traces import foreign_frame
 from mixdiag.collectors.traces.foreign_evidence import sm_rank_skew
-from mixdiag.collectors.traces.foreign_steps import reconstruct
+from mixdiag.collectors.traces.foreign_steps import method_notes, reconstruct
 from mixdiag.collectors.traces.nsys_activity import MEMCPY_TABLE, read_activity
 from mixdiag.collectors.traces.nsys_nvtx import find_steps
 from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
@@ -116,12 +116,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         gap_ns = None if step_gap_s is None else int(round(float(step_gap_s) * 1e9))
         steps, n, step_source = reconstruct(act, step_range=step_range, gap_ns=gap_ns, range_names=ENGINE_STEP_NAMES)
         notes += n
-        if step_range and not (len(steps) and (steps["step_source"] == "range").any()):
-            notes.append(f"no '{step_range}' ranges on an engine thread: steps found another way")
-        if step_source == "kernel-gaps":
-            notes.append("no step ranges and no sync pattern: steps split on GPU idle gaps (heuristic)")
-        elif step_source == "sync-pattern":
-            notes.append("steps from the engine thread's sampled-token copy + synchronize pattern (heuristic)")
+        notes += method_notes(steps, step_range, step_source)
         host_graphs = runtime_graph_launches(db)
         graphs_visible = graph_rows > 0 or bool(len(steps) and steps["graph_launches"].sum() > 0)
         graph_known = (db.has(RUNTIME) or graphs_visible) and not (host_graphs and not graphs_visible)
