@@ -8,20 +8,20 @@ from pathlib import Path
 import httpx
 import pytest
 
-TINY = """
-name = "serve-test"
-seed = 1
-max_steps = 10
-[model]
+def _scenario(name: str, seed: int, header: str, layers: str, max_model_len: int, num_blocks: int, budget: int) -> str:
+    """A one-group tiny-model scenario; the servers under test get their real workload over HTTP."""
+    return f"""
+name = "{name}"
+seed = {seed}
+{header}[model]
 preset = "tiny"
-num_layers = 1
-max_model_len = 512
+{layers}max_model_len = {max_model_len}
 [cache]
 block_size = 16
-num_blocks = 256
+num_blocks = {num_blocks}
 [scheduler]
 policy = "token_budget"
-max_num_batched_tokens = 128
+max_num_batched_tokens = {budget}
 [engine]
 num_threads = 1
 [workload]
@@ -31,9 +31,12 @@ name = "x"
 count = 1
 arrival = "burst"
 start = 0
-prompt_len = { dist = "fixed", value = 8 }
-output_len = { dist = "fixed", value = 8 }
+prompt_len = {{ dist = "fixed", value = 8 }}
+output_len = {{ dist = "fixed", value = 8 }}
 """
+
+
+TINY = _scenario("serve-test", 1, "max_steps = 10\n", "num_layers = 1\n", 512, 256, 128)
 
 
 def write_scenario(d: Path) -> Path:
@@ -85,30 +88,7 @@ def server(tmp_path_factory):
 
 
 # A mixing engine: long prompts chunked (256 tokens a step) into the steps of running decodes.
-MIXING = """
-name = "serve-mixing"
-seed = 3
-[model]
-preset = "tiny"
-max_model_len = 4096
-[cache]
-block_size = 16
-num_blocks = 1024
-[scheduler]
-policy = "token_budget"
-max_num_batched_tokens = 256
-[engine]
-num_threads = 1
-[workload]
-time_unit = "step"
-[[workload.groups]]
-name = "x"
-count = 1
-arrival = "burst"
-start = 0
-prompt_len = { dist = "fixed", value = 8 }
-output_len = { dist = "fixed", value = 8 }
-"""
+MIXING = _scenario("serve-mixing", 3, "", "", 4096, 1024, 256)
 
 
 def start_mixing(tmp, dialect: str = "vllm"):
