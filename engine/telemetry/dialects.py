@@ -23,14 +23,17 @@ with the first transfer, as a PD connector registers them. Standard library + pr
 """
 from __future__ import annotations
 
-import math
-import threading
-from bisect import bisect_left
 from typing import Any, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
-from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.utils import floatToGoString
+
+from mixdiag.engine.telemetry.metrics import BatchHistogram, _num
+
+
+def _labelled(name: str, documentation: str, buckets, labels: dict[str, str],
+              registry: CollectorRegistry) -> BatchHistogram:
+    """A batch-fed histogram with the dialect's one fixed label set."""
+    return BatchHistogram(name, documentation, buckets, registry, labels=labels)
 
 DIALECTS = ("mixdiag", "vllm", "sglang")
 
@@ -48,55 +51,6 @@ SGLANG_ITL_S = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0
 SGLANG_TTFT_S = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 SGLANG_KV_LATENCY_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 SGLANG_KV_MB = (0.1, 0.5, 1, 5, 10, 50, 100, 500, 1000, 5000)  # UNVERIFIED ladder; bounds come from `le`
-
-
-def _num(record: Any, name: str) -> float | None:
-    v = getattr(record, name, None)
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
-
-
-class LabelledHistogram:
-    """A histogram with one fixed label set, fed many values per call (one lock per step).
-
-    ``observe_many(values, total=...)`` lets SGLang's ITL add n counts but a different ``_sum``.
-    """
-
-    def __init__(self, name: str, documentation: str, buckets, labels: dict[str, str],
-                 registry: CollectorRegistry):
-        self.name, self.documentation = name, documentation
-        self.bounds = tuple(float(b) for b in buckets)
-        self.labels = dict(labels)
-        self._counts = [0] * (len(self.bounds) + 1)
-        self._sum = 0.0
-        self._lock = threading.Lock()
-        registry.register(self)
-
-    def observe_many(self, values, total: float | None = None) -> None:
-        if not values:
-            return
-        idx = [bisect_left(self.bounds, v) for v in values]
-        with self._lock:
-            for i in idx:
-                self._counts[i] += 1
-            self._sum += sum(values) if total is None else total
-
-    def collect(self):
-        with self._lock:
-            counts, total = list(self._counts), self._sum
-        cum, buckets = 0, []
-        for b, c in zip(self.bounds + (math.inf,), counts):
-            cum += c
-            buckets.append((floatToGoString(b), cum))
-        fam = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
-        fam.add_metric(list(self.labels.values()), buckets, total)
-        yield fam
-
-    def describe(self):
-        return [HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))]
 
 
 class _Dialect:
@@ -171,20 +125,20 @@ class VllmMetrics(_Dialect):
         self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-        self.iteration_tokens = LabelledHistogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+        self.iteration_tokens = _labelled("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
                                                   VLLM_ITERATION_TOKENS, self._lv, r)
-        self.ttft = LabelledHistogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+        self.ttft = _labelled("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                                       VLLM_TTFT_S, self._lv, r)
-        self.itl = LabelledHistogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+        self.itl = _labelled("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                                      VLLM_ITL_S, self._lv, r)
         self._nixl: tuple | None = None
 
     def _nixl_metrics(self):
         if self._nixl is None:  # the NIXL connector registers its family when it exists
             r = self.registry
-            self._nixl = (LabelledHistogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+            self._nixl = (_labelled("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
                                             VLLM_NIXL_XFER_S, self._lv, r),
-                          LabelledHistogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                          _labelled("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
                                             VLLM_NIXL_BYTES, self._lv, r))
         return self._nixl
 
@@ -263,9 +217,9 @@ class SglangMetrics(_Dialect):
         self.realtime = Counter("sglang:realtime_tokens", "Number of tokens processed in real time.", s + ["mode"], registry=r)
         self.graph_passes = Counter("sglang:cuda_graph_passes", "Forward passes by CUDA-graph use.", s + ["mode"], registry=r)
         self.retracted = Counter("sglang:num_retracted_requests", "Number of retracted requests.", s, registry=r).labels(**self._sched)
-        self.itl = LabelledHistogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+        self.itl = _labelled("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                                      SGLANG_ITL_S, self._req, r)
-        self.ttft = LabelledHistogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+        self.ttft = _labelled("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                                       SGLANG_TTFT_S, self._req, r)
         self._modes = {m: self.realtime.labels(**self._sched, mode=m) for m in ("prefill_compute", "prefill_cache", "decode")}
         self._passes = {m: self.graph_passes.labels(**self._sched, mode=m)
@@ -319,9 +273,9 @@ class SglangMetrics(_Dialect):
         kv_s, kv_b = _num(record, "kv_transfer_s"), _num(record, "kv_transfer_bytes")
         if kv_s or kv_b:
             if self._kv is None:
-                self._kv = (LabelledHistogram("sglang:kv_transfer_latency_ms", "KV transfer latency (ms).",
+                self._kv = (_labelled("sglang:kv_transfer_latency_ms", "KV transfer latency (ms).",
                                               SGLANG_KV_LATENCY_MS, self._sched, self.registry),
-                            LabelledHistogram("sglang:kv_transfer_total_mb", "KV transfer size (MB).",
+                            _labelled("sglang:kv_transfer_total_mb", "KV transfer size (MB).",
                                               SGLANG_KV_MB, self._sched, self.registry))
             if kv_s:
                 self._kv[0].observe_many([kv_s * 1e3])

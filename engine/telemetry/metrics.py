@@ -48,20 +48,23 @@ class BatchHistogram:
     instrumentation together. This keeps plain bucket counts and renders them at scrape time.
     """
 
-    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry):
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry,
+                 labels: dict[str, str] | None = None):
         self.name, self.documentation = name, documentation
+        self.labels = dict(labels or {})  # one fixed label set (the vLLM/SGLang dialects), or none
         self.bounds = tuple(float(b) for b in buckets)
         self._counts = [0] * (len(self.bounds) + 1)  # last slot: above the largest bound (+Inf only)
         self._sum = 0.0
         self._lock = threading.Lock()
         registry.register(self)
 
-    def observe_many(self, values) -> None:
-        """Add every value (seconds) in ``values``."""
+    def observe_many(self, values, total: float | None = None) -> None:
+        """Add every value in ``values``; ``total`` overrides what ``_sum`` grows by (SGLang's chunked
+        ITL adds n counts at interval/n but the whole interval to ``_sum``)."""
         if not values:
             return
         idx = [bisect_left(self.bounds, v) for v in values]  # bucket le=b holds v <= b
-        total = sum(values)
+        total = sum(values) if total is None else total
         with self._lock:
             counts = self._counts
             for i in idx:
@@ -78,11 +81,15 @@ class BatchHistogram:
         for b, c in zip(self.bounds + (math.inf,), counts):
             cum += c
             buckets.append((floatToGoString(b), cum))
-        fam = HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+        if not self.labels:
+            yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=total)
+            return
+        fam = HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels))
+        fam.add_metric(list(self.labels.values()), buckets, total)
         yield fam
 
     def describe(self):
-        return [HistogramMetricFamily(self.name, self.documentation)]
+        return [HistogramMetricFamily(self.name, self.documentation, labels=list(self.labels) or None)]
 
 
 def _num(record: Any, name: str) -> float | None:
