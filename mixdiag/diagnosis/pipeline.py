@@ -176,20 +176,31 @@ def _interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
     return sig
 
 
-def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
-    sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
+def _interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, groups: np.ndarray | None = None):
+    """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
+    numbered by ``groups`` (interval_batch.py); ``quality`` per signal, a value or one per row.
+    Returns the frame, the rows with ITL, their latency and their baseline."""
     sig["gap_before_s"] = np.nan
-    sig = _interval_segments(step_signals(sig, cfg.signals))
+    sig = _interval_segments(step_signals(sig, cfg.signals, groups))
     sig["gap_excess_s"] = np.nan
     lat = sig["itl_p99_s"].fillna(sig["itl_p90_s"]).fillna(sig["itl_mean_s"])
     p50 = sig["itl_p50_s"].fillna(sig["itl_mean_s"]).fillna(lat)
     sig["latency_s"] = lat
     has_itl = lat.notna() & (sig["itl_count"].fillna(1) > 0)
-    base, _ = rolling_baseline(p50, has_itl, cfg.spikes.window_intervals, 1)
+    if groups is None:
+        base, _ = rolling_baseline(p50, has_itl, cfg.spikes.window_intervals, 1)
+    else:
+        from mixdiag.diagnosis.interval_batch import grouped_baseline
+        base = grouped_baseline(p50, has_itl, cfg.spikes.window_intervals, 1, groups)
     sig["baseline_s"] = base
     sig["itl_max_s"] = lat
     sig["is_spike"] = has_itl & (lat > cfg.interval_ratio * base)
-    sig = pd.concat([sig, row_qualities(sig, quality)], axis=1)
+    return pd.concat([sig, row_qualities(sig, quality)], axis=1), has_itl, lat, base
+
+
+def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
+    sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
+    sig, has_itl, lat, base = _interval_signals(sig, quality, cfg)
     period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
     sig["near_prefill_event"] = period.pop("near")
     # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
@@ -268,14 +279,27 @@ def _instance_rows(steps: pd.DataFrame, insts) -> dict:
     return {inst: steps.iloc[pos[inst]] for inst in insts if inst in pos}
 
 
-def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
-    """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
-    group with no evidence shared outside it: parallel.py)."""
-    views, spikes, instances = [], [], {}
-    has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
+def _summary(ctx, source: str) -> dict:
+    """``Diagnosis.instances[inst]``: signal qualities, latency source, periodicity, relation."""
+    return {"signals": ctx.quality, "latency_source": source, "llm_serving": ctx.llm_like,
+            "periodicity": {k: _json_num(v) for k, v in ctx.period.items()},
+            **({"prefill_itl_relation": {k: _json_num(v) for k, v in ctx.relation.items()}} if ctx.relation else {})}
+
+
+def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
+    """Detection: ``[(frame, [(instance, context, latency source), ...])]`` - one frame for all interval-only
+    instances (interval_batch.py), else one per instance - and ``[(instance, frame)]`` per instance
+    where frames are per instance."""
+    if not has_steps:
+        from mixdiag.diagnosis.interval_batch import interval_views
+
+        batch = interval_views(timeline, cfg, insts)
+        if batch is not None:
+            return [(batch[0], [(inst, ctx, "interval_itl_quantiles") for inst, ctx in batch[2]])], []
     # interval-only inputs have no step view to protect from interval-seen faults
     seen_faulty = faults_seen_by_intervals(timeline, cfg) if has_steps else {}
     by_inst = _instance_rows(timeline.steps, insts)
+    owners, views = [], []
     for inst in insts:  # detection, per instance
         rows = by_inst.get(inst)
         if rows is None or not len(rows):
@@ -291,19 +315,29 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
             sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
         sig["instance"] = inst
         ctx = replace(ctx, llm_like=looks_like_llm_serving(sig, len(tokens) > 0))
-        views.append((inst, sig, ctx))
-        instances[inst] = {"signals": ctx.quality, "latency_source": source, "llm_serving": ctx.llm_like,
-                           "periodicity": {k: _json_num(v) for k, v in period.items()},
-                           **({"prefill_itl_relation": {k: _json_num(v) for k, v in ctx.relation.items()}}
-                              if ctx.relation else {})}
-    frames = [sig for _, sig, _ in views]
+        owners.append((sig, [(inst, ctx, source)]))
+        views.append((inst, sig))
+    return owners, views
+
+
+def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
+    """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
+    group with no evidence shared outside it: parallel.py)."""
+    spikes = []
+    has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
+    owners, views = _views(timeline, cfg, insts, has_steps)
+    instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
+    frames = [sig for sig, _ in owners]
     has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
     couple_ranks(frames)  # EP ranks of one engine: each step row learns what its peers' same step held
-    for inst, sig, ctx in views:  # attribution, per spike
-        missing = [s for s in SIGNALS if ctx.quality.get(s) == "absent"]
+    for sig, ctxs in owners:  # attribution, per spike
+        ctx_of = {inst: (ctx, [s for s in SIGNALS if ctx.quality.get(s) == "absent"]) for inst, ctx, _ in ctxs}
+        one = ctxs[0][0] if len(ctxs) == 1 else None
         causes = [None] * len(sig)
         at = np.flatnonzero(sig["is_spike"].to_numpy())
         for i, row in zip(at, spike_rows(sig, at)):  # plain rows: attribution reads each many times
+            inst = one or str(row["instance"])
+            ctx, missing = ctx_of[inst]
             a = attribute(row, ctx, cfg.attribution)
             if row.get("request_stall", False):
                 itl_s = row["stall_max_s"]
@@ -320,7 +354,7 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     # interval rows that are no spike of their own but show waits between steps, then preemptions
     for judge in ((attribute_between_steps, attribute_preemptions) if has_step_view else ()):
         have = {(sp["instance"], sp["step"]) for sp in spikes if sp["granularity"] == "interval"}
-        for inst, sig, _ in views:
+        for inst, sig in views:
             iv = sig[sig["granularity"] == "interval"].sort_values("step", kind="stable")
             for _, row in iv.iterrows():
                 if (inst, int(row["step"])) in have or (a := judge(row, cfg.attribution)) is None:
@@ -339,7 +373,7 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
             f.loc[iv, "cause"] = [kept.get(k) for k in keys]
             f.loc[iv, "is_spike"] = [k in kept for k in keys]
     return Part(frames=frames, spikes=spikes, instances=instances,
-                not_llm=[inst for inst, _, ctx in views if not ctx.llm_like])
+                not_llm=[inst for _, ctxs in owners for inst, ctx, _ in ctxs if not ctx.llm_like])
 
 
 def _frames_or_empty(timeline: Timeline, frames: list) -> pd.DataFrame:
@@ -371,7 +405,7 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
     not_llm = part.not_llm
-    if part.frames and len(not_llm) == len(part.frames):
+    if part.instances and len(not_llm) == len(part.instances):
         verdict = (f"This input does not look like LLM serving (no decode-like steps: no output tokens or decode "
                    f"rows, no repeated FULL-graph replays, no ITL); causes are named with confidence <= "
                    f"{NOT_LLM_CAP}. {verdict}")

@@ -8,6 +8,7 @@ once, here (:func:`signal_quality`), from ``meta["signals"]`` and from which col
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import SIGNAL_COLUMNS, SIGNALS  # noqa: F401  (SIGNALS re-exported)
+from mixdiag.diagnosis import groupwise as gw
 
 
 @dataclass(frozen=True)
@@ -44,18 +46,23 @@ def signal_quality(meta: dict, instance: str, steps: pd.DataFrame, has_tokens: b
     Data decides presence (an all-NaN column is absent whatever meta claims); meta refines the
     quality of present data (e.g. ``sm_active: estimated`` on CPU).
     """
+    return qualities(meta, instance, lambda col: _has_data(steps, col), has_tokens,
+                     bool(len(steps)) and bool((steps["granularity"] == "step").any()))
+
+
+def qualities(meta: dict, instance: str, has_data, has_tokens: bool, has_step_rows: bool) -> dict[str, str]:
+    """:func:`signal_quality` from ``has_data(column)`` (whether the instance's rows hold any of it)."""
     declared = (meta or {}).get("signals", {}).get(instance, {}) or {}
     out = {}
     for sig in SIGNALS:
         if sig == "itl":
-            present = has_tokens or any(_has_data(steps, c) for c in SIGNAL_COLUMNS["itl"])
+            present = has_tokens or any(has_data(c) for c in SIGNAL_COLUMNS["itl"])
         elif sig == "host_time":
-            present = bool(len(steps)) and bool((steps["granularity"] == "step").any())
+            present = has_step_rows
         elif sig == "token_allocation":
-            present = _has_data(steps, "prefill_tokens") and (_has_data(steps, "decode_rows")
-                                                              or _has_data(steps, "decode_reqs"))
+            present = has_data("prefill_tokens") and (has_data("decode_rows") or has_data("decode_reqs"))
         else:
-            present = any(_has_data(steps, c) for c in SIGNAL_COLUMNS[sig])
+            present = any(has_data(c) for c in SIGNAL_COLUMNS[sig])
         if not present:
             out[sig] = "absent"
             continue
@@ -66,16 +73,22 @@ def signal_quality(meta: dict, instance: str, steps: pd.DataFrame, has_tokens: b
     return out
 
 
-def _rolling_ref_median(values: pd.Series, ref: pd.Series, window: int) -> pd.Series:
+def _rolling_ref_median(values: pd.Series, ref: pd.Series, window: int, groups: np.ndarray | None = None) -> pd.Series:
     x = values.where(ref & values.notna())
-    med = x.rolling(window, center=True, min_periods=1).median().ffill().bfill()
-    if med.isna().all() and values.notna().any():
-        med = pd.Series(float(values.median()), index=values.index)
+    if not values.notna().any():  # nothing to take a median of (a column the source lacks)
+        return pd.Series(np.nan, index=values.index)
+    med = gw.bfill(gw.ffill(gw.rolling_median(x, window, 1, groups), groups), groups)
+    # an instance with no reference row at all: its overall median
+    lost = gw.all_(med.isna(), groups) & gw.any_(values.notna(), groups)
+    if lost.any():
+        med = med.where(~lost, gw.median(values, groups))
     return med
 
 
-def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.DataFrame:
-    """Per-step signal columns for one instance's rows (sorted by step, with ``gap_before_s``).
+def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups: np.ndarray | None = None
+                 ) -> pd.DataFrame:
+    """Per-step signal columns for one instance's rows (sorted by step, with ``gap_before_s``), or
+    for several instances' rows at once when ``groups`` numbers them (see :mod:`.groupwise`).
 
     Adds: ``has_prefill``, ``has_decode``, ``decodes_around`` (a neighbour step held decode
     rows), ``decodes_before`` (decodes were running when the step began), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
@@ -92,32 +105,34 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig()) -> pd.
     s["has_prefill"] = s["has_prefill"].astype(bool)
     s["has_decode"] = s["has_decode"].astype(bool)
     hd = s["has_decode"]
-    s["decodes_around"] = (hd.shift(1, fill_value=False) | hd.shift(-1, fill_value=False)).astype(bool)
+    s["decodes_around"] = (gw.shift(hd, 1, False, groups) | gw.shift(hd, -1, False, groups)).astype(bool)
     # Decodes were running before this step: the last step that was not prefill-only held decode
     # rows (a multi-chunk prefill keeps them waiting across several steps).
     prefill_only = s["has_prefill"] & ~hd
-    last = hd.astype(float).where(~prefill_only).ffill().shift(1)
+    last = gw.shift(gw.ffill(hd.astype(float).where(~prefill_only), groups), 1, np.nan, groups)
     s["decodes_before"] = last.fillna(0.0).astype(bool)
     s["decode_only"] = hd & ~s["has_prefill"]
     s["graph_off"] = s["graph_mode"].isin(["PIECEWISE", "NONE"])
     w = cfg.neighbour_window
     ref = s["decode_only"]
-    if not ref.any():  # no token counts: a FULL graph replay is a uniform decode batch
-        ref = s["graph_mode"].eq("FULL") & s.get("graph_replayed", pd.Series(np.nan, index=s.index)).ne(0)
-    s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w)
+    if not ref.all() and not gw.any_(ref, groups).all():
+        # no token counts: a FULL graph replay is a uniform decode batch
+        full = s["graph_mode"].eq("FULL") & s.get("graph_replayed", pd.Series(np.nan, index=s.index)).ne(0)
+        ref = ref.where(gw.any_(ref, groups), full)
+    s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w, groups)
     comm = s["comm_share"] if "comm_share" in s.columns else pd.Series(np.nan, index=s.index)
-    s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, 201))
+    s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, 201), groups)
     # SM-busy skew across ranks (graph-hidden compute) above its decode neighbourhood's: balanced
     # steps already differ by their jitter, and that floor varies with the deployment
     smsk = s["rank_sm_skew"] if "rank_sm_skew" in s.columns else pd.Series(np.nan, index=s.index)
-    s["sm_skew_delta"] = smsk - _rolling_ref_median(smsk, ref, max(w, 201))
+    s["sm_skew_delta"] = smsk - _rolling_ref_median(smsk, ref, max(w, 201), groups)
     # a wide window: hotspot windows last tens of steps and must not become their own reference
-    imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 201))
+    imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 201), groups)
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
     s["preempt"] = s["preempted_reqs"].fillna(0) > 0
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
-    s["gap_excess_s"] = gap - gap.rolling(cfg.gap_window, center=True, min_periods=1).median()
+    s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))
     return s
 
 
@@ -242,36 +257,62 @@ def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, events: pd.Series | No
     spikes = spike_mask.fillna(False).astype(bool) & cand
     n, k = int(spikes.sum()), int((spikes & near).sum())
     p0 = float(near[cand].mean()) if cand.any() else float("nan")
-    p = _binom_sf(k, n, p0) if n and np.isfinite(p0) and events.any() else float("nan")
     t = sig["t_start_s"]
-    te, ts = t[events].to_numpy(), t[spikes].to_numpy()
-    return {"events": int(events.sum()), "spikes": n, "near_share": (k / n) if n else float("nan"),
+    return period_stats(int(events.sum()), n, k, p0, t[events].to_numpy(), t[spikes].to_numpy(), alpha) | {"near": near}
+
+
+def period_stats(n_events: int, n: int, k: int, p0: float, te: np.ndarray, ts: np.ndarray, alpha: float = 0.01) -> dict:
+    """:func:`periodicity`'s figures from its counts: ``n`` spikes, ``k`` of them near an event, the
+    chance rate ``p0``, event times ``te`` and spike times ``ts``."""
+    p = _binom_sf(k, n, p0) if n and np.isfinite(p0) and n_events else float("nan")
+    return {"events": n_events, "spikes": n, "near_share": (k / n) if n else float("nan"),
             "chance_share": p0, "p_value": p,
             "significant": bool(np.isfinite(p) and p < alpha and k >= 3),
             "spike_period_s": float(np.median(np.diff(ts))) if len(ts) >= 3 else float("nan"),
-            "prefill_period_s": float(np.median(np.diff(te))) if len(te) >= 3 else float("nan"),
-            "near": near}
+            "prefill_period_s": float(np.median(np.diff(te))) if len(te) >= 3 else float("nan")}
 
 
 def rank_relation(work: pd.Series, excess: pd.Series, n_perm: int = 999, seed: int = 0, min_work: int = 3) -> dict:
     """Spearman rank correlation of prefill work per interval with the ITL excess, and a one-sided
     permutation p-value (seeded: the same input gives the same answer). NaN with fewer than
     ``min_work`` intervals holding prefill work."""
-    m = work.notna() & excess.notna()
-    w, e = work[m].to_numpy(float), excess[m].to_numpy(float)
+    w, e = np.asarray(work, dtype=float), np.asarray(excess, dtype=float)
+    m = ~(np.isnan(w) | np.isnan(e))
+    w, e = w[m], e[m]
     n_work = int((w > 0).sum())
     # one or two intervals with prefill work are a coincidence, not a relation
     if len(w) < 6 or n_work < min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
         return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work}
-    rw, re_ = pd.Series(w).rank().to_numpy(), pd.Series(e).rank().to_numpy()
+    rw, re_ = average_ranks(w), average_ranks(e)
     rw, re_ = rw - rw.mean(), re_ - re_.mean()
     den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
     rho = float((rw * re_).sum() / den)
-    rng = np.random.default_rng(seed)
-    # all permutations at once: the same draws, row by row, as n_perm rng.permutation(rw) calls
-    perm = (rng.permuted(np.tile(rw, (n_perm, 1)), axis=1) * re_).sum(axis=1) / den
+    perm = (rw[_permutations(len(rw), n_perm, seed)] * re_).sum(axis=1) / den
     p = float((1 + (perm >= rho).sum()) / (n_perm + 1))
     return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
+
+
+@functools.lru_cache(maxsize=64)
+def _permutations(n: int, n_perm: int, seed: int) -> np.ndarray:
+    """Row ``i``: the order in which the ``i``-th of ``n_perm`` seeded shuffles puts ``n`` values -
+    the same draws as ``rng.permuted(np.tile(x, (n_perm, 1)), axis=1)`` (a shuffle's swaps depend on
+    the length only), computed once per length for a fleet of same-length instances."""
+    idx = np.random.default_rng(seed).permuted(np.tile(np.arange(n), (n_perm, 1)), axis=1)
+    idx.flags.writeable = False
+    return idx
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties sharing their mean rank (``pd.Series(x).rank()`` for values without NaN)."""
+    order = np.argsort(x, kind="stable")
+    xs = x[order]
+    first = np.r_[True, xs[1:] != xs[:-1]]
+    start = np.flatnonzero(first)
+    end = np.r_[start[1:], len(x)]  # exclusive
+    mean_rank = (start + 1 + end) / 2.0  # mean of start+1 .. end
+    out = np.empty(len(x), dtype=float)
+    out[order] = np.repeat(mean_rank, end - start)
+    return out
 
 
 def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float = 0.2, min_rows: int = 10) -> bool:
@@ -283,12 +324,8 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float
     if has_tokens or len(sig) < min_rows:  # too few rows to judge: no claim either way
         return True
     iv = sig["granularity"] == "interval"
-    if iv.any():
-        ivr = sig[iv]
-        itl = ivr[[c for c in ("itl_p99_s", "itl_p50_s", "itl_mean_s") if c in sig.columns]].notna().any().any()
-        counts = [ivr[c].fillna(0).gt(0).any() for c in ("itl_count", "output_tokens") if c in sig.columns]
-        if itl or any(counts):
-            return True
+    if iv.any() and interval_decode_evidence(sig[iv], np.zeros(int(iv.sum()), dtype=np.intp))[0]:
+        return True
     st = sig[~iv]
     if not len(st):
         return False
@@ -306,3 +343,16 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float
     d = (st["t_end_s"] - st["t_start_s"])[full]
     med = float(d.median())
     return med > 0 and float(1.4826 * (d - med).abs().median()) <= 0.5 * med
+
+
+def interval_decode_evidence(ivr: pd.DataFrame, groups: np.ndarray) -> np.ndarray:
+    """Per group of interval rows: whether any holds an ITL quantile or mean, or counted ITL
+    observations or output tokens (decode structure, :func:`looks_like_llm_serving`)."""
+    ev = np.zeros(len(ivr), dtype=bool)
+    for c in ("itl_p99_s", "itl_p50_s", "itl_mean_s"):
+        if c in ivr.columns:
+            ev |= ivr[c].notna().to_numpy()
+    for c in ("itl_count", "output_tokens"):
+        if c in ivr.columns:
+            ev |= ivr[c].fillna(0).gt(0).to_numpy()
+    return gw.per_group(ev, groups, np.logical_or)

@@ -1,0 +1,139 @@
+"""Interval-only instances (a Prometheus fleet, scrape directories) detected in one pass over one
+frame instead of one small frame per instance: the per-row signal work is a handful of vectorised
+and grouped operations whatever the number of instances, and only the per-instance figures
+(periodicity, the prefill/ITL rank relation, graph norm) loop over instances, on numpy slices.
+
+Row for row and figure for figure the result is what ``pipeline._interval_pipeline`` gives each
+instance alone (``tests/mixdiag/test_interval_batch.py`` holds the two side by side); the signal
+code is shared (:func:`~mixdiag.diagnosis.signals.step_signals` and friends take ``groups``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.diagnosis import groupwise as gw
+from mixdiag.diagnosis.fusion import graph_off_decode_column
+from mixdiag.diagnosis.rule_context import InstanceContext
+from mixdiag.diagnosis.signals import (SIGNAL_COLUMNS, decode_graph_norm, interval_decode_evidence, period_stats,
+                                      prefill_events, qualities, rank_relation, row_qualities)
+from mixdiag.schema import Timeline
+
+#: Columns whose presence per instance decides the signal qualities (signals.qualities).
+_PRESENCE = tuple(dict.fromkeys(c for cols in SIGNAL_COLUMNS.values() for c in cols))
+_MODES = ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")
+
+
+def grouped_baseline(values: pd.Series, reference: pd.Series, window: int, min_periods: int,
+                     groups: np.ndarray) -> pd.Series:
+    """The baseline :func:`~mixdiag.diagnosis.spikes.rolling_baseline` gives each group's rows
+    alone (its centred rolling median over reference rows, filled from the nearest ones; the
+    group's median when it has no reference row): the interval path reads only the baseline."""
+    v = values.astype("float64")
+    ref = reference.fillna(False).astype(bool) & v.notna()
+    n_ref = gw.per_group(ref.to_numpy().astype(np.int64), groups, np.add)
+    ref = ref.where(pd.Series(n_ref[groups] >= min_periods, index=v.index), v.notna())
+    n_ref = gw.per_group(ref.to_numpy().astype(np.int64), groups, np.add)
+    need = np.minimum(min_periods, np.maximum(n_ref, 1))[groups]
+    x = v.where(ref)
+    base = gw.rolling_median(x, window, 1, groups)
+    if (need > 1).any():  # rolling(min_periods=need): a window with fewer values gives no median
+        count = x.notna().astype(float).groupby(groups, sort=False).rolling(window, center=True, min_periods=1).sum()
+        base = base.where(count.to_numpy() >= need)
+    base = gw.bfill(gw.ffill(base, groups), groups)
+    lost = gw.all_(base.isna(), groups)
+    if lost.any():
+        base = base.where(~lost, gw.median(v, groups))  # NaN for a group without any value
+    return base
+
+
+def _batch_frame(timeline: Timeline, insts) -> tuple[pd.DataFrame, np.ndarray, list[str]] | None:
+    """The rows of ``insts`` in one frame (instance order, then step), their group codes and the
+    instances present; graph_off_decode_column applied where it applies. None when that column would
+    land where the per-instance frames do not put it (first instance without it, a later one with)."""
+    st = timeline.steps
+    rank = {inst: i for i, inst in enumerate(insts)}
+    r = pd.Series(st["instance"].to_numpy()).map(rank).to_numpy(dtype=float)
+    keep = np.flatnonzero(~np.isnan(r))
+    order = keep[np.lexsort((st["step"].to_numpy()[keep], r[keep]))]
+    big = st.take(order).reset_index(drop=True)
+    groups = pd.factorize(r[order], sort=False)[0].astype(np.intp)
+    b = gw.bounds(groups)
+    present = [str(big["instance"].iat[b[g]]) for g in range(len(b) - 1)]
+    if all(c in big.columns for c in _MODES) and len(big):
+        has = gw.per_group(big[list(_MODES)].notna().any(axis=1).to_numpy(), groups, np.logical_or)
+        if has.any() and not has[0]:
+            return None
+        for g in np.flatnonzero(has):  # the column it adds, on the instances it adds it to
+            part = graph_off_decode_column(big.iloc[b[g]:b[g + 1]])
+            for c in part.columns.difference(st.columns, sort=False):
+                if c not in big.columns:
+                    big[c] = np.nan
+                big.iloc[b[g]:b[g + 1], big.columns.get_loc(c)] = part[c].to_numpy()
+    return big, groups, present
+
+
+def interval_views(timeline: Timeline, cfg, insts):
+    """Detection for interval-only ``insts``: one signal frame for all of them (instance order, then
+    step) and per instance its context and the periodicity reported; None when the batch cannot
+    reproduce the per-instance frames (the caller then runs them one by one)."""
+    from mixdiag.diagnosis.pipeline import _interval_signals
+
+    made = _batch_frame(timeline, insts)
+    if made is None:
+        return None
+    sig, groups, present = made
+    b = gw.bounds(groups)
+    tok = set(timeline.tokens["instance"].unique()) if len(timeline.tokens) else set()
+    # presence of each signal's columns per instance (signals.signal_quality, vectorised)
+    pres = {}
+    for c in _PRESENCE + ("granularity",):
+        if c not in sig.columns:
+            continue
+        col = sig[c]
+        if c == "graph_mode":
+            m = (col != "unknown").to_numpy(dtype=bool)
+        elif c == "granularity":
+            m = (col == "step").to_numpy(dtype=bool)
+        else:
+            m = col.notna().to_numpy()
+        pres[c] = gw.per_group(m, groups, np.logical_or)
+    quality = [qualities(timeline.meta, inst, lambda c, g=g: bool(c in pres and pres[c][g]), inst in tok,
+                         bool(pres["granularity"][g])) for g, inst in enumerate(present)]
+    per_row = {k: np.array([q[k] for q in quality], dtype=object)[groups] for k in quality[0]} if quality else {}
+    sig, has_itl, lat, base = _interval_signals(sig, per_row, cfg, groups)
+    # the dtype a per-instance frame gets from ``sig["instance"] = inst`` (pandas' string dtype)
+    sig["instance"] = sig["instance"].astype(pd.Series([""]).dtype)
+    # periodicity against arrivals (signals.periodicity per instance, from grouped counts)
+    events = prefill_events(sig, use_allocation=False).fillna(False).astype(bool)
+    near = events | gw.shift(events, 1, False, groups) | gw.shift(events, -1, False, groups)
+    cand = has_itl.fillna(False).astype(bool)
+    spikes = sig["is_spike"].fillna(False).astype(bool) & cand
+    add = lambda m: gw.per_group(np.asarray(m, dtype=np.int64), groups, np.add)  # noqa: E731
+    n_ev, n_sp, n_near, n_cand, n_cand_near = add(events), add(spikes), add(spikes & near), add(cand), add(cand & near)
+    sig["near_prefill_event"] = near
+    t = sig["t_start_s"].to_numpy()
+    ev_np, sp_np = events.to_numpy(), spikes.to_numpy()
+    # work per interval for the rank relation: the first column with 6 values on ITL rows
+    work_cols = [c for c in ("prefill_tokens", "large_step_share", "arrivals") if c in sig.columns]
+    n_work = {c: add(sig[c].notna() & has_itl) for c in work_cols}
+    excess = (lat / base).where(has_itl).to_numpy(dtype=float)
+    known_mode = gw.per_group((sig["graph_mode"] != "unknown").to_numpy(dtype=bool), groups, np.logical_or)
+    llm = interval_decode_evidence(sig, groups)
+    out = []
+    for g, inst in enumerate(present):
+        lo, hi = b[g], b[g + 1]
+        p0 = float(n_cand_near[g] / n_cand[g]) if n_cand[g] else float("nan")
+        te = t[lo:hi][ev_np[lo:hi]] if n_ev[g] >= 3 else t[:0]
+        ts = t[lo:hi][sp_np[lo:hi]] if n_sp[g] >= 3 else t[:0]
+        period = period_stats(int(n_ev[g]), int(n_sp[g]), int(n_near[g]), p0, te, ts)
+        wc = next((c for c in work_cols if n_work[c][g] >= 6), None)
+        work = (sig[wc].iloc[lo:hi].where(has_itl.iloc[lo:hi]).to_numpy(dtype=float) if wc is not None
+                else np.full(hi - lo, np.nan))
+        relation = rank_relation(work, excess[lo:hi])
+        norm = decode_graph_norm(sig.iloc[lo:hi]) if known_mode[g] else "unknown"
+        # looks_like_llm_serving on interval rows: token events, fewer than 10 rows, or decode evidence
+        llm_like = bool(inst in tok or hi - lo < 10 or llm[g])
+        out.append((inst, InstanceContext(quality=quality[g], graph_norm=norm, period=period, relation=relation,
+                                          llm_like=llm_like)))
+    return sig, groups, out
