@@ -67,25 +67,40 @@ def queries(selector: str = "") -> list[str]:
             f'{{__name__="up"{extra}}}']
 
 
-def _get(url: str, path: str, params: dict, timeout_s: float) -> dict:
+def _post(url: str, path: str, params: dict, timeout_s: float) -> bytes:
+    """The body of an API answer (an HTTP error's too, when it is the API's JSON error document)."""
     body = urllib.parse.urlencode(params).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=body,
                                  headers={"Content-Type": "application/x-www-form-urlencoded"})
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            doc = json.loads(r.read())
+            return r.read()
     except urllib.error.HTTPError as e:
         try:
-            doc = json.loads(e.read())
+            out = e.read()
+            json.loads(out)
+            return out
         except (ValueError, OSError):
             raise UserError(f"Prometheus at {url} answered HTTP {e.code} to {path}") from None
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         raise UserError(f"cannot reach Prometheus at {url}: {getattr(e, 'reason', e)}") from None
+
+
+def _data(url: str, path: str, raw: bytes) -> dict:
+    """``data`` of an API answer; UserError for an error document or a body that is no JSON."""
+    try:
+        doc = json.loads(raw)
     except ValueError:
         raise UserError(f"Prometheus at {url}: {path} did not answer JSON") from None
-    if doc.get("status") != "success":
-        raise UserError(f"Prometheus at {url}: {doc.get('errorType', 'error')}: {doc.get('error', doc)}")
+    if not isinstance(doc, dict) or doc.get("status") != "success":
+        err = doc if not isinstance(doc, dict) else doc.get("error", doc)
+        raise UserError(f"Prometheus at {url}: {doc.get('errorType', 'error') if isinstance(doc, dict) else 'error'}: "
+                        f"{err}")
     return doc["data"]
+
+
+def _get(url: str, path: str, params: dict, timeout_s: float) -> dict:
+    return _data(url, path, _post(url, path, params, timeout_s))
 
 
 def _fmt_s(seconds: float) -> str:
@@ -178,9 +193,11 @@ def read(source: str, *, instance: str | None = None, selector: str = "", start:
     aggregate = str(options.get("aggregate") or from_url.get("aggregate") or "auto")
     if aggregate not in ("auto", "yes", "no"):
         raise UserError(f"aggregate={aggregate!r}: use auto, yes or no")
+    from mixdiag.collectors.prometheus import prom_aggregate as agg  # the fleet path
+
     if aggregate == "yes" or (aggregate == "auto" and instance is None
-                              and count_vllm_targets(source, selector, end, timeout_s) >= AGGREGATE_FROM_TARGETS):
-        return read_aggregated(source, start, end, step_s, selector, max(timeout_s, 60.0), stats)
+                              and agg.count_vllm_targets(source, selector, end, timeout_s) >= agg.AGGREGATE_FROM_TARGETS):
+        return agg.read_aggregated(source, start, end, step_s, selector, max(timeout_s, 60.0), stats)
     by_t: dict[float, Scrape] = {}
     for q in queries(selector):
         for series in query_range(source, q, start, end, step_s, timeout_s):
@@ -219,120 +236,3 @@ def read(source: str, *, instance: str | None = None, selector: str = "", start:
     from mixdiag.collectors.gpu import dcgm
 
     return dcgm.fill_intervals(tl, options.get("gpu_map"))  # DCGM_FI_PROF_* series -> sm_active
-
-
-# --- Fleet path: let Prometheus aggregate (one query per signal, not one series per sample) ---------
-#: Per-target keys of the aggregation (vLLM DP engine as its own instance, as in the raw path).
-_BY = "instance, engine"
-#: Column -> PromQL template over one step (``{r}``) and the selector (``{s}``); vLLM names
-#: (formats.md §1.1), the ITL histogram falling back to its pre-0.11 name with ``or``. The range is
-#: the step plus 1 ms: Prometheus 2 selects ``[t-r, t]`` and 3 selects ``(t-r, t]``, so both see the
-#: sample one step back and ``increase`` extrapolates by at most 1 ms. (An exact ``x - x offset``
-#: with reset handling costs Prometheus twice the evaluation time on a 500-target fleet.)
-def _inc(name: str) -> str:
-    return f"increase({name}{{s}}[{{r}}])"
-
-
-def _inc_either(base: str, suffix: str) -> str:
-    return f"({_inc('vllm:' + base + suffix)} or {_inc('vllm:time_per_output_token_seconds' + suffix)})"
-
-
-AGG_QUERIES: dict[str, str] = {
-    "prefill_tokens": f"sum by ({{by}}) ({_inc('vllm:prompt_tokens_total')})",
-    "output_tokens": f"sum by ({{by}}) ({_inc('vllm:generation_tokens_total')})",
-    "preempted_reqs": f"sum by ({{by}}) ({_inc('vllm:num_preemptions_total')})",
-    "running_reqs": "sum by ({by}) (vllm:num_requests_running{s})",
-    "waiting_reqs": "sum by ({by}) (vllm:num_requests_waiting{s})",
-    "itl_count": f"sum by ({{by}}) {_inc_either('inter_token_latency_seconds', '_count')}",
-    "itl_sum": f"sum by ({{by}}) {_inc_either('inter_token_latency_seconds', '_sum')}",
-}
-# P90 is left out: each quantile re-evaluates the bucket increases, and the diagnosis reads P50/P99.
-for _col, _q in (("itl_p50_s", 0.5), ("itl_p99_s", 0.99)):
-    AGG_QUERIES[_col] = (f"histogram_quantile({_q}, sum by ({{by}}, le) "
-                         f"{_inc_either('inter_token_latency_seconds', '_bucket')})")
-#: Histograms whose per-target bucket increases are fetched whole (one query each) because their
-#: reading depends on a per-row value (steps larger than the running batch, dialects.py).
-AGG_BUCKETS = {"vllm:iteration_tokens_total_bucket":
-               f"sum by ({{by}}, le) ({_inc('vllm:iteration_tokens_total_bucket')})"}
-#: ``auto`` aggregates in Prometheus from this many vLLM targets on (below it, raw series are cheap).
-AGGREGATE_FROM_TARGETS = 20
-
-
-def _agg_promql(template: str, selector: str, step_s: float) -> str:
-    m = _matchers(selector)
-    return template.format(by=_BY, s="{" + m + "}" if m else "", r=f"{int(round(step_s * 1000)) + 1}ms")
-
-
-def count_vllm_targets(url: str, selector: str, at: float, timeout_s: float = 30.0) -> int:
-    """How many targets expose ``vllm:generation_tokens_total`` at ``at`` (one instant query)."""
-    m = _matchers(selector)
-    q = f"count(count by (instance) (last_over_time(vllm:generation_tokens_total{{{m}}}[1h])))"
-    data = _get(url, "/api/v1/query", {"query": q, "time": f"{at:.3f}"}, timeout_s)
-    res = data.get("result") or []
-    return int(float(res[0]["value"][1])) if res else 0
-
-
-def read_aggregated(url: str, start: float, end: float, step_s: float, selector: str = "",
-                    timeout_s: float = 60.0, stats: LineStats | None = None) -> Timeline:
-    """Interval rows computed by Prometheus: per target and step, token increases, gauges and ITL
-    quantiles (``histogram_quantile`` of the bucket increases), one ``query_range`` per column.
-
-    The row ending at ``t`` covers ``(t - step, t]``; ``increase`` extrapolates to the window edges,
-    so token counts are not integers (as in any Grafana panel built on them).
-    """
-    import pandas as pd
-
-    cols: dict[tuple[str, float], dict] = {}
-    for col, tmpl in AGG_QUERIES.items():
-        for series in query_range(url, _agg_promql(tmpl, selector, step_s), start + step_s, end, step_s, timeout_s):
-            m = series["metric"]
-            inst = m.get("instance", "prometheus") + (f"/engine{m['engine']}" if "engine" in m else "")
-            for t, v in series["values"]:
-                try:
-                    cols.setdefault((inst, float(t)), {})[col] = float(v)
-                except (TypeError, ValueError):
-                    continue
-            if stats is not None:
-                stats.lines_total += 1
-                stats.parsed()
-    buckets: dict[tuple[str, float], dict] = {}
-    for name, tmpl in AGG_BUCKETS.items():
-        for series in query_range(url, _agg_promql(tmpl, selector, step_s), start + step_s, end, step_s, timeout_s):
-            m = series["metric"]
-            inst = m.get("instance", "prometheus") + (f"/engine{m['engine']}" if "engine" in m else "")
-            key = (("le", m.get("le", "")),)
-            for t, v in series["values"]:
-                try:
-                    buckets.setdefault((inst, float(t)), {}).setdefault(name, {})[key] = float(v)
-                except (TypeError, ValueError):
-                    continue
-    multi_engine = len({i.split("/engine")[1] for i, _ in cols if "/engine" in i}) > 1
-    from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, quality
-    used_by: dict[str, dict[str, str]] = {}
-    rows = []
-    for (inst, t), vals in sorted(cols.items()):
-        name = inst if multi_engine else inst.split("/engine")[0]
-        row = {"instance": name, "t_start_s": t - step_s, "t_end_s": t, "granularity": "interval", **vals}
-        s, c = row.pop("itl_sum", math.nan), row.get("itl_count", math.nan)
-        row["itl_mean_s"] = s / c if c and c > 0 and math.isfinite(s) else math.nan
-        for q in ("itl_p50_s", "itl_p90_s", "itl_p99_s"):
-            if q in row and not math.isfinite(row[q]):
-                row[q] = math.nan  # no outputs in the step: histogram_quantile answers NaN
-        row["kind"] = "idle" if row.get("prefill_tokens") == 0 and row.get("output_tokens") == 0 else "unknown"
-        if (inst, t) in buckets:
-            # the dialect rules read increases: an empty "previous" view makes each value its own increase
-            row.update(dialect_columns({}, buckets[(inst, t)], row, used_by.setdefault(name, {})))
-        rows.append(row)
-    steps = pd.DataFrame(rows) if rows else None
-    if steps is not None:
-        steps["step"] = steps.groupby("instance").cumcount()
-    used = {c: "promql" for c in AGG_QUERIES if c != "itl_sum"}
-    insts = sorted(set(steps["instance"])) if steps is not None else []
-    signals = {i: {**{c: "measured" for c in used}, **{c: quality(v) for c, v in used_by.get(i, {}).items()}}
-               for i in insts}
-    meta = {"source": FORMAT, "clock": "unix", "sources": [stats.to_meta()] if stats else [], "signals": signals,
-            "metric_sources": {i: {**used, **used_by.get(i, {})} for i in insts},
-            "notes": [f"aggregated in Prometheus: {len(AGG_QUERIES) + len(AGG_BUCKETS)} range queries for "
-                      f"{len(insts)} targets"],
-            "partial": False, "targets": insts}
-    return Timeline(steps=steps, series=None, meta=meta)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import shutil
 import subprocess
 import time
@@ -75,3 +77,36 @@ def test_bad_aggregate_parameter(value):
 
     with pytest.raises(UserError, match="aggregate="):
         prom_http.read(f"http://127.0.0.1:1/?window=60&aggregate={value}")
+
+
+@pytest.mark.prometheus
+def test_itl_quantiles_are_prometheus_histogram_quantile_to_the_bit(fleet):
+    """P50/P99 computed from the bucket increases equal what PromQL's histogram_quantile answers
+    for the same sums (the query the fleet path replaced), value for value."""
+    from mixdiag.collectors.prometheus import prom_aggregate as agg
+
+    url, start, end = fleet
+    st = prom_http.read(f"{url}/?start={start}&end={end}&step=15&aggregate=yes").steps
+    for col, q in agg.ITL_QUANTILES:
+        inner = "sum by (instance, engine, le) (increase(vllm:inter_token_latency_seconds_bucket[15001ms]))"
+        got = agg.query_matrix(url, f"histogram_quantile({q}, {inner})", start + 15, end, 15, 30.0)
+        want = {(m["instance"], float(t)): v for _, m, ts, vs in got for t, v in zip(ts, vs)}
+        mine = {(i, t): v for i, t, v in zip(st["instance"], st["t_end_s"], st[col])}
+        assert len(want) == len(mine) == N_INST * MINUTES * 4
+        assert all(mine[k] == v or (math.isnan(mine[k]) and math.isnan(v)) for k, v in want.items()), col
+
+
+@pytest.mark.prometheus
+def test_fast_parse_equals_json_parse_of_a_fleet_answer(fleet):
+    from mixdiag.collectors.prometheus import prom_aggregate as agg
+    from mixdiag.collectors.prometheus.prom_http import _post
+
+    url, start, end = fleet
+    raw = _post(url, "/api/v1/query_range", {"query": "increase(vllm:iteration_tokens_total_bucket[15001ms])",
+                                              "start": start + 15, "end": end, "step": 15}, 30.0)
+    fast = agg.parse_matrix(raw)
+    slow = json.loads(raw)["data"]["result"]
+    assert fast is not None and len(fast) == len(slow) == N_INST * 14
+    for (m, t, v), s in zip(fast, slow):
+        assert m == s["metric"]
+        assert t.tolist() == [float(x) for x, _ in s["values"]] and v.tolist() == [float(y) for _, y in s["values"]]
