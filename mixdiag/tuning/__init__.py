@@ -2,7 +2,7 @@
 
 What lives here, one concept per module:
 
-* :mod:`.workload` — the requests (arrival, prompt and output length) estimated from a Timeline,
+* :mod:`.traffic` — the requests (arrival, prompt and output length) estimated from a Timeline,
   with the estimate's quality (measured token events / records, or counters and histograms).
 * :mod:`.cost_model` — step duration as a function of prefill tokens, decode rows and KV context,
   fitted to the Timeline's per-step rows (R², held-out MAPE), or the shape ledger + device model
@@ -12,6 +12,8 @@ What lives here, one concept per module:
   KV block pool; no copy of any policy lives here.
 * :mod:`.frontier` — the knob sweep, its Pareto frontier (P99 ITL vs P99 TTFT, with throughput),
   the recommendation under SLOs and the predicted change from the current setting.
+* :mod:`.sweep` — one tuning run (Timeline -> workload, cost model, sweep, recommendation);
+  :mod:`.frontier_report` — the frontier figure and the HTML report.
 
 Imports: numpy/pandas, :mod:`mixdiag.schema`, :mod:`mixdiag.errors`, :mod:`mixdiag.ledger`; the
 engine (:mod:`mixdiag.engine.core`, which pulls in torch) only lazily inside :mod:`.replay`'s

@@ -82,18 +82,23 @@ class _Job:
     scheduler: object
     cache: object
     max_model_len: int
+    ttft_from_admission: bool = False
 
 
 def _run(job: _Job) -> dict:
-    from mixdiag.tuning.replay import ModelTiming, replay
+    from mixdiag.tuning.replay import ModelTiming, pooled_metrics, replay, replicates
 
-    return replay(list(job.requests), ModelTiming(job.cost), job.scheduler, job.cache, job.max_model_len).metrics()
+    reqs = list(job.requests)
+    return pooled_metrics([replay(reqs, ModelTiming(job.cost, seed), job.scheduler, job.cache, job.max_model_len,
+                                  ttft_from_admission=job.ttft_from_admission)
+                           for seed in range(replicates(len(reqs)))])
 
 
-def sweep(requests, cost, base, cache, max_model_len: int, settings: list[dict], jobs: int = 0) -> list[dict]:
+def sweep(requests, cost, base, cache, max_model_len: int, settings: list[dict], jobs: int = 0, *,
+          ttft_from_admission: bool = False) -> list[dict]:
     """Replay each setting (in ``jobs`` processes; 0 = up to 2 or the CPU count); one row per setting."""
     cfgs = [apply(base, s) for s in settings]
-    work = [_Job(tuple(requests), cost, c, cache, max_model_len) for c in cfgs]
+    work = [_Job(tuple(requests), cost, c, cache, max_model_len, ttft_from_admission) for c in cfgs]
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs > 1 and len(work) > 1:
         import multiprocessing

@@ -56,7 +56,8 @@ def write_html(result: dict, path: str | Path, title: str = "mixdiag tune") -> P
         f"<td>{'current' if r['current'] else ''}</td></tr>" for r in result["settings"])
     cm = result["cost_model"]
     fit = (f"fitted on {cm['steps']} steps, R² {cm['r2']:.3f}, held-out MAPE {100 * cm['mape_heldout']:.1f} %, "
-           f"context {cm['context']}" if cm["kind"] == "fitted" else html.escape(cm["note"]))
+           f"context {cm['context']}, a chunk's own attention counted {cm['triangle']:g} x k²"
+           if cm["kind"] == "fitted" else html.escape(cm["note"]))
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in result["notes"])
     doc = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)}</title>

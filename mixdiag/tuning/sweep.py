@@ -80,7 +80,11 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     cur_setting = {name: _current_value(base, name) for name, _ in knobs}
     if cur_setting not in settings:
         settings = [cur_setting] + settings
-    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs)
+    admission = traffic.stamped_between_steps(wl, rows)
+    if admission:
+        notes.append("arrival stamps all fall between steps (admissions): TTFT is replayed from admission, "
+                     "as the data measured it")
+    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission)
     cur = next(r for r in results if r["setting"] == cur_setting)
     for r in results:
         r["current"] = r is cur

@@ -185,3 +185,21 @@ def _from_intervals(steps: pd.DataFrame, inst: str, notes: list[str], share: flo
     return Workload(tuple(reqs), "interval counters",
                     {"arrivals": "estimated", "prompt_tokens": "estimated", "output_tokens": "estimated"},
                     tuple(notes), share, inst)
+
+
+def stamped_between_steps(wl: Workload, rows: pd.DataFrame, tol_s: float = 1e-5) -> bool:
+    """True when every measured arrival inside the stepped span falls between two steps (never
+    during one): the stamps are admissions — an engine loop that picks requests up between steps
+    stamps them then (the reference runner; an API frontend stamps on receipt, mid-step) — so the
+    data's TTFT excludes the wait for the step in flight. ``rows``: per-step rows with times."""
+    if wl.quality.get("arrivals") != "measured" or not len(rows):
+        return False
+    start = rows["t_start_s"].to_numpy()
+    end = rows["t_end_s"].to_numpy()
+    arr = np.array([r.arrival_s for r in wl.requests])
+    arr = arr[(arr > start[0]) & (arr < end[-1])]
+    if len(arr) < 3:
+        return False
+    i = np.searchsorted(start, arr, side="right") - 1     # the last step started at or before it
+    inside = arr < end[i] - tol_s
+    return not inside.any()

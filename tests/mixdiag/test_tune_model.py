@@ -64,21 +64,33 @@ def test_workload_refuses_inputs_without_requests():
         traffic.from_timeline(Timeline(steps=steps()))
 
 
-def test_fit_recovers_a_linear_cost_and_reports_quality():
+@pytest.mark.parametrize("triangle", cost_model.TRIANGLES)
+def test_fit_recovers_a_linear_cost_and_its_attention_triangle(triangle):
     rng = np.random.default_rng(0)
     n = 200
     p = rng.integers(0, 600, n).astype(float) * (rng.random(n) < 0.6)    # 40 % decode-only steps
     d = rng.integers(1, 40, n).astype(float)
     cached, ctx = rng.integers(0, 4000, n), rng.integers(100, 3000, n)   # independent of the token counts
-    shapes = [StepShape(int(a), int(b), a * (c + a / 2), b * x) for a, b, c, x in zip(p, d, cached, ctx)]
+    shapes = [StepShape(int(a), int(b), a * c, a * a, b * x) for a, b, c, x in zip(p, d, cached, ctx)]
     true = np.array([0.002, 2e-5, 1e-4, 0.003, 0.01, 0.0004])
-    dur = np.array([true @ s.features() for s in shapes])
+    dur = np.array([true @ s.features(triangle) for s in shapes])
     rows = pd.DataFrame({"t_start_s": np.arange(n) * 1.0, "prefill_tokens": p, "decode_rows": d})
     rows["t_end_s"] = rows["t_start_s"] + dur
     fit = cost_model.fit(rows, shapes, "exact")
+    assert fit.triangle == triangle          # the kernel's causal handling, read off the data
     assert np.allclose(fit.coef, true, rtol=1e-6, atol=1e-9)
     assert fit.r2 == pytest.approx(1.0) and fit.mape_heldout < 1e-6
     assert fit.gap_s == pytest.approx(1.0 - dur[:-1].mean(), abs=0.2)
+    # residual ratios are kept per class (decode-only, with prefill) with the fitted duration
+    assert len(fit.jitter[0]) == int((p == 0).sum()) and len(fit.jitter[1]) == int((p > 0).sum())
+    assert all(r == pytest.approx(1.0) for r, _ in fit.jitter[0] + fit.jitter[1])
+
+
+def test_jitter_is_a_ratio_up_to_the_measured_length_and_an_excess_beyond():
+    fit = cost_model.FittedCost((0.0,) * 6, 0.0, 0.001, 1.0, 0.0, 10, "x")
+    assert fit.jittered_s(0.010, 1.5, 0.020) == pytest.approx(0.015)   # shorter step: 1.5x
+    assert fit.jittered_s(0.200, 1.5, 0.020) == pytest.approx(0.210)   # longer: the same +10 ms
+    assert fit.jittered_s(0.002, 0.1, 0.020) == pytest.approx(0.001)   # never below the fastest step seen
 
 
 def test_fit_needs_enough_steps():
@@ -93,7 +105,8 @@ def test_ledger_fallback_charges_a_prefill_chunk():
     from mixdiag.ledger.shapes import resolve
 
     lc = cost_model.LedgerCost(resolve("glm-5.3", None), device("h200"))
-    dec, mix = lc.step_s(StepShape(0, 32, 0, 32 * 4096)), lc.step_s(StepShape(8192, 32, 8192 ** 2 / 2, 32 * 4096))
+    dec = lc.step_s(StepShape(0, 32, decode_ctx=32 * 4096))
+    mix = lc.step_s(StepShape(8192, 32, prefill_sq=8192 ** 2, decode_ctx=32 * 4096))
     assert 0 < dec < mix
     assert lc.describe()["kind"] == "ledger"
 

@@ -1,5 +1,7 @@
 """The replay drives the engine's real schedulers: it reproduces a recorded run's step sequence exactly
 when given that run's arrivals and true step costs (the acceptance test), and hand-checked timings."""
+import numpy as np
+import pandas as pd
 import pytest
 
 from mixdiag.engine.core.config import CacheConfig, SchedulerConfig
@@ -68,3 +70,53 @@ def test_replay_arrival_during_idle_jumps_clock():
     res = replay(reqs, ModelTiming(Flat()), SchedulerConfig(), CacheConfig(), 4096)
     assert res.ttft_s.tolist() == [0.5, 0.5]           # b waits for nothing: the clock jumped to it
     assert res.makespan_s == pytest.approx(101.0)
+
+
+def test_ttft_from_admission_leaves_out_the_step_in_flight():
+    # b arrives 0.2 s into a's 1 s step: from arrival its TTFT includes the 0.8 s left of that
+    # step; from admission (the engine stamps it between steps) it does not
+    class Flat:
+        gap_s = 0.0
+
+        def step_s(self, shape):
+            return 1.0
+
+    reqs = [RequestSpec("a", 0.0, 10, 3), RequestSpec("b", 0.2, 10, 1)]
+    late = replay(reqs, ModelTiming(Flat()), SchedulerConfig(), CacheConfig(), 4096)
+    stamped = replay(reqs, ModelTiming(Flat()), SchedulerConfig(), CacheConfig(), 4096, ttft_from_admission=True)
+    assert sorted(late.ttft_s.tolist()) == pytest.approx([1.0, 1.8])
+    assert sorted(stamped.ttft_s.tolist()) == pytest.approx([1.0, 1.0])
+
+
+def test_model_timing_replays_residual_runs_in_recorded_order():
+    # prefill-class residuals 1.0, 1.1, ..., 1.9 (recorded order): consecutive prefill steps of the
+    # replay take consecutive ratios (a block), decode steps draw from their own class
+    ratios = [1.0 + 0.1 * k for k in range(10)]
+    cost = cost_model.FittedCost((0.01, 0, 0, 0, 0, 0), 0.0, 0.001, 1.0, 0.0, 20, "x",
+                                 jitter=(((1.0, 0.01),) * 10, tuple((r, 0.01) for r in ratios)))
+    t = ModelTiming(cost, seed=3)
+    pre = [t(i, cost_model.StepShape(100, 0))[0] / 0.01 for i in range(5)]
+    dec = [t(i, cost_model.StepShape(0, 4))[0] for i in range(5)]
+    steps = np.round(np.diff(pre), 6)
+    assert set(steps.tolist()) <= {0.1, -0.9}          # +0.1 each step, wrapping at the end of the record
+    assert dec == pytest.approx([0.01] * 5)
+
+
+def test_short_inputs_are_replayed_under_several_seeds():
+    from mixdiag.tuning.replay import MAX_REPLICATES, replicates
+
+    assert replicates(100) == MAX_REPLICATES and replicates(20_000) == 1
+    assert replicates(500) == 4
+
+
+def test_arrival_stamps_between_steps_are_admissions():
+    rows = pd.DataFrame({"t_start_s": [0.0, 1.0, 2.0, 3.0], "t_end_s": [0.9, 1.9, 2.9, 3.9]})
+
+    def wl(arrivals):
+        return traffic.Workload(tuple(RequestSpec(f"r{i}", a, 10, 2) for i, a in enumerate(arrivals)),
+                                "token events", {"arrivals": "measured"})
+
+    assert traffic.stamped_between_steps(wl([0.95, 1.95, 2.95]), rows)
+    assert not traffic.stamped_between_steps(wl([0.95, 1.5, 2.95]), rows)      # one arrived mid-step
+    inferred = traffic.Workload(wl([0.95, 1.95, 2.95]).requests, "token events", {"arrivals": "inferred"})
+    assert not traffic.stamped_between_steps(inferred, rows)
