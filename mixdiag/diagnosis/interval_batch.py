@@ -1,9 +1,11 @@
-"""Interval-only instances (a Prometheus fleet, scrape directories) detected in one pass over one
-frame instead of one small frame per instance: the per-row signal work is a handful of vectorised
-and grouped operations whatever the number of instances, and only the per-instance figures
-(periodicity, the prefill/ITL rank relation, graph norm) loop over instances, on numpy slices.
+"""Detection on interval rows (Prometheus, scrape directories, periodic stats lines): ITL P99
+against the rolling P50, the signals of each interval, periodicity and the prefill/ITL relation.
 
-Row for row and figure for figure the result is what ``pipeline._interval_pipeline`` gives each
+:func:`interval_pipeline` does one instance. :func:`interval_views` does every instance of an
+interval-only input in one pass over one frame: the per-row work is a handful of vectorised and
+grouped operations whatever the number of instances (a 500-target Prometheus fleet), and only the
+per-instance figures (periodicity, the rank relation, graph norm) loop over instances, on numpy
+slices. Row for row and figure for figure it gives what :func:`interval_pipeline` gives each
 instance alone (``tests/mixdiag/test_interval_batch.py`` holds the two side by side); the signal
 code is shared (:func:`~mixdiag.diagnosis.signals.step_signals` and friends take ``groups``).
 """
@@ -16,7 +18,9 @@ from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.fusion import graph_off_decode_column
 from mixdiag.diagnosis.rule_context import InstanceContext
 from mixdiag.diagnosis.signals import (SIGNAL_COLUMNS, decode_graph_norm, interval_decode_evidence, period_stats,
-                                      prefill_events, qualities, rank_relation, row_qualities)
+                                      periodicity, prefill_events, qualities, rank_relation, row_qualities,
+                                      step_signals)
+from mixdiag.diagnosis.spikes import rolling_baseline
 from mixdiag.schema import Timeline
 
 #: Columns whose presence per instance decides the signal qualities (signals.qualities).
@@ -45,6 +49,65 @@ def grouped_baseline(values: pd.Series, reference: pd.Series, window: int, min_p
     if lost.any():
         base = base.where(~lost, gw.median(v, groups))  # NaN for a group without any value
     return base
+
+
+def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
+    """Interval rows: token sums over many steps do not say that one step held both segments.
+
+    With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``): a mixed step
+    ran -> both segments; prefill-only steps next to decode steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
+    """
+    def col(name):
+        return sig[name].fillna(0) if name in sig.columns else None
+
+    mixed, pre, dec = col("mixed_steps"), col("prefill_steps"), col("decode_steps")
+    if mixed is not None and pre is not None and dec is not None:
+        both = mixed > 0
+        stall = ~both & (pre > 0) & (dec > 0)
+        sig["has_prefill"] = both | (pre > 0)
+        sig["has_decode"] = both | (~stall & (dec > 0))
+        sig["decodes_before"] = stall
+    else:
+        k = sig["kind"]
+        sig["has_prefill"] = k.isin(["prefill", "mixed"])
+        sig["has_decode"] = k.isin(["decode", "mixed"])
+        sig["decodes_before"] = sig["has_prefill"] & ~sig["has_decode"] & sig["decodes_before"]
+    sig["decode_only"] = sig["has_decode"] & ~sig["has_prefill"]
+    return sig
+
+
+def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray | None = None):
+    """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
+    numbered by ``groups`` (interval_batch.py); ``quality`` per signal, a value or one per row.
+    Returns the frame, the rows with ITL, their latency and their baseline."""
+    sig["gap_before_s"] = np.nan
+    sig = interval_segments(step_signals(sig, cfg.signals, groups))
+    sig["gap_excess_s"] = np.nan
+    lat = sig["itl_p99_s"].fillna(sig["itl_p90_s"]).fillna(sig["itl_mean_s"])
+    p50 = sig["itl_p50_s"].fillna(sig["itl_mean_s"]).fillna(lat)
+    sig["latency_s"] = lat
+    has_itl = lat.notna() & (sig["itl_count"].fillna(1) > 0)
+    if groups is None:
+        base, _ = rolling_baseline(p50, has_itl, cfg.spikes.window_intervals, 1)
+    else:
+        base = grouped_baseline(p50, has_itl, cfg.spikes.window_intervals, 1, groups)
+    sig["baseline_s"] = base
+    sig["itl_max_s"] = lat
+    sig["is_spike"] = has_itl & (lat > cfg.interval_ratio * base)
+    return pd.concat([sig, row_qualities(sig, quality)], axis=1), has_itl, lat, base
+
+
+def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg):
+    sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
+    sig, has_itl, lat, base = interval_signals(sig, quality, cfg)
+    period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
+    sig["near_prefill_event"] = period.pop("near")
+    # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
+    work = next((sig[c] for c in ("prefill_tokens", "large_step_share", "arrivals")
+                 if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= 6), pd.Series(np.nan, index=sig.index))
+    relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl))
+    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
+    return sig, ctx, period, "interval_itl_quantiles"
 
 
 def _batch_frame(timeline: Timeline, insts) -> tuple[pd.DataFrame, np.ndarray, list[str]] | None:
@@ -77,8 +140,6 @@ def interval_views(timeline: Timeline, cfg, insts):
     """Detection for interval-only ``insts``: one signal frame for all of them (instance order, then
     step) and per instance its context and the periodicity reported; None when the batch cannot
     reproduce the per-instance frames (the caller then runs them one by one)."""
-    from mixdiag.diagnosis.pipeline import _interval_signals
-
     made = _batch_frame(timeline, insts)
     if made is None:
         return None
@@ -101,7 +162,7 @@ def interval_views(timeline: Timeline, cfg, insts):
     quality = [qualities(timeline.meta, inst, lambda c, g=g: bool(c in pres and pres[c][g]), inst in tok,
                          bool(pres["granularity"][g])) for g, inst in enumerate(present)]
     per_row = {k: np.array([q[k] for q in quality], dtype=object)[groups] for k in quality[0]} if quality else {}
-    sig, has_itl, lat, base = _interval_signals(sig, per_row, cfg, groups)
+    sig, has_itl, lat, base = interval_signals(sig, per_row, cfg, groups)
     # the dtype a per-instance frame gets from ``sig["instance"] = inst`` (pandas' string dtype)
     sig["instance"] = sig["instance"].astype(pd.Series([""]).dtype)
     # periodicity against arrivals (signals.periodicity per instance, from grouped counts)
@@ -117,6 +178,8 @@ def interval_views(timeline: Timeline, cfg, insts):
     # work per interval for the rank relation: the first column with 6 values on ITL rows
     work_cols = [c for c in ("prefill_tokens", "large_step_share", "arrivals") if c in sig.columns]
     n_work = {c: add(sig[c].notna() & has_itl) for c in work_cols}
+    itl_rows = has_itl.to_numpy(dtype=bool)
+    work_of = {c: np.where(itl_rows, sig[c].to_numpy(dtype=float), np.nan) for c in work_cols}
     excess = (lat / base).where(has_itl).to_numpy(dtype=float)
     known_mode = gw.per_group((sig["graph_mode"] != "unknown").to_numpy(dtype=bool), groups, np.logical_or)
     llm = interval_decode_evidence(sig, groups)
@@ -128,8 +191,7 @@ def interval_views(timeline: Timeline, cfg, insts):
         ts = t[lo:hi][sp_np[lo:hi]] if n_sp[g] >= 3 else t[:0]
         period = period_stats(int(n_ev[g]), int(n_sp[g]), int(n_near[g]), p0, te, ts)
         wc = next((c for c in work_cols if n_work[c][g] >= 6), None)
-        work = (sig[wc].iloc[lo:hi].where(has_itl.iloc[lo:hi]).to_numpy(dtype=float) if wc is not None
-                else np.full(hi - lo, np.nan))
+        work = work_of[wc][lo:hi] if wc is not None else np.full(hi - lo, np.nan)
         relation = rank_relation(work, excess[lo:hi])
         norm = decode_graph_norm(sig.iloc[lo:hi]) if known_mode[g] else "unknown"
         # looks_like_llm_serving on interval rows: token events, fewer than 10 rows, or decode evidence

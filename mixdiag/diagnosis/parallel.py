@@ -18,8 +18,10 @@ from mixdiag.schema import Timeline
 
 #: Fewer instances than this: worker start-up costs more than it saves.
 MIN_INSTANCES = 16
-#: Groups per worker: keeps workers busy when groups take unequal time.
-GROUPS_PER_JOB = 4
+#: Groups per worker. One: a group of interval-only instances is diagnosed in one pass
+#: (interval_batch.py) whose cost is a fixed part plus the same small cost per instance, so equal
+#: groups take equal time and more groups would only repeat the fixed part.
+GROUPS_PER_JOB = 1
 
 _STATE: dict = {}  # the Timeline and config, inherited by forked workers
 

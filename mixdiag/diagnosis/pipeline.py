@@ -23,11 +23,12 @@ from mixdiag.schema import Timeline
 from mixdiag.causes import VERDICT_LEAD
 from mixdiag.diagnosis.signals import (SIGNALS, SignalConfig, decode_graph_norm, looks_like_llm_serving, periodicity,
                                       prefill_since_last_decode,
-                                      prefill_events, rank_relation, row_qualities, signal_quality, step_signals)
+                                      prefill_events, row_qualities, signal_quality, step_signals)
 from mixdiag.diagnosis.fusion import couple_ranks, engine_of, faults_seen_by_intervals, fuse_evidence, graph_off_decode_column  # noqa: F401
 from mixdiag.diagnosis.spikes import (SpikeConfig, charge_itl, is_spike, itl_events, rolling_baseline, rows_of,
                                       spike_rows, step_timing)
 from mixdiag.diagnosis.budget import budget_of
+from mixdiag.diagnosis.interval_batch import interval_pipeline, interval_views
 from mixdiag.diagnosis.result import SPIKE_COLUMNS, Diagnosis, count_by_cause, itl_summary, last_spike_of, make_headline  # noqa: F401
 
 @dataclass(frozen=True)
@@ -151,66 +152,6 @@ def _step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality:
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))
 
 
-def _interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
-    """Interval rows: token sums over many steps do not say that one step held both segments.
-
-    With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``): a mixed step
-    ran -> both segments; prefill-only steps next to decode steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
-    """
-    def col(name):
-        return sig[name].fillna(0) if name in sig.columns else None
-
-    mixed, pre, dec = col("mixed_steps"), col("prefill_steps"), col("decode_steps")
-    if mixed is not None and pre is not None and dec is not None:
-        both = mixed > 0
-        stall = ~both & (pre > 0) & (dec > 0)
-        sig["has_prefill"] = both | (pre > 0)
-        sig["has_decode"] = both | (~stall & (dec > 0))
-        sig["decodes_before"] = stall
-    else:
-        k = sig["kind"]
-        sig["has_prefill"] = k.isin(["prefill", "mixed"])
-        sig["has_decode"] = k.isin(["decode", "mixed"])
-        sig["decodes_before"] = sig["has_prefill"] & ~sig["has_decode"] & sig["decodes_before"]
-    sig["decode_only"] = sig["has_decode"] & ~sig["has_prefill"]
-    return sig
-
-
-def _interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, groups: np.ndarray | None = None):
-    """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
-    numbered by ``groups`` (interval_batch.py); ``quality`` per signal, a value or one per row.
-    Returns the frame, the rows with ITL, their latency and their baseline."""
-    sig["gap_before_s"] = np.nan
-    sig = _interval_segments(step_signals(sig, cfg.signals, groups))
-    sig["gap_excess_s"] = np.nan
-    lat = sig["itl_p99_s"].fillna(sig["itl_p90_s"]).fillna(sig["itl_mean_s"])
-    p50 = sig["itl_p50_s"].fillna(sig["itl_mean_s"]).fillna(lat)
-    sig["latency_s"] = lat
-    has_itl = lat.notna() & (sig["itl_count"].fillna(1) > 0)
-    if groups is None:
-        base, _ = rolling_baseline(p50, has_itl, cfg.spikes.window_intervals, 1)
-    else:
-        from mixdiag.diagnosis.interval_batch import grouped_baseline
-        base = grouped_baseline(p50, has_itl, cfg.spikes.window_intervals, 1, groups)
-    sig["baseline_s"] = base
-    sig["itl_max_s"] = lat
-    sig["is_spike"] = has_itl & (lat > cfg.interval_ratio * base)
-    return pd.concat([sig, row_qualities(sig, quality)], axis=1), has_itl, lat, base
-
-
-def _interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
-    sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
-    sig, has_itl, lat, base = _interval_signals(sig, quality, cfg)
-    period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
-    sig["near_prefill_event"] = period.pop("near")
-    # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
-    work = next((sig[c] for c in ("prefill_tokens", "large_step_share", "arrivals")
-                 if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= 6), pd.Series(np.nan, index=sig.index))
-    relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl))
-    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
-    return sig, ctx, period, "interval_itl_quantiles"
-
-
 def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = "") -> str:
     if n_rows == 0:
         return "No steps or intervals in the input: nothing to diagnose."
@@ -291,8 +232,6 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
     instances (interval_batch.py), else one per instance - and ``[(instance, frame)]`` per instance
     where frames are per instance."""
     if not has_steps:
-        from mixdiag.diagnosis.interval_batch import interval_views
-
         batch = interval_views(timeline, cfg, insts)
         if batch is not None:
             return [(batch[0], [(inst, ctx, "interval_itl_quantiles") for inst, ctx in batch[2]])], []
@@ -312,7 +251,7 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
             sig, ctx, period, source = _step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst),
                                                       _window_mean_latency(timeline.meta, inst))
         else:
-            sig, ctx, period, source = _interval_pipeline(rows, quality, cfg)
+            sig, ctx, period, source = interval_pipeline(rows, quality, cfg)
         sig["instance"] = inst
         ctx = replace(ctx, llm_like=looks_like_llm_serving(sig, len(tokens) > 0))
         owners.append((sig, [(inst, ctx, source)]))

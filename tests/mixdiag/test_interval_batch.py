@@ -1,4 +1,4 @@
-"""Interval-only instances diagnosed in one pass (interval_batch.py) give, field by field, what the
+"""Interval-only instances diagnosed in one pass (interval_batch.interval_views) give, field by field, what the
 per-instance pipeline gives each instance alone; the grouped helpers equal their plain pandas forms."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis import diagnose, groupwise as gw, interval_batch
+from mixdiag.diagnosis import diagnose, groupwise as gw, interval_batch, pipeline
 from mixdiag.diagnosis.signals import average_ranks, rank_relation
 from mixdiag.diagnosis.spikes import rolling_baseline
 from mixdiag.schema import Timeline
@@ -59,7 +59,7 @@ def _plain_fleet() -> Timeline:
 def test_batch_equals_per_instance(make, monkeypatch):
     tl = make()
     a = diagnose(tl)
-    monkeypatch.setattr(interval_batch, "interval_views", lambda *args: None)  # the per-instance pipeline
+    monkeypatch.setattr(pipeline, "interval_views", lambda *args: None)  # the per-instance pipeline
     b = diagnose(tl)
     assert len(a.spikes) > 0
     pd.testing.assert_frame_equal(a.spikes, b.spikes)
@@ -71,7 +71,7 @@ def test_batch_equals_per_instance(make, monkeypatch):
 def test_batch_is_used_for_interval_only_inputs(monkeypatch):
     calls = []
     real = interval_batch.interval_views
-    monkeypatch.setattr(interval_batch, "interval_views", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(pipeline, "interval_views", lambda *a: calls.append(real(*a)) or calls[-1])
     d = diagnose(_mixed_fleet())
     assert len(calls) == 1 and calls[0] is not None and len(calls[0][2]) == 14
     assert "graph_off_decode_steps" in d.steps.columns  # graph modes of e-00, e-04, e-08 went through fusion
