@@ -9,7 +9,8 @@ Backfills the TSDB with ``promtool tsdb create-blocks-from openmetrics`` (vLLM n
   workers; ``--jobs`` is passed through, default the CPU count),
 
 each ``--repeat`` times (default 2), the best run counting for both (the load average is printed:
-on a shared machine one run can take twice as long as the next),
+on a shared machine one run can take twice as long as the next; the client-side CPU seconds of
+both are printed too),
 
 and prints the ratio (target <= 3x), absolute time (<= 15 s at 500) and RSS (<= 1 GB). One instance
 in ``--burst-every`` carries prefill bursts (4096 prompt tokens, ITL 60 ms instead of 20 ms) every
@@ -122,15 +123,21 @@ def wait_ready(url: str, timeout_s: float = 60) -> None:
     raise SystemExit(f"prometheus at {url} not ready after {timeout_s} s")
 
 
-def bare_fetch(url: str, start: float, end: float) -> tuple[float, int]:
-    """Fetch and JSON-parse every raw vLLM series over the window: the floor any reader pays."""
-    t = time.perf_counter()
+def bare_fetch(url: str, start: float, end: float) -> tuple[float, int, float]:
+    """Fetch and JSON-parse every raw vLLM series over the window: the floor any reader pays.
+    Returns wall seconds, samples, and this process's CPU seconds."""
+    t, c = time.perf_counter(), time.process_time()
     body = urllib.parse.urlencode({"query": '{__name__=~"vllm:.*"}', "start": start, "end": end,
                                    "step": STEP_S}).encode()
     with urllib.request.urlopen(url + "/api/v1/query_range", data=body, timeout=300) as r:
         doc = json.loads(r.read())
     n = sum(len(s["values"]) for s in doc["data"]["result"])
-    return time.perf_counter() - t, n
+    return time.perf_counter() - t, n, time.process_time() - c
+
+
+def _child_cpu_s() -> float:
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
 
 
 def main(argv=None) -> int:
@@ -166,15 +173,16 @@ def main(argv=None) -> int:
     try:
         wait_ready(url)
         start, end = t0, t0 + (points - 1) * STEP_S
-        bare_s, n_bare = bare_fetch(url, start, end)
-        bare_s = min([bare_s] + [bare_fetch(url, start, end)[0] for _ in range(a.repeat - 1)])
+        bare = [bare_fetch(url, start, end) for _ in range(a.repeat)]
+        bare_s, n_bare, bare_cpu = min(bare)
         cmd = [sys.executable, "-m", "mixdiag.cli", "analyze", f"{url}/?start={start}&end={end}&step={STEP_S}",
                "--json"] + (["--jobs", str(a.jobs)] if a.jobs else [])
-        times = []
+        times, cpus = [], []
         for _ in range(a.repeat):  # best of N, as the bare fetch: the machine may be shared
-            tic = time.perf_counter()
+            tic, cpu = time.perf_counter(), _child_cpu_s()
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             times.append(time.perf_counter() - tic)
+            cpus.append(_child_cpu_s() - cpu)  # the analyze process and its diagnosis workers
             if out.returncode != 0:
                 print(out.stderr[-2000:])
                 return 1
@@ -191,6 +199,8 @@ def main(argv=None) -> int:
         print(f"analyze: {an_s:.2f} s (runs: {', '.join(f'{x:.2f}' for x in times)}; load {os.getloadavg()[0]:.1f}) "
               f"= {an_s / bare_s:.2f}x bare (target <= 3x); "
               f"target <= 15 s at 500: {'ok' if an_s <= 15 else 'MISSED'}")
+        print(f"CPU (client side, Prometheus' own not counted): analyze {min(cpus):.2f} s, bare fetch "
+              f"{bare_cpu:.2f} s = {min(cpus) / bare_cpu:.2f}x (less sensitive to other load than wall time)")
         print(f"peak RSS of the analyze process: {rss_gb:.2f} GB (target <= 1 GB)")
         report(json.loads(out.stdout), a.burst_every)
     finally:

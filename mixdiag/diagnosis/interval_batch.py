@@ -55,7 +55,8 @@ def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
     """Interval rows: token sums over many steps do not say that one step held both segments.
 
     With per-kind step counts (``mixed_steps``, ``prefill_steps``, ``decode_steps``): a mixed step
-    ran -> both segments; prefill-only steps next to decode steps -> a prefill stall. Otherwise only the row's ``kind`` speaks; ``unknown`` claims nothing.
+    ran -> both segments; prefill-only steps next to decode steps -> a prefill stall. Otherwise only
+    the row's ``kind`` speaks; ``unknown`` claims nothing.
     """
     def col(name):
         return sig[name].fillna(0) if name in sig.columns else None
@@ -78,7 +79,7 @@ def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
 
 def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray | None = None):
     """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
-    numbered by ``groups`` (interval_batch.py); ``quality`` per signal, a value or one per row.
+    numbered by ``groups`` (:func:`interval_views`); ``quality`` per signal, a value or one per row.
     Returns the frame, the rows with ITL, their latency and their baseline."""
     sig["gap_before_s"] = np.nan
     sig = interval_segments(step_signals(sig, cfg.signals, groups))
@@ -98,6 +99,7 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray |
 
 
 def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg):
+    """Detection on one instance's interval rows: its signal frame, context, periodicity, source."""
     sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
     sig, has_itl, lat, base = interval_signals(sig, quality, cfg)
     period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
@@ -112,8 +114,9 @@ def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg):
 
 def _batch_frame(timeline: Timeline, insts) -> tuple[pd.DataFrame, np.ndarray, list[str]] | None:
     """The rows of ``insts`` in one frame (instance order, then step), their group codes and the
-    instances present; graph_off_decode_column applied where it applies. None when that column would
-    land where the per-instance frames do not put it (first instance without it, a later one with)."""
+    instances present, with the columns fusion.graph_off_decode_column adds to an instance's rows.
+    None when such a column would not stand where the concatenated per-instance frames put it (the
+    first instance without it, a later one with it)."""
     st = timeline.steps
     rank = {inst: i for i, inst in enumerate(insts)}
     r = pd.Series(st["instance"].to_numpy()).map(rank).to_numpy(dtype=float)
@@ -125,14 +128,19 @@ def _batch_frame(timeline: Timeline, insts) -> tuple[pd.DataFrame, np.ndarray, l
     present = [str(big["instance"].iat[b[g]]) for g in range(len(b) - 1)]
     if all(c in big.columns for c in _MODES) and len(big):
         has = gw.per_group(big[list(_MODES)].notna().any(axis=1).to_numpy(), groups, np.logical_or)
-        if has.any() and not has[0]:
-            return None
-        for g in np.flatnonzero(has):  # the column it adds, on the instances it adds it to
+        added: dict[int, pd.DataFrame] = {}
+        for g in np.flatnonzero(has):  # the instances with graph modes: the column it adds to them
             part = graph_off_decode_column(big.iloc[b[g]:b[g + 1]])
-            for c in part.columns.difference(st.columns, sort=False):
+            new = part[part.columns.difference(st.columns, sort=False)]
+            if len(new.columns):
+                added[int(g)] = new
+        if added and 0 not in added:
+            return None  # concatenated per-instance frames would hold the column last, not here
+        for g, new in added.items():
+            for c in new.columns:
                 if c not in big.columns:
                     big[c] = np.nan
-                big.iloc[b[g]:b[g + 1], big.columns.get_loc(c)] = part[c].to_numpy()
+                big.iloc[b[g]:b[g + 1], big.columns.get_loc(c)] = new[c].to_numpy()
     return big, groups, present
 
 

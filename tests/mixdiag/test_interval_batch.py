@@ -14,7 +14,7 @@ from mixdiag.diagnosis.spikes import rolling_baseline
 from mixdiag.schema import Timeline
 
 
-def _mixed_fleet(seed: int = 1, extras: bool = True) -> Timeline:
+def _mixed_fleet(seed: int = 1, extras: bool = True, modes=(0, 4, 8)) -> Timeline:
     """Interval rows with the variety a fleet shows: bursts, arrivals on some instances, graph
     modes on some (the first among them), KV transfers, preemptions, expert imbalance, a short
     instance, one without ITL, gaps in the ITL."""
@@ -38,7 +38,7 @@ def _mixed_fleet(seed: int = 1, extras: bool = True) -> Timeline:
                 r["itl_p99_s"] = np.nan
             if extras and i % 2 == 0:
                 r["arrivals"] = float(rng.integers(0, 3)) if not slow else 5.0
-            if extras and i in (0, 4, 8):
+            if extras and i in modes:
                 r.update(graph_full_steps=50.0, graph_piecewise_steps=float(slow) * 4, graph_none_steps=0.0,
                          large_step_share=0.3 if slow else 0.01)
             if extras and i == 9:
@@ -112,3 +112,12 @@ def test_rank_relation_keeps_its_draws():
     out = rank_relation(pd.Series(w), pd.Series(e))
     assert out["rho"] == rho and out["p_value"] == float((1 + (perm >= rho).sum()) / 1000)
     assert average_ranks(np.array([2.0, 1.0, 2.0, 2.0])).tolist() == [3.0, 1.0, 3.0, 3.0]
+
+
+def test_graph_mode_column_only_on_later_instances_runs_per_instance():
+    """The column graph_off_decode_column adds would stand last in the concatenated per-instance
+    frames: the batch declines and the per-instance pipeline runs."""
+    tl = _mixed_fleet(modes=(4, 8))
+    assert interval_batch.interval_views(tl, pipeline.DiagnosisConfig(), tl.instances) is None
+    d = diagnose(tl)
+    assert d.steps.columns[-1] == "graph_off_decode_steps" and len(d.instances) == 14
