@@ -8,6 +8,7 @@ the Timeline is not pickled to them; each returns its part (signal frames, spike
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import os
 
@@ -27,11 +28,19 @@ _STATE: dict = {}  # the Timeline and config, inherited by forked workers
 
 
 def default_jobs() -> int:
-    """CPUs this process may run on."""
+    """The CPUs this process may run on that other work leaves idle (CPUs minus the 1-minute load
+    average, at least 1): a worker on a busy CPU adds its start-up and the merge and saves nothing.
+    Measured on a shared 2-core machine at load ~5, a 500-target fleet: 2 workers took 0.8-1.4 s
+    longer than 1 (each worker got a third of a CPU)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cpus = max(1, os.cpu_count() or 1)
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows)
+        return cpus
+    return max(1, min(cpus, cpus - math.floor(busy)))
 
 
 def splittable(timeline: Timeline) -> bool:

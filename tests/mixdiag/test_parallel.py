@@ -72,3 +72,14 @@ def test_not_split_when_instances_share_evidence_or_are_few():
 
 def test_merge_budgets_of_nothing_is_empty():
     assert merge_budgets([]).instances == {} and not len(merge_budgets([]).units)
+
+
+@pytest.mark.parametrize("load, want", [(0.2, 2), (1.3, 1), (5.0, 1)])
+def test_default_jobs_leaves_busy_cpus_alone(monkeypatch, load, want):
+    import os
+
+    from mixdiag.diagnosis import parallel
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    assert parallel.default_jobs() == want
