@@ -17,7 +17,7 @@ none}_steps``                 ``cuda_graph_passes_total``: decode_cuda_graph -> 
                               prefill_cuda_graph -> piecewise, *_none -> none
 ``ttft_p50_s``/``ttft_p99_s``  TTFT histogram increase (histogram_quantile)                   measured
 ``arrivals``                  TTFT ``_count`` increase: requests that got their first        inferred
-                              token (began prefill) in the interval
+                              token in the interval (prefill *finished*; arrival lags by TTFT)
 ``kv_transfer_s``/``_bytes``  SGLang ``kv_transfer_latency_ms_sum`` / ``total_mb_sum``       measured
                               (vLLM NIXL sums are in prom_intervals' tables)
 ``expert_imbalance``          mixdiag gauge; SGLang ``eplb_balancedness`` summary:           inferred
@@ -99,6 +99,17 @@ def _quantile(q: float, upper, cum) -> float:
     return bucket_quantile(q, upper, cum)
 
 
+def _running_at(view: View) -> float:
+    """The running-requests gauge of a scrape (the first name present; 0 when none)."""
+    from mixdiag.collectors.prometheus.prom_intervals import GAUGE_COLUMNS, _gauge
+    for name, how in GAUGE_COLUMNS["running_reqs"]:
+        if view and name in view:
+            v = _gauge(view[name], how)
+            if math.isfinite(v):
+                return v
+    return 0.0
+
+
 def share_above(upper: np.ndarray, cum: np.ndarray, threshold: float) -> float:
     """Share of observations above ``threshold``, at bucket resolution (the bucket holding it counts below)."""
     total = float(cum[-1])
@@ -168,6 +179,10 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
             running = row.get("running_reqs")
             if h is None or running is None or not math.isfinite(running):
                 continue
+            # the decode batch may have been larger earlier in the interval: requests that finished
+            # before the later scrape still decoded in its steps (33 decodes then 32 running must
+            # not read as a large step)
+            running = max(running, _running_at(prev))
             share = share_above(h[0], h[1], max(float(running), 1.0))
             if math.isfinite(share):
                 out["large_step_share"] = share
@@ -193,8 +208,8 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
         used["arrivals"] = base + "_count" + INFERRED
         break
     for col, cands in (("kv_transfer_s", KV_SECONDS), ("kv_transfer_bytes", KV_BYTES)):
-        if col in used:
-            continue
+        if col in row:
+            continue  # this row's counters (mixdiag's, vLLM's NIXL) filled it; ``used`` spans every row
         for name, scale in cands:
             if name in cur:
                 v = _increase(prev.get(name), cur[name])

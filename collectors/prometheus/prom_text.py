@@ -87,6 +87,8 @@ class Scrape:
     samples: dict[str, dict[LabelKey, float]] = field(default_factory=dict)
     types: dict[str, str] = field(default_factory=dict)
     timestamps_ms: set[int] = field(default_factory=set)
+    #: family -> earliest ``<family>_created`` value (unix s): when its counter started from 0
+    created: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, labels: LabelKey, value: float) -> bool:
         """Store a sample; False if that series is already present (a duplicate)."""
@@ -148,7 +150,10 @@ def _parse_lines(lines: Sequence[str], ends_with_newline: bool, stats: LineStats
             continue
         name = canonical_name(name)
         if name.endswith("_created"):
-            stats.ignored()  # creation timestamps of counters, not data
+            stats.ignored()  # creation timestamps of counters, not data: kept only as the counters' origin
+            fam = name[: -len("_created")]
+            if math.isfinite(value) and value > 0:
+                scrape.created[fam] = min(value, scrape.created.get(fam, value))
             continue
         if ts is not None:
             scrape.timestamps_ms.add(int(float(ts)))
@@ -234,6 +239,41 @@ def scrape_files(directory: str | os.PathLike, *, mtime: bool = False) -> tuple[
     return found, other
 
 
+def creation_scrape(timed: list[TimedScrape], max_periods: float = 2.0) -> TimedScrape | None:
+    """The scrape the counters imply at their creation: every counter and histogram series of the
+    first scrape at 0, at the earliest ``*_created`` time - or None.
+
+    prometheus_client (vLLM's and SGLang's metrics library) exposes ``<family>_created``, the time a
+    counter started from 0; a labelled child is created at first use, so it was 0 before. The work
+    done before the first scrape is then one interval like the others, not lost. Only for one
+    target (one ``instance``), and only when the creation lies at most ``max_periods`` scrape
+    periods before the first scrape: a process started hours earlier would make one interval far
+    coarser than the rest, whose quantiles do not compare."""
+    if len(timed) < 2:
+        return None
+    first = timed[0]
+    created = [t for t in first.scrape.created.values() if t < first.t_s]
+    if not created:
+        return None
+    t0 = min(created)
+    gaps = sorted(b.t_s - a.t_s for a, b in zip(timed, timed[1:]))
+    period = gaps[len(gaps) // 2]
+    if not period > 0 or first.t_s - t0 > max_periods * period:
+        return None
+    insts = {dict(lab).get("instance") for series in first.scrape.samples.values() for lab in series}
+    if len(insts) > 1:
+        return None
+    zero = Scrape(types=dict(first.scrape.types))
+    for name, series in first.scrape.samples.items():
+        if name.endswith(("_total", "_bucket", "_sum", "_count")) or first.scrape.types.get(name) == "counter":
+            for labels in series:
+                zero.add(name, labels, 0.0)
+    if first.stats is not None:
+        first.stats.note(f"the first interval starts at the counters' creation ({first.t_s - t0:.2f} s before the "
+                         "first scrape, *_created): they count from 0 there")
+    return TimedScrape(t0, zero, None)
+
+
 def _read_dir(d: Path, base: str) -> Timeline:
     """Timed scrapes in ``d`` (instance ``base``); each sub-directory holding timed scrapes is one
     more instance named after it (a run directory's ``scrapes/engine1/`` of a multi-instance run)."""
@@ -257,6 +297,10 @@ def _read_dir(d: Path, base: str) -> Timeline:
                                 "time (unix clock; as exact as the copy that kept it)")
         if rest:
             timed[0].stats.note(f"{len(rest)} other file(s) in the directory not read, e.g. {rest[0]}")
+        timed.sort(key=lambda s: s.t_s)
+        origin = creation_scrape(timed)
+        if origin is not None:
+            timed.insert(0, origin)
         parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT))
     if len(parts) == 1:
         return parts[0]

@@ -82,7 +82,7 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
             cause, conf = "pd_transfer", 0.75
         elif ev.get("preempted_reqs", 0):
             cause, conf = "kv_pressure", 0.75
-        elif a.cause in ("ep_hotspot", "graph_fallback"):
+        elif a.cause in ("ep_hotspot", "graph_fallback") or a.evidence.get("starved_interval"):
             return a  # the interval's own gauges/counters named it; the log's lines say nothing against it
         elif (prefill := _prefill_in_log(row, a)) is not None:
             return prefill

@@ -16,11 +16,11 @@ import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.fusion import graph_off_decode_column
+from mixdiag.diagnosis.interval_spikes import interval_spikes
 from mixdiag.diagnosis.rule_context import InstanceContext
 from mixdiag.diagnosis.signals import (SIGNAL_COLUMNS, decode_graph_norm, interval_decode_evidence, period_stats,
                                       periodicity, prefill_events, qualities, rank_relation, row_qualities,
                                       step_signals)
-from mixdiag.diagnosis.spikes import rolling_baseline
 from mixdiag.schema import Timeline
 
 #: Columns whose presence per instance decides the signal qualities (signals.qualities).
@@ -84,17 +84,19 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray |
     sig["gap_before_s"] = np.nan
     sig = interval_segments(step_signals(sig, cfg.signals, groups))
     sig["gap_excess_s"] = np.nan
-    lat = sig["itl_p99_s"].fillna(sig["itl_p90_s"]).fillna(sig["itl_mean_s"])
-    p50 = sig["itl_p50_s"].fillna(sig["itl_mean_s"]).fillna(lat)
+    faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups)
+    lat, base = felt.latency_s, felt.baseline_s
+    has_itl = felt.has_itl | felt.starved  # a starved interval's wait is measured on resuming
     sig["latency_s"] = lat
-    has_itl = lat.notna() & (sig["itl_count"].fillna(1) > 0)
-    if groups is None:
-        base, _ = rolling_baseline(p50, has_itl, cfg.spikes.window_intervals, 1)
-    else:
-        base = grouped_baseline(p50, has_itl, cfg.spikes.window_intervals, 1, groups)
     sig["baseline_s"] = base
     sig["itl_max_s"] = lat
-    sig["is_spike"] = has_itl & (lat > cfg.interval_ratio * base)
+    sig["is_spike"] = felt.is_spike
+    sig["starved"] = felt.starved
+    # the hotspot window's edge is read next to its full intervals
+    rel = sig["imbalance_rel"].astype("float64")
+    prev, nxt = gw.shift(rel, 1, np.nan, groups), gw.shift(rel, -1, np.nan, groups)
+    sig["imbalance_rel_neighbour"] = np.fmax(prev.to_numpy(dtype=float), nxt.to_numpy(dtype=float))
     return pd.concat([sig, row_qualities(sig, quality)], axis=1), has_itl, lat, base
 
 

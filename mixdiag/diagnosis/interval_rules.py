@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mixdiag.diagnosis.rule_context import Attribution, AttributionConfig, InstanceContext, evidence_of, num, row_quality
+from mixdiag.diagnosis.rule_context import (Attribution, AttributionConfig, InstanceContext, evidence_of, num,
+                                           off_graph_dominates, row_quality)
 
 
 def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = AttributionConfig()) -> Attribution:
@@ -27,10 +28,24 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     imb, rel = num(row.get("expert_imbalance")), num(row.get("imbalance_rel"))
     if imb is not None and imb >= cfg.imbalance_abs and (rel is None or rel >= cfg.imbalance_rel):
         return done("ep_hotspot", 0.6 + 0.4 * min(1.0, ((rel or imb) - 1.0) / 2.0), imbalance_rel=rel)
+    nb = num(row.get("imbalance_rel_neighbour"))
+    if rel is not None and rel >= cfg.imbalance_edge_rel and nb is not None and nb >= cfg.imbalance_rel:
+        # the edge of a hotspot window: the balancedness summary is a mean over the interval's
+        # forwards, so a window that began or ended mid-interval shows diluted - above the usual,
+        # under the full threshold - next to an interval where it ran throughout
+        return done("ep_hotspot", 0.5, imbalance_rel=rel, neighbour_imbalance_rel=nb,
+                    reason="expert imbalance above the usual, next to an interval of a full hotspot (a window "
+                           "edge); the interval's mean dilutes it")
 
     def pos(c):
         return num(row.get(c)) is not None and num(row.get(c)) > 0
 
+    if bool(row.get("starved")):
+        # no token came out while requests ran and prompts were computed, and the waiters logged
+        # the wait on resuming (interval_spikes): the prefill ran without the decodes
+        return done("prefill_stall", 0.75, decodes_before=True, starved_interval=True,
+                    reason="requests were running but no token came out in the interval while prompt tokens "
+                           "were computed; the next tokens logged an ITL as long as the wait")
     work = any(pos(c) for c in ("prefill_tokens", "large_step_share", "arrivals", "mixed_steps", "prefill_steps"))
     running = any(pos(c) for c in ("running_reqs", "decode_steps", "mixed_steps", "itl_count", "output_tokens"))
     counted = num(row.get("mixed_steps")) is not None and num(row.get("prefill_steps")) is not None
@@ -38,6 +53,10 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     related = rho is not None and p is not None and rho > 0 and p < cfg.relation_p
     rel_ev = {"prefill_itl_rho": None if rho is None else round(rho, 3),
               "prefill_itl_p_value": None if p is None else round(p, 4)}
+    if work and running and off_graph_dominates(row):
+        return done("graph_fallback", 0.6, interval_graph_off_decode_steps=num(row.get("graph_off_decode_steps")),
+                    reason="decode passes off the captured graph outnumber the interval's mixed steps, whose "
+                           "small prompt chunks cost about one decode pass each")
     if work and running:
         # the engine counted a mixed step in the interval, or the row states it (measured kind)
         if pos("mixed_steps") or (row.get("kind") == "mixed" and row_quality(row, ctx, "token_allocation") == "measured"):

@@ -17,6 +17,7 @@ class AttributionConfig:
     host_gap_share: float = 0.5     # host_stall: gap excess >= this share of the latency excess
     imbalance_rel: float = 1.5      # ep_hotspot: imbalance >= this x the neighbourhood's ...
     imbalance_abs: float = 1.5      # ... and >= this absolute max/mean ratio
+    imbalance_edge_rel: float = 1.1  # interval next to a hotspot interval: imbalance >= this x the usual
     sm_delta: float = 0.10          # mixing: SM activity this much above decode-only neighbours
     interval_factor: float = 0.8    # confidence scale for interval (log/scrape) rows
     comm_delta: float = 0.10        # ep_hotspot: collective share this much above decode neighbours
@@ -29,7 +30,7 @@ class AttributionConfig:
     def __post_init__(self):
         if not 0 < self.host_gap_share <= 1:
             raise ValueError("AttributionConfig.host_gap_share must be in (0, 1]")
-        if self.imbalance_rel < 1 or self.imbalance_abs < 1 or self.rank_skew < 1 or self.rank_sm_skew < 1:
+        if min(self.imbalance_rel, self.imbalance_abs, self.imbalance_edge_rel, self.rank_skew, self.rank_sm_skew) < 1:
             raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
         if not 0 < self.interval_factor <= 1:
             raise ValueError("AttributionConfig.interval_factor must be in (0, 1]")
@@ -111,3 +112,26 @@ def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
                                                         "expert_imbalance", "kv_transfer")
                             else ctx.quality.get(s, "absent") for s in ctx.quality}
     return ev
+
+
+def off_graph_dominates(row) -> bool:
+    """An interval that ran both decode passes off the captured graph (counted by the engine,
+    ``graph_off_decode_steps``) and mixed steps: whether the eager decode passes are the larger
+    share of its slow forwards. They are when there were at least as many of them as mixed steps
+    and each mixed step added no more prompt tokens than the decode batch holds (a step's cost
+    grows with its tokens - the shape ledger - so such a chunk costs about one more decode pass,
+    while every eager pass pays the per-kernel launches the graph saves). Unknown mixed-step
+    counts: False (nothing to weigh)."""
+    goff = num(row.get("graph_off_decode_steps"))
+    if goff is None or goff <= 0:
+        return False
+    mixed = num(row.get("mixed_steps"))
+    if mixed is None:
+        mixed = num(row.get("fused_mixed_steps_in_interval"))
+    if mixed is None:
+        return False
+    if mixed == 0:
+        return True
+    pre, batch = num(row.get("prefill_tokens")), num(row.get("running_reqs"))
+    small = pre is not None and batch is not None and batch > 0 and pre / mixed <= batch
+    return goff >= mixed and small

@@ -125,3 +125,29 @@ def test_share_above_at_bucket_resolution(threshold, share):
     # a threshold inside a bucket counts that whole bucket as "not above" (never overstates)
     expect = {31: 0.5, 33: 0.25}.get(threshold, share)
     assert share_above(upper, cum, threshold) == pytest.approx(expect)
+
+
+def test_large_steps_are_judged_against_the_larger_running_count():
+    # 33 requests decoded (steps of 33 tokens: bucket (32, 64]); one finished before the later
+    # scrape, which reports 32 running. Those steps are decode steps, not large ones.
+    def scrape(n_steps, running):
+        lab = ",".join(f'{k}="{v}"' for k, v in V.items())
+        counts = [0, 0, 0, 0] + [n_steps] * (len(ITER) - 3)
+        return "\n".join([f"vllm:num_requests_running{{{lab}}} {running}",
+                          "# TYPE vllm:generation_tokens_total counter",
+                          f"vllm:generation_tokens_total{{{lab}}} {33 * n_steps}",
+                          _hist("vllm:iteration_tokens_total", V, ITER, counts, 33 * n_steps)]) + "\n"
+    tl = prom_text.read_scrapes([(0.0, scrape(0, 33)), (1.0, scrape(20, 32))], instance="v")
+    row = tl.steps.iloc[0]
+    assert row["large_step_share"] == 0.0 and row["kind"] == "decode"
+
+
+def test_every_interval_gets_its_own_kv_transfer():
+    # one transfer per interval: each interval row counts its own bytes, not only the first
+    passes = {"decode": 10}
+    tl = prom_text.read_scrapes([(0.0, sglang_scrape(passes, kv_ms=0.0, kv_mb=0.0)),
+                                 (1.0, sglang_scrape(passes, kv_ms=60.0, kv_mb=2.0)),
+                                 (2.0, sglang_scrape(passes, kv_ms=60.0, kv_mb=2.0)),
+                                 (3.0, sglang_scrape(passes, kv_ms=130.0, kv_mb=5.0))], instance="s")
+    assert list(tl.steps["kv_transfer_bytes"]) == [2e6, 0.0, 3e6]
+    assert list(tl.steps["kv_transfer_s"]) == pytest.approx([0.06, 0.0, 0.07])

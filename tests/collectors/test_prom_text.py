@@ -214,3 +214,36 @@ def test_scrapes_without_a_time_use_mtime_and_say_so(tmp_path):
 def test_name_time(name, t):
     got = prom_text.name_time(name)
     assert got == (pytest.approx(t) if t is not None else None)
+
+
+def _created_scrapes(tmp_path, lead_s: float):
+    """Two scrapes of a real prometheus_client registry (vLLM's and SGLang's metrics library),
+    named ``lead_s`` and ``lead_s + 1`` seconds after the counters were created; 5 tokens counted
+    before the first scrape, 3 between them."""
+    import re as _re
+
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+    reg = CollectorRegistry()
+    c = Counter("vllm:generation_tokens", "Generated tokens.", registry=reg)
+    text = generate_latest(reg).decode()
+    created = float(_re.search(r"^vllm:generation_tokens_created (\S+)", text, _re.M).group(1))
+    c.inc(5)
+    (tmp_path / f"{created + lead_s:.3f}.prom").write_bytes(generate_latest(reg))
+    c.inc(3)
+    (tmp_path / f"{created + lead_s + 1:.3f}.prom").write_bytes(generate_latest(reg))
+    return created
+
+
+def test_first_interval_starts_at_counter_creation(tmp_path):
+    created = _created_scrapes(tmp_path, lead_s=1.0)
+    tl = prom_text.read(tmp_path, instance="e")
+    assert list(tl.steps["output_tokens"]) == [5.0, 3.0]  # the work before the first scrape is kept
+    assert tl.steps["t_start_s"].iloc[0] == pytest.approx(created)
+    assert any("counters' creation" in n for s in tl.meta["sources"] for n in s["notes"])
+
+
+def test_no_creation_interval_when_created_long_before(tmp_path):
+    # started 30 scrape periods before the first scrape: that interval would not compare with the rest
+    _created_scrapes(tmp_path, lead_s=30.0)
+    tl = prom_text.read(tmp_path, instance="e")
+    assert list(tl.steps["output_tokens"]) == [3.0]

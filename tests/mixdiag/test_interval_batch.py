@@ -41,6 +41,16 @@ def _mixed_fleet(seed: int = 1, extras: bool = True, modes=(0, 4, 8)) -> Timelin
             if extras and i in modes:
                 r.update(graph_full_steps=50.0, graph_piecewise_steps=float(slow) * 4, graph_none_steps=0.0,
                          large_step_share=0.3 if slow else 0.01)
+            if extras and i == 11 and k in (10, 11):  # starved: prefill ran alone, nobody got a token
+                r.update(itl_p50_s=np.nan, itl_p99_s=np.nan, itl_mean_s=np.nan, itl_count=0.0, prefill_tokens=4096.0)
+            if extras and i == 11 and k == 12:  # ... and the waiters logged the wait on resuming
+                r["itl_p99_s"] = 25.0
+            if extras and i == 12 and 15 <= k <= 18:  # the typical token slowed (P50 shift)
+                r["itl_p50_s"] = r["itl_p99_s"] = 0.036
+            if extras and i == 13:  # a hotspot window and its diluted edges
+                r["expert_imbalance"] = {9: 1.3, 10: 4.0, 11: 4.0, 12: 1.3}.get(k, 1.05)
+                if 9 <= k <= 12:
+                    r["itl_p50_s"], r["itl_p99_s"] = 0.04, 0.07
             if extras and i == 9:
                 r.update(kv_transfer_bytes=1e6 * (k % 5 == 0), preempted_reqs=float(k % 11 == 0),
                          expert_imbalance=1.1 + 0.5 * (k % 9 == 0))

@@ -1,0 +1,130 @@
+"""Spikes on interval rows (scrapes, periodic stats lines): which intervals the decodes felt.
+
+An interval row has no step of its own, only the ITL histogram's increase over it (and counters).
+Three ways an interval is felt, each measured by the engine's own histogram or counters:
+
+* **tail**: ITL P99 above ``interval_ratio`` x the baseline (the rolling median of P50 over the
+  instance's intervals) - a few tokens waited long;
+* **shift**: the interval's *typical* token slowed - ITL P50 above ``spikes.ratio`` x that baseline
+  and above the noise of the P50s (``mad_k`` x robust sigma). A fault that lasts the whole interval
+  (an expert-parallel hotspot, a run of eager decode passes) moves the median, while the P99 is
+  held under a bucket edge of the engine's coarse ladder; the ratio is the one a single step must
+  reach to be felt (``SpikeConfig.ratio``);
+* **starved**: no decode produced a token (the ITL histogram got no observation; a completed
+  prefill's first token is no ITL) while requests were running and prompt tokens were computed - the decodes waited
+  through the whole interval. Requests counted running may all be prefilling (vLLM counts them
+  running), so the wait must also be *measured*: the next interval with ITL observations records
+  an ITL P99 of at least ``starve_confirm`` x the starved stretch (a request that waited through it
+  logs that wait as one ITL when it resumes). The interval's latency is then its duration, a lower
+  bound of every running decode's wait. SGLang without mixed chunk runs prefill batches alone
+  while decodes wait (its ``get_new_batch_prefill`` path), which is exactly this.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.diagnosis import groupwise as gw
+from mixdiag.diagnosis.spikes import SpikeConfig, rolling_baseline
+
+
+@dataclass(frozen=True)
+class IntervalSpikes:
+    """Per row: latency (P99, or the duration of a starved interval), baseline, spike mask, and
+    which rule made it a spike (``starved``, ``shift``)."""
+
+    latency_s: pd.Series
+    baseline_s: pd.Series
+    is_spike: pd.Series
+    has_itl: pd.Series
+    starved: pd.Series
+    shift: pd.Series
+
+
+def _num(sig: pd.DataFrame, col: str) -> pd.Series:
+    return pd.to_numeric(sig[col], errors="coerce") if col in sig.columns else pd.Series(np.nan, index=sig.index)
+
+
+def starved_rows(sig: pd.DataFrame, has_itl: pd.Series, confirm: float) -> pd.Series:
+    """Intervals (sorted by time) in which running decodes produced no token while prompt tokens
+    were computed, confirmed by the ITL the waiting requests logged on resuming (module doc)."""
+    running, work = _num(sig, "running_reqs"), _num(sig, "prefill_tokens")
+    # no decode produced a token: the ITL histogram got no observation (a prefill that completes
+    # emits its request's first token, counted as generated but not as an ITL); without the
+    # histogram's count, the generation counter did not move
+    count = _num(sig, "itl_count")
+    none_out = count.eq(0).where(count.notna(), _num(sig, "output_tokens").eq(0))
+    dur = (_num(sig, "t_end_s") - _num(sig, "t_start_s")).clip(lower=0)
+    cand = (~has_itl & none_out.astype(bool) & (running > 0) & (work > 0)).to_numpy()
+    p99 = _num(sig, "itl_p99_s").to_numpy()
+    itl = has_itl.to_numpy()
+    d = dur.to_numpy()
+    starved = np.zeros(len(sig), dtype=bool)
+    i = 0
+    while i < len(sig):
+        if not cand[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(sig) and cand[j + 1]:
+            j += 1
+        span = float(np.nansum(d[i:j + 1]))
+        k = j + 1
+        while k < len(sig) and not itl[k]:
+            k += 1  # an interval between with neither ITL nor starvation (idle): look past it
+        if k < len(sig) and np.isfinite(p99[k]) and p99[k] >= confirm * span:
+            starved[i:j + 1] = True
+        i = j + 1
+    return pd.Series(starved, index=sig.index)
+
+
+def _grouped_baseline(p50: pd.Series, ref: pd.Series, window: int, groups: np.ndarray) -> tuple[pd.Series, pd.Series]:
+    """What :func:`~mixdiag.diagnosis.spikes.rolling_baseline` (``min_periods`` 1) gives each
+    group's rows alone: the baseline, and the robust sigma of the reference rows around it."""
+    from mixdiag.diagnosis.interval_batch import grouped_baseline
+    base = grouped_baseline(p50, ref, window, 1, groups)
+    v = p50.astype("float64")
+    r = ref.fillna(False).astype(bool) & v.notna()
+    none = gw.per_group(r.to_numpy().astype(np.int64), groups, np.add) < 1  # no reference: all rows are
+    r = r | (pd.Series(none[groups], index=v.index) & v.notna())
+    dev = (v.where(r) - base).abs()
+    mad = gw.rolling_median(dev, window, 1, groups)
+    sigma = gw.bfill(gw.ffill(1.4826 * mad, groups), groups).fillna(0.0)
+    return base, sigma
+
+
+def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfig, faulty: pd.Series | None = None,
+                    starve_confirm: float = 0.8, groups: np.ndarray | None = None) -> IntervalSpikes:
+    """The three interval spike tests of the module doc over one instance's rows (sorted by time).
+
+    ``faulty``: intervals whose counters or gauges measured a fault (an expert imbalance well above
+    the usual, a KV transfer, a preemption); as in the step path, they do not set the baseline, so
+    a fault window lasting several intervals stands out instead of becoming the norm. ``groups``:
+    rows of several instances, numbered as in :mod:`~mixdiag.diagnosis.groupwise` (each instance's
+    rows contiguous and sorted); every test then runs within each instance."""
+    lat = _num(sig, "itl_p99_s").fillna(_num(sig, "itl_p90_s")).fillna(_num(sig, "itl_mean_s"))
+    p50 = _num(sig, "itl_p50_s").fillna(_num(sig, "itl_mean_s")).fillna(lat)
+    count = _num(sig, "itl_count")
+    has_itl = lat.notna() & (count.fillna(1) > 0)
+    ref = has_itl if faulty is None else has_itl & ~faulty.fillna(False).astype(bool)
+    if ref.sum() < spikes.min_periods:
+        ref = has_itl
+    if groups is None:
+        base, sigma = rolling_baseline(p50, ref, spikes.window_intervals, 1)
+        starved = starved_rows(sig, has_itl, starve_confirm)
+    else:
+        base, sigma = _grouped_baseline(p50, ref, spikes.window_intervals, groups)
+        starved = pd.Series(False, index=sig.index)
+        b = gw.bounds(groups)
+        for g in range(len(b) - 1):
+            part = slice(b[g], b[g + 1])
+            starved.iloc[part] = starved_rows(sig.iloc[part], has_itl.iloc[part], starve_confirm).to_numpy()
+    tail = has_itl & (lat > interval_ratio * base)
+    shift = has_itl & ~tail & (p50 > np.maximum(spikes.ratio * base, base + spikes.mad_k * sigma))
+    dur = (_num(sig, "t_end_s") - _num(sig, "t_start_s")).clip(lower=0)
+    lat = lat.where(~starved, dur)
+    spike = tail | shift | (starved & (lat > spikes.ratio * base))
+    return IntervalSpikes(latency_s=lat, baseline_s=base, is_spike=spike.fillna(False).astype(bool),
+                          has_itl=has_itl, starved=starved, shift=shift)

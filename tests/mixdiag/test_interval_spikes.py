@@ -1,0 +1,106 @@
+"""mixdiag/diagnosis/interval_spikes.py and the interval rules that read it: tail, shift and
+starved intervals on rows shaped like 1 s scrapes of a vLLM/SGLang server."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.diagnosis.interval_spikes import interval_spikes, starved_rows
+from mixdiag.diagnosis.rule_context import off_graph_dominates
+from mixdiag.diagnosis.spikes import SpikeConfig
+
+
+def rows(p50, p99, out=None, running=None, prefill=None):
+    n = len(p50)
+    return pd.DataFrame({
+        "t_start_s": np.arange(n, dtype=float), "t_end_s": np.arange(n, dtype=float) + 1.0,
+        "itl_p50_s": p50, "itl_p99_s": p99, "itl_count": [0.0 if np.isnan(x) else 100.0 for x in p50],
+        "output_tokens": out if out is not None else [0.0 if np.isnan(x) else 100.0 for x in p50],
+        "running_reqs": running if running is not None else [32.0] * n,
+        "prefill_tokens": prefill if prefill is not None else [0.0] * n})
+
+
+N = np.nan
+CALM = [0.02] * 8
+
+
+@pytest.mark.parametrize("name,p50,p99,prefill,want_spike,want_starved,want_shift", [
+    ("tail: a few tokens waited 5x", CALM + [0.02] + CALM, CALM + [0.10] + CALM, None, {8}, set(), set()),
+    ("shift: the typical token slowed 1.8x, P99 held under a bucket edge", CALM + [0.036] + CALM,
+     [0.03] * 8 + [0.038] + [0.03] * 8, None, {8}, set(), set([8])),
+    ("no spike: P50 1.2x", CALM + [0.024] + CALM, [0.03] * 17, None, set(), set(), set()),
+    ("starved: no token for 2 s while prompts ran, resumed with a 2.5 s ITL", CALM + [N, N, 0.02] + CALM,
+     CALM + [N, N, 2.5] + CALM, [0.0] * 8 + [2048.0, 2048.0, 100.0] + [0.0] * 8, {8, 9, 10}, {8, 9}, set()),
+    ("not starved: nobody logged the wait (running requests were all prefilling)", CALM + [N, N, 0.02] + CALM,
+     CALM + [N, N, 0.03] + CALM, [0.0] * 8 + [2048.0, 2048.0, 100.0] + [0.0] * 8, set(), set(), set()),
+    ("not starved: idle (no prompt computed), stale running gauge", CALM + [N, N, 0.02] + CALM,
+     CALM + [N, N, 2.5] + CALM, None, {10}, set(), set()),
+])
+def test_interval_spike_kinds(name, p50, p99, prefill, want_spike, want_starved, want_shift):
+    sig = rows(np.array(p50, dtype=float), np.array(p99, dtype=float), prefill=prefill)
+    got = interval_spikes(sig, 2.0, SpikeConfig())
+    assert set(np.flatnonzero(got.is_spike.to_numpy())) == want_spike, name
+    assert set(np.flatnonzero(got.starved.to_numpy())) == want_starved, name
+    assert set(np.flatnonzero(got.shift.to_numpy())) == want_shift, name
+    for i in want_starved:  # a starved interval is felt for its whole duration (a lower bound)
+        assert got.latency_s.iloc[i] == 1.0
+
+
+def test_fault_intervals_do_not_set_the_baseline():
+    # a 5-interval EP hotspot window (P50 1.6x) inside 12 calm intervals: with the imbalance-flagged
+    # intervals out of the baseline, every one of them stands out
+    p50 = [0.02] * 6 + [0.032] * 5 + [0.02] * 6
+    sig = rows(np.array(p50), np.array([0.038] * 17))
+    faulty = pd.Series([False] * 6 + [True] * 5 + [False] * 6)
+    assert set(np.flatnonzero(interval_spikes(sig, 2.0, SpikeConfig(), faulty).is_spike)) == set(range(6, 11))
+
+
+def test_starved_confirmation_looks_past_idle_intervals():
+    sig = rows(np.array([0.02, N, N, 0.02]), np.array([0.03, N, N, 1.8]), out=[100.0, 0.0, 0.0, 100.0],
+               prefill=[0.0, 1000.0, 0.0, 0.0])
+    sig.loc[2, "running_reqs"] = 0.0  # the second interval: nothing running, nothing computed
+    assert list(starved_rows(sig, sig["itl_p99_s"].notna(), 0.8)) == [False, True, False, False]
+
+
+@pytest.mark.parametrize("row,want", [
+    ({"graph_off_decode_steps": 8.0, "fused_mixed_steps_in_interval": 2.0, "prefill_tokens": 30.0, "running_reqs": 16.0}, True),
+    ({"graph_off_decode_steps": 8.0, "fused_mixed_steps_in_interval": 2.0, "prefill_tokens": 1024.0, "running_reqs": 16.0}, False),
+    ({"graph_off_decode_steps": 1.0, "fused_mixed_steps_in_interval": 4.0, "prefill_tokens": 20.0, "running_reqs": 16.0}, False),
+    ({"graph_off_decode_steps": 3.0, "mixed_steps": 0.0, "prefill_tokens": 0.0, "running_reqs": 16.0}, True),
+    ({"graph_off_decode_steps": 3.0, "prefill_tokens": 20.0, "running_reqs": 16.0}, False),  # mixed steps unknown
+    ({"graph_off_decode_steps": 0.0, "mixed_steps": 0.0}, False),
+])
+def test_off_graph_dominates(row, want):
+    assert off_graph_dominates(row) is want
+
+
+def test_starved_intervals_are_prefill_stalls_end_to_end():
+    """Scrape rows of an SGLang server without mixed chunk: prefill batches ran alone for 2 s while
+    32 requests waited (no token, no ITL), then the waiters resumed with a 2.4 s ITL."""
+    from mixdiag.diagnosis import diagnose
+    from mixdiag.schema import Timeline
+    stalled = (10, 11)
+    rows = [dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval", kind="unknown",
+                 prefill_tokens=2048.0 if i in stalled else 0.0, running_reqs=32.0,
+                 output_tokens=0.0 if i in stalled else 600.0, itl_count=0.0 if i in stalled else 600.0,
+                 itl_p50_s=np.nan if i in stalled else 0.03, itl_p99_s=np.nan if i in stalled else (2.4 if i == 12 else 0.04))
+            for i in range(24)]
+    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    by_step = dict(zip(d.spikes["step"], d.spikes["cause"]))
+    assert by_step[10] == by_step[11] == "prefill_stall"
+    assert "mixing" not in by_step.values()
+
+
+def test_hotspot_window_edges_are_ep_hotspot_with_lower_confidence():
+    """EPLB balancedness is a mean over the interval's forwards: a window that starts mid-interval
+    reads diluted (1.4 against the usual 1.1) next to the full window (4.0)."""
+    from mixdiag.diagnosis import diagnose
+    from mixdiag.schema import Timeline
+    imb = {9: 1.4, 10: 4.0, 11: 4.0, 12: 1.4, 18: 1.4}  # 18: raised, but no hotspot beside it
+    rows = [dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval", kind="decode",
+                 prefill_tokens=0.0, running_reqs=32.0, output_tokens=600.0, itl_count=600.0,
+                 itl_p50_s=0.03, itl_p99_s=0.2 if i in imb else 0.04, expert_imbalance=imb.get(i, 1.1))
+            for i in range(24)]
+    sp = diagnose(Timeline(pd.DataFrame(rows), None, meta={})).spikes.set_index("step")
+    assert set(sp.loc[[9, 10, 11, 12], "cause"]) == {"ep_hotspot"}
+    assert sp.loc[9, "confidence"] < sp.loc[10, "confidence"] and sp.loc[9, "confidence"] <= 0.5
+    assert sp.loc[18, "cause"] == "unknown"
