@@ -118,7 +118,8 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
         base, sigma = _grouped_baseline(p50, ref, spikes.window_intervals, groups)
         starved = pd.Series(False, index=sig.index)
         b = gw.bounds(groups)
-        for g in range(len(b) - 1):
+        maybe = gw.per_group((~has_itl & _num(sig, "prefill_tokens").gt(0)).to_numpy(dtype=bool), groups, np.logical_or)
+        for g in np.flatnonzero(maybe):  # a fleet's steady instances have no candidate: no loop
             part = slice(b[g], b[g + 1])
             starved.iloc[part] = starved_rows(sig.iloc[part], has_itl.iloc[part], starve_confirm).to_numpy()
     tail = has_itl & (lat > interval_ratio * base)
