@@ -19,7 +19,7 @@ def register(sub, common):
     p.add_argument("--top", type=int, default=10, metavar="N", help="spikes listed in the human report (default 10)")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (never overwrites)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="worker processes diagnosing a fleet's instances (default: CPU count; 1: serial)")
+                   help="worker processes diagnosing a fleet's instances (default: the CPUs other work leaves idle; 1: serial)")
     h = p.add_argument_group("predicted spike height (HTML report)")
     h.add_argument("--model", default="glm-5.3", metavar="PRESET", help="ledger model preset (default glm-5.3)")
     h.add_argument("--model-config", metavar="FILE", help="ledger model config file (JSON/TOML) instead of --model")
