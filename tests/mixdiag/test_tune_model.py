@@ -86,6 +86,18 @@ def test_fit_recovers_a_linear_cost_and_its_attention_triangle(triangle):
     assert all(r == pytest.approx(1.0) for r, _ in fit.jitter[0] + fit.jitter[1])
 
 
+def test_fit_keeps_the_dense_triangle_when_the_data_cannot_tell():
+    # every chunk the same size at the same cached context: k² is collinear with the chunk count,
+    # both forms fit exactly, and the one that never under-predicts a larger chunk is kept
+    n = 60
+    p = np.where(np.arange(n) % 3 == 0, 512.0, 0.0)
+    shapes = [StepShape(int(a), 8, a * 1000.0, a * a, 8 * 500.0) for a in p]
+    dur = np.array([0.002 + 1e-5 * s.prefill_tokens + 0.01 * s.prefill_ctx / 1e6 + 1e-4 * 8 for s in shapes])
+    rows = pd.DataFrame({"t_start_s": np.arange(n) * 1.0, "prefill_tokens": p, "decode_rows": 8.0})
+    rows["t_end_s"] = rows["t_start_s"] + dur
+    assert cost_model.fit(rows, shapes, "exact").triangle == 1.0
+
+
 def test_jitter_is_a_ratio_up_to_the_measured_length_and_an_excess_beyond():
     fit = cost_model.FittedCost((0.0,) * 6, 0.0, 0.001, 1.0, 0.0, 10, "x")
     assert fit.jittered_s(0.010, 1.5, 0.020) == pytest.approx(0.015)   # shorter step: 1.5x
