@@ -183,30 +183,62 @@ def _p99(lat: np.ndarray, weight: np.ndarray | None = None) -> float:
 
 
 def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> InstanceBudget:
-    iv = u["weight"].to_numpy(dtype="float64") if source == "interval_itl" else None
-    lat = u["latency_s"].to_numpy(dtype="float64")
-    own = np.where(u["weight"].to_numpy() > 0, u["excess_s"].to_numpy() / u["weight"].replace(0, 1).to_numpy(), 0.0)
-    cause = u["cause"]  # factorized below as it is stored (no copy to Python strings)
+    codes, names = pd.factorize(u["cause"])  # integer codes: comparing 1 M strings once per cause costs seconds
+    return _budget_arrays(u["latency_s"].to_numpy(dtype="float64"), u["baseline_s"].to_numpy(dtype="float64"),
+                          u["excess_s"].to_numpy(dtype="float64"), u["weight"].to_numpy(dtype="float64"),
+                          codes, list(names), source, spikes)
+
+
+def _budget_arrays(lat: np.ndarray, base: np.ndarray, excess: np.ndarray, weight: np.ndarray, codes: np.ndarray,
+                   names: list, source: str, spikes: dict[str, int]) -> InstanceBudget:
+    """One instance's budget from its units' columns (``codes`` index ``names``, the causes)."""
+    iv = weight if source == "interval_itl" else None
+    own = np.where(weight > 0, excess / np.where(weight == 0, 1.0, weight), 0.0)
     p99 = _p99(lat, iv)
     floor = _p99(lat - own, iv)
     p99_excess = p99 - floor
-    total = float(u["excess_s"].sum())
+    total = float(excess.sum())
     tail = lat >= p99 if len(lat) else np.zeros(0, dtype=bool)
-    tail_total = float(u["excess_s"].to_numpy()[tail].sum())
+    tail_total = float(excess[tail].sum())
     by = {}
-    codes, names = pd.factorize(cause)  # integer codes: comparing 1 M strings once per cause costs seconds
     code_of = {name: k for k, name in enumerate(names)}
     for c in BUDGET_CAUSES:
-        m = codes == code_of.get(c, -2)
-        ex = float(u["excess_s"].to_numpy()[m].sum())
-        without = _p99(np.where(m, lat - own, lat), iv) if m.any() else p99  # nothing removed: P99 as is
+        k = code_of.get(c)
+        m = codes == k if k is not None else None
+        ex = float(excess[m].sum()) if m is not None else 0.0
+        without = _p99(np.where(m, lat - own, lat), iv) if m is not None and m.any() else p99  # nothing removed
         red = p99 - without
         by[c] = CauseBudget(spikes=int(spikes.get(c, 0)), excess_s=ex, share_of_excess=ex / total if total > 0 else 0.0,
-                            tail_share=float(u["excess_s"].to_numpy()[m & tail].sum()) / tail_total if tail_total > 0 else 0.0,
+                            tail_share=(float(excess[m & tail].sum()) / tail_total
+                                        if m is not None and tail_total > 0 else 0.0),
                             p99_without_s=without, p99_reduction_s=red,
                             p99_share=red / p99_excess if p99_excess > 0 else 0.0)
-    return InstanceBudget(source=source, n_units=len(u), baseline_s=float(u["baseline_s"].median()) if len(u) else math.nan,
+    return InstanceBudget(source=source, n_units=len(lat), baseline_s=float(np.median(base)) if len(base) else math.nan,
                           p99_s=p99, p99_floor_s=floor, p99_excess_s=p99_excess, excess_s=total, by_cause=by)
+
+
+def _interval_budgets(rows: pd.DataFrame, counts: dict) -> dict:
+    """Budgets of interval-only instances (a fleet's scrapes), each with its units: the units are
+    built once for all of them, and each instance's budget reads numpy slices of them."""
+    rows = rows.sort_values("instance", kind="stable")
+    inst = rows["instance"].astype(str).to_numpy()
+    u = _row_units(inst, rows, weighted=True)
+    names_u, lat, base, ex, w = (u["instance"].to_numpy(), u["latency_s"].to_numpy(dtype="float64"),
+                                 u["baseline_s"].to_numpy(dtype="float64"), u["excess_s"].to_numpy(dtype="float64"),
+                                 u["weight"].to_numpy(dtype="float64"))
+    codes, names = pd.factorize(u["cause"])
+    names = list(names)
+    # rows are sorted by instance, so each instance's units are one contiguous run
+    runs = {}
+    if len(names_u):
+        change = np.flatnonzero(np.r_[True, names_u[1:] != names_u[:-1], True])
+        runs = {names_u[a]: (int(a), int(b)) for a, b in zip(change[:-1], change[1:])}
+    out = {}
+    for name in dict.fromkeys(inst):
+        a, b = runs.get(name, (0, 0))
+        out[name] = (_budget_arrays(lat[a:b], base[a:b], ex[a:b], w[a:b], codes[a:b], names, "interval_itl",
+                                    counts.get(name, {})), u.iloc[a:b])
+    return out
 
 
 def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -> Budget:
@@ -214,11 +246,21 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
     cause per row), ``tokens`` the Timeline's token events, ``spikes`` ``Diagnosis.spikes``."""
     if not len(steps) or "baseline_s" not in steps:
         return Budget()
+    counts_all: dict[str, dict[str, int]] = {}
+    if len(spikes):
+        for (i, c), n in spikes.groupby(["instance", "cause"], sort=False).size().items():
+            counts_all.setdefault(str(i), {})[str(c)] = int(n)
+    stepped = set(steps.loc[steps["granularity"] == "step", "instance"].astype(str))
+    only_iv = ~steps["instance"].astype(str).isin(stepped)
+    iv_budgets = _interval_budgets(steps[only_iv], counts_all) if only_iv.any() else {}
     insts, frames = {}, []
-    for inst, rows in steps.groupby("instance", sort=True):
-        inst = str(inst)
-        n = spikes.loc[spikes["instance"] == inst, "cause"].value_counts() if len(spikes) else pd.Series(dtype=int)
-        counts = {str(c): int(v) for c, v in n.items()}
+    for inst in sorted(set(steps["instance"].astype(str))):
+        if inst in iv_budgets:
+            insts[inst], u = iv_budgets[inst]
+            frames.append(u)
+            continue
+        rows = steps[steps["instance"].astype(str) == inst]
+        counts = counts_all.get(inst, {})
         step_rows = rows[rows["granularity"] == "step"]
         tok = rows_of(tokens, inst)
         if len(step_rows) and len(tok):
