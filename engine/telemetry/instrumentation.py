@@ -118,7 +118,8 @@ class Instrumentation:
                 self.metrics = make_dialect_metrics(
                     cfg.metrics_dialect, arrival_s=self._arrival, prompt_len=self._prompt_len,
                     model_name=str(getattr(ecfg.model, "name", "") or "mixdiag-ref"), rank=rank,
-                    decode_log_interval=cfg.decode_log_interval, registry=registry)
+                    decode_log_interval=cfg.decode_log_interval, registry=registry, request_end=self._request_end,
+                    max_model_len=int(getattr(ecfg.model, "max_model_len", 16384)))
             self._observers.append(self.metrics)
             if cfg.log_formats:
                 lcfg = LogLineConfig(formats=cfg.log_formats, decode_log_interval=cfg.decode_log_interval,
@@ -151,6 +152,17 @@ class Instrumentation:
             return self.engine.request(request_id).arrival_s
         except KeyError:
             return None
+
+    def _request_end(self, request_id: str) -> tuple[str, int] | None:
+        """(vLLM finished_reason, max_tokens) of a finished request; None while it runs."""
+        try:
+            req = self.engine.request(request_id)
+        except KeyError:
+            return None
+        if not req.status.finished:
+            return None
+        reason = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length"}.get(req.status.name, "abort")
+        return reason, req.params.max_tokens
 
     def _prompt_len(self, request_id: str) -> int | None:
         try:

@@ -32,7 +32,24 @@ VLLM = {
     "vllm:inter_token_latency_seconds": ("histogram", {"model_name", "engine"}),
     "vllm:nixl_xfer_time_seconds": ("histogram", {"model_name", "engine"}),
     "vllm:nixl_bytes_transferred": ("histogram", {"model_name", "engine"}),
+    "vllm:request_success": ("counter", {"model_name", "engine", "finished_reason"}),
+    **{f"vllm:{n}": ("histogram", {"model_name", "engine"}) for n in (
+        "e2e_request_latency_seconds", "request_queue_time_seconds", "request_inference_time_seconds",
+        "request_prefill_time_seconds", "request_decode_time_seconds", "request_time_per_output_token_seconds",
+        "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
+        "request_params_max_tokens", "request_params_n")},
 }
+# formats.md §1.1 bucket lists (written out, not imported from the code under test)
+_REQ_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                480.0, 960.0, 1920.0, 7680.0]
+VLLM_BUCKETS = {
+    **{f"vllm:{n}": _REQ_LATENCY for n in ("e2e_request_latency_seconds", "request_queue_time_seconds",
+                                           "request_inference_time_seconds", "request_prefill_time_seconds",
+                                           "request_decode_time_seconds")},
+    "vllm:request_params_n": [1, 2, 5, 10, 20],
+    "vllm:iteration_tokens_total": [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
+}
+VLLM_FINISH_LABELS = {"stop", "length", "abort"}
 SCHED = {"model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_rank", "dp_rank"}
 SGLANG = {
     "sglang:num_running_reqs": ("gauge", SCHED), "sglang:num_queue_reqs": ("gauge", SCHED),
@@ -67,11 +84,17 @@ def _check(text: str, expected: dict) -> set[str]:
             assert labels <= set(s.labels), (s.name, s.labels)
             if fam.name in MODES:
                 assert s.labels["mode"] in MODES[fam.name]
+            if fam.name == "vllm:request_success":
+                assert s.labels["finished_reason"] in VLLM_FINISH_LABELS
+        if fam.name in VLLM_BUCKETS:
+            les = sorted(float(s.labels["le"]) for s in fam.samples if s.name.endswith("_bucket"))
+            assert les[:-1] == [float(b) for b in VLLM_BUCKETS[fam.name]] and math.isinf(les[-1]), fam.name
     return seen
 
 
 @pytest.mark.parametrize("dialect,expected,must", [
-    ("vllm", VLLM, {"vllm:iteration_tokens_total", "vllm:inter_token_latency_seconds", "vllm:prompt_tokens"}),
+    ("vllm", VLLM, {"vllm:iteration_tokens_total", "vllm:inter_token_latency_seconds", "vllm:prompt_tokens",
+                    "vllm:request_success", "vllm:request_prefill_time_seconds", "vllm:e2e_request_latency_seconds"}),
     ("sglang", SGLANG, {"sglang:cuda_graph_passes", "sglang:inter_token_latency_seconds", "sglang:num_running_reqs"}),
 ])
 def test_run_exposes_only_the_engines_series(tmp_path, dialect, expected, must):
@@ -153,3 +176,32 @@ def test_sglang_balancedness_and_kv_transfer_appear_with_their_first_value():
     bal = [ln for ln in text.splitlines() if ln.startswith("sglang:eplb_balancedness_sum")]
     assert bal and math.isclose(float(bal[0].split()[-1]), 0.5)
     assert "sglang:kv_transfer_latency_ms_sum" in text and "sglang:kv_transfer_total_mb_sum" in text
+
+
+def test_vllm_request_histograms_at_finish_from_the_requests_timestamps():
+    # vLLM RequestStateStats: queue = first scheduled - arrival, prefill = first token - first
+    # scheduled, decode = last - first token, inference = last token - first scheduled; all observed
+    # when the request finishes (update_from_finished_request), with request_success{finished_reason}
+    ends = {}
+    m = VllmMetrics(arrival_s=lambda rid: 0.5, prompt_len=lambda rid: 10, request_end=ends.get, max_model_len=100)
+    m(_step("prefill", 1.0, {"r": 4}, [], prefill_tokens=4))             # scheduled at 0.99
+    m(_step("prefill", 1.5, {"r": 6}, [_ev("r", 1.5, first=True)], prefill_tokens=6))
+    m(_step("decode", 2.0, {"r": 1}, [_ev("r", 2.0)], decode_rows=1))
+    text = generate_latest(m.registry).decode()
+    assert _hist(text, "vllm:request_prefill_time_seconds")[1] == 0  # not yet finished: nothing observed
+    ends["r"] = ("length", 3)
+    m(_step("decode", 2.5, {"r": 1}, [_ev("r", 2.5)], decode_rows=1))
+    text = generate_latest(m.registry).decode()
+    want = {"request_queue_time_seconds": 0.49, "request_prefill_time_seconds": 0.51,
+            "request_decode_time_seconds": 1.0, "request_inference_time_seconds": 1.51,
+            "e2e_request_latency_seconds": 2.0, "request_time_per_output_token_seconds": 0.5,
+            "request_prompt_tokens": 10, "request_generation_tokens": 3, "request_params_max_tokens": 3}
+    for name, v in want.items():
+        _, c, total = _hist(text, "vllm:" + name)
+        assert c == 1 and total == pytest.approx(v), name
+    b, _, _ = _hist(text, "vllm:request_prompt_tokens")
+    assert sorted(b)[:-1] == [1, 2, 5, 10, 20, 50, 100]  # build_1_2_5_buckets(max_model_len=100)
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="mixdiag-ref"} 1.0' in text
+    assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="mixdiag-ref"} 0.0' in text
+    m(_step("decode", 3.0, {}, [], decode_rows=0))  # a finished request is observed once
+    assert _hist(generate_latest(m.registry).decode(), "vllm:e2e_request_latency_seconds")[1] == 1
