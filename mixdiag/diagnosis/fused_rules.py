@@ -95,7 +95,11 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
             thr, gap = num(row.get("fused_host_gap_threshold_s")), num(row.get("fused_host_gap_unusual_s"))
             if gap is not None and thr is not None:
                 ev["host_gap_unusual_s"] = gap
-                if gap > thr:
+                if gap > thr and _pos(row.get("fused_recent_stall_steps")):
+                    ev["reason"] = ("ITL spiked and the ITL sum leaves time between steps, but decodes waited "
+                                    "through prefill-only steps here or just before (a wait across the scrape "
+                                    "boundary cannot be told from host time)")
+                elif gap > thr:
                     cause, conf = "host_stall", 0.6
                     ev["reason"] = ("no step in the interval was slow and the ITL sum leaves time between steps: "
                                     "requests waited between steps")
@@ -142,6 +146,10 @@ def attribute_between_steps(row: pd.Series, cfg: AttributionConfig = Attribution
     then the wait is not known to be the host's)."""
     excess, thr = num(row.get("fused_host_gap_excess_s")), num(row.get("fused_host_gap_threshold_s"))
     if excess is None or thr is None or not excess > thr:
+        return None
+    if _pos(row.get("fused_recent_stall_steps")):
+        # decodes waited through prefill-only steps here or just before: a wait that straddled the
+        # scrape lands whole in this interval's ITL sum, which cannot tell it from host time
         return None
     if row.get("preempted_reqs", 0) or row.get("kv_transfer_bytes", 0):
         return None

@@ -133,15 +133,23 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
         dreq = d.fillna(0).to_numpy()
         lat = st["latency_s"].to_numpy()
         gap, n_steps = np.full(len(iv), np.nan), np.full(len(iv), np.nan)
+        since = None  # first step after the last interval that observed an ITL
         for j, (k, n, mean) in enumerate(zip(iv["step"], iv["itl_count"], iv["itl_mean_s"])):
             ab = ranges.get((inst, int(k)))
+            if ab is not None and since is None:
+                since = ab[0]
             if ab is None or not n or not np.isfinite(mean) or ab[1] <= ab[0]:
+                if ab is not None and n:
+                    since = None
                 continue
-            d = dreq[ab[0]:ab[1]]
+            # an ITL observed here spans back to the request's previous token: through every
+            # interval since the last one that observed any (a stall across scrapes lands whole here)
+            lo, since = min(ab[0], since), None
+            d = dreq[lo:ab[1]]
             if d.sum() <= 0:
                 continue
-            gap[j] = (n * mean - float((d * lat[ab[0]:ab[1]]).sum())) / float(d.mean())
-            n_steps[j] = ab[1] - ab[0]
+            gap[j] = (n * mean - float((d * lat[lo:ab[1]]).sum())) / float(d.mean())
+            n_steps[j] = ab[1] - lo
         g = pd.Series(gap, index=iv.index)
         excess = g - g.rolling(cfg.spikes.window_intervals, center=True, min_periods=1).median()
         # the ordinary host time between steps grows with the steps an interval holds: what is
@@ -161,7 +169,7 @@ INTERVAL_EVIDENCE = ("fused_steps_in_interval", "fused_slow_steps_in_interval", 
 #: requests under ``--enable-mixed-chunk``), prefill-only steps that decodes waited through, and
 #: PD installs (mixed rows of 1-token extends).
 LOG_SHAPE_EVIDENCE = ("fused_mixed_steps_in_interval", "fused_stall_steps_in_interval",
-                      "fused_install_steps_in_interval")
+                      "fused_install_steps_in_interval", "fused_recent_stall_steps")
 STEP_EVIDENCE = ("fused_interval", "fused_interval_expert_imbalance", "fused_interval_imbalance_median",
                  "fused_interval_graph_off_decode_steps", "fused_among_largest_batches",
                  "fused_interval_kv_transfer_bytes", "fused_pd_install", "fused_interval_preempted_reqs",
@@ -243,6 +251,8 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
             float((x["has_prefill"].astype(bool) & ~x["has_decode"].astype(bool)
                    & (x["decodes_before"].astype(bool) | x["running_reqs"].fillna(0).gt(0))).sum())
             for x in inside]
+        stall = f.loc[iv.index, "fused_stall_steps_in_interval"].astype(float)
+        f.loc[iv.index, "fused_recent_stall_steps"] = np.fmax(stall.to_numpy(), stall.shift(1).to_numpy())
         f.loc[iv.index, "is_spike"] = iv["is_spike"].to_numpy(dtype=bool) & ~(np.asarray(slow) > 0)
     for f in frames:
         st_mask = f["granularity"] == "step"
