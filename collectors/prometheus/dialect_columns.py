@@ -32,6 +32,10 @@ none}_steps``                 ``cuda_graph_passes_total``: decode_cuda_graph -> 
                               ``decode``/``prefill`` when only one pass kind ran
 ============================  ============================================================  =========
 
+``prefill_work_tokens``       vLLM ``prompt_tokens`` increase spread back over the requests'  inferred
+                              prefill time (``request_prefill_time_seconds``; post-pass over
+                              an instance's rows, :func:`prefill_work_column`)
+
 Per-row qualities go to ``q_token_allocation`` / ``q_graph_mode`` / ``q_expert_imbalance`` /
 ``q_kv_transfer``; :data:`INFERRED` marks the meta-level sources that are derived, not counted.
 """
@@ -253,3 +257,81 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
 def quality(source: str) -> str:
     """``measured`` or ``inferred`` for a ``meta["metric_sources"]`` entry."""
     return "inferred" if source.endswith(INFERRED) else "measured"
+
+
+PREFILL_TIME = "vllm:request_prefill_time_seconds"
+DECODE_TIME = "vllm:request_decode_time_seconds"
+
+
+def spread_prefill_work(t0, t1, tokens, prefill_sum, prefill_count, decode_sum=None, decode_count=None,
+                        points: int = 8) -> np.ndarray:
+    """Each interval's completed prompt tokens spread back over the time their prefill ran.
+
+    Basis (formats.md §1.1 traps; vLLM ``IterationStats``): vLLM counts a prompt's tokens
+    (``prompt_tokens``, ``iteration_tokens_total``, TTFT) only when its first token comes, so the
+    intervals in which its chunks actually ran show none of them. ``request_prefill_time_seconds``
+    (first scheduling -> first token) says how far back that work reached, but it is observed when the
+    request *finishes*, so the prefill time of the requests that got their first token in interval i
+    is estimated from those finishing one mean decode time (``request_decode_time_seconds``) plus
+    one interval later: the pooled ``Δsum / Δcount`` over intervals ending in
+    ``[t1_i, t1_i + mean decode + (t1_i - t0_i)]``, else over the whole capture. First tokens are taken
+    as spread evenly over interval i (``points`` of them); each one's tokens are spread evenly over
+    ``[f - D_i, f]`` and given to the intervals that span overlaps. Work before the first interval
+    or in a gap between intervals is dropped. NaN everywhere without any prefill time observed.
+    """
+    t0, t1 = np.asarray(t0, dtype=float), np.asarray(t1, dtype=float)
+    tok = np.nan_to_num(np.asarray(tokens, dtype=float))
+    ps = np.nan_to_num(np.asarray(prefill_sum, dtype=float))
+    pc = np.nan_to_num(np.asarray(prefill_count, dtype=float))
+    n = len(t0)
+    if n == 0 or pc.sum() <= 0:
+        return np.full(n, np.nan)
+    pooled = ps.sum() / pc.sum()
+    lag = 0.0
+    if decode_sum is not None and decode_count is not None:
+        dc = np.nan_to_num(np.asarray(decode_count, dtype=float))
+        if dc.sum() > 0:
+            lag = float(np.nan_to_num(np.asarray(decode_sum, dtype=float)).sum() / dc.sum())
+    dur = np.empty(n)
+    for i in range(n):
+        w = (t1 >= t1[i]) & (t1 <= t1[i] + lag + (t1[i] - t0[i]))
+        c = pc[w].sum()
+        dur[i] = ps[w].sum() / c if c > 0 else pooled
+    frac = (np.arange(points) + 0.5) / points
+    f = (t0[:, None] + frac[None, :] * (t1 - t0)[:, None]).ravel()    # first-token times
+    d = np.repeat(np.maximum(dur, 0.0), points)
+    w = np.repeat(tok / points, points)
+    a = f - d
+    # overlap of [a, f] with every interval [t0_j, t1_j]; a zero-length prefill stays where f is
+    lo = np.maximum(a[:, None], t0[None, :])
+    hi = np.minimum(f[:, None], t1[None, :])
+    ov = np.clip(hi - lo, 0.0, None)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(d[:, None] > 0, ov / d[:, None], 0.0)
+    point = (d <= 0)
+    if point.any():
+        inside = (f[point, None] > t0[None, :]) & (f[point, None] <= t1[None, :])
+        share[point] = inside.astype(float)
+    return (w[:, None] * share).sum(axis=0)
+
+
+def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: dict[str, str]) -> None:
+    """Add ``prefill_work_tokens`` to one instance's interval rows (``pairs``: their scrape pairs)
+    when the prompt counter is vLLM's and vLLM's prefill-time histogram is exposed."""
+    if not rows or not used.get("prefill_tokens", "").startswith("vllm:"):
+        return
+    if not any(PREFILL_TIME + "_count" in cur for _, cur in pairs):
+        return
+
+    def inc(name):
+        return [_increase(prev.get(name), cur.get(name)) for prev, cur in pairs]
+
+    work = spread_prefill_work([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
+                               [r.get("prefill_tokens", math.nan) for r in rows],
+                               inc(PREFILL_TIME + "_sum"), inc(PREFILL_TIME + "_count"),
+                               inc(DECODE_TIME + "_sum"), inc(DECODE_TIME + "_count"))
+    if not np.isfinite(work).any():
+        return
+    for r, v in zip(rows, work):
+        r["prefill_work_tokens"] = float(v)
+    used["prefill_work_tokens"] = PREFILL_TIME + INFERRED

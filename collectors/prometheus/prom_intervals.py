@@ -320,12 +320,17 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
                             series_rows.append({"instance": inst, "name": name, "labels": _label_str(labels),
                                                 "t_s": t, "value": v})
         down = 0
+        pairs: list[tuple[View, View]] = []
         for i in range(1, len(seq)):
             (t0, prev), (t1, cur) = seq[i - 1], seq[i]
             if set(cur) <= {"up"}:  # the target was down at t1: nothing was scraped, no row
                 down += 1
                 continue
             rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows))
+            pairs.append((prev, cur))
+        from mixdiag.collectors.prometheus.dialect_columns import prefill_work_column
+        # cross-interval: vLLM's prompt tokens counted at first token, spread back over prefill time
+        prefill_work_column(rows[n_before:], pairs, used)
         if down:
             notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
         metric_sources[inst] = used

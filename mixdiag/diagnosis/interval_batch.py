@@ -100,6 +100,13 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray |
     return pd.concat([sig, row_qualities(sig, quality)], axis=1), has_itl, lat, base
 
 
+#: Per-interval prefill work for the rank relation, first column with 6 values on ITL rows wins.
+#: ``prefill_work_tokens`` (vLLM prompt tokens spread back over their prefill time) comes first:
+#: vLLM's prompt counter lands every token in the interval of the last chunk, not where the
+#: chunks ran (formats.md §1.1), so ``prefill_tokens`` misses the intervals the chunks slowed.
+RELATION_WORK = ("prefill_work_tokens", "prefill_tokens", "large_step_share", "arrivals")
+
+
 def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg):
     """Detection on one instance's interval rows: its signal frame, context, periodicity, source."""
     sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
@@ -107,7 +114,7 @@ def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg):
     period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
     sig["near_prefill_event"] = period.pop("near")
     # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
-    work = next((sig[c] for c in ("prefill_tokens", "large_step_share", "arrivals")
+    work = next((sig[c] for c in RELATION_WORK
                  if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= 6), pd.Series(np.nan, index=sig.index))
     relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl))
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
@@ -186,7 +193,7 @@ def interval_views(timeline: Timeline, cfg, insts):
     t = sig["t_start_s"].to_numpy()
     ev_np, sp_np = events.to_numpy(), spikes.to_numpy()
     # work per interval for the rank relation: the first column with 6 values on ITL rows
-    work_cols = [c for c in ("prefill_tokens", "large_step_share", "arrivals") if c in sig.columns]
+    work_cols = [c for c in RELATION_WORK if c in sig.columns]
     n_work = {c: add(sig[c].notna() & has_itl) for c in work_cols}
     itl_rows = has_itl.to_numpy(dtype=bool)
     work_of = {c: np.where(itl_rows, sig[c].to_numpy(dtype=float), np.nan) for c in work_cols}
