@@ -292,27 +292,38 @@ def spread_prefill_work(t0, t1, tokens, prefill_sum, prefill_count, decode_sum=N
         dc = np.nan_to_num(np.asarray(decode_count, dtype=float))
         if dc.sum() > 0:
             lag = float(np.nan_to_num(np.asarray(decode_sum, dtype=float)).sum() / dc.sum())
-    dur = np.empty(n)
-    for i in range(n):
-        w = (t1 >= t1[i]) & (t1 <= t1[i] + lag + (t1[i] - t0[i]))
-        c = pc[w].sum()
-        dur[i] = ps[w].sum() / c if c > 0 else pooled
+    # mean prefill time of the requests finishing in the window after each interval (prefix sums over
+    # the intervals in end-time order: O(n log n) for hour-long captures)
+    order = np.argsort(t1, kind="stable")
+    ends, cs, cc = t1[order], np.concatenate(([0.0], np.cumsum(ps[order]))), np.concatenate(([0.0], np.cumsum(pc[order])))
+    lo = np.searchsorted(ends, t1, side="left")
+    hi = np.searchsorted(ends, t1 + lag + (t1 - t0), side="right")
+    c = cc[hi] - cc[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dur = np.where(c > 0, (cs[hi] - cs[lo]) / c, pooled)
     frac = (np.arange(points) + 0.5) / points
     f = (t0[:, None] + frac[None, :] * (t1 - t0)[:, None]).ravel()    # first-token times
     d = np.repeat(np.maximum(dur, 0.0), points)
     w = np.repeat(tok / points, points)
-    a = f - d
-    # overlap of [a, f] with every interval [t0_j, t1_j]; a zero-length prefill stays where f is
-    lo = np.maximum(a[:, None], t0[None, :])
-    hi = np.minimum(f[:, None], t1[None, :])
-    ov = np.clip(hi - lo, 0.0, None)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = np.where(d[:, None] > 0, ov / d[:, None], 0.0)
-    point = (d <= 0)
-    if point.any():
-        inside = (f[point, None] > t0[None, :]) & (f[point, None] <= t1[None, :])
-        share[point] = inside.astype(float)
-    return (w[:, None] * share).sum(axis=0)
+    # cumulative work done by time x: each point's w spread evenly over [f - d, f] (a ramp), or all
+    # at f when d = 0; an interval gets C(t1) - C(t0)
+    ramp = d > 0
+    a, fr, rate = f[ramp] - d[ramp], f[ramp], w[ramp] / d[ramp]
+    ia, ifr = np.argsort(a), np.argsort(fr)
+    a_s, fr_s = a[ia], fr[ifr]
+    ra, rf = np.concatenate(([0.0], np.cumsum(rate[ia]))), np.concatenate(([0.0], np.cumsum(rate[ifr])))
+    rxa, rxf = (np.concatenate(([0.0], np.cumsum(rate[ia] * a_s))),
+                np.concatenate(([0.0], np.cumsum(rate[ifr] * fr_s))))
+    fp = np.sort(f[~ramp])
+    wp = np.concatenate(([0.0], np.cumsum(w[~ramp][np.argsort(f[~ramp])])))
+
+    def done_by(x):
+        ka, kf = np.searchsorted(a_s, x, side="right"), np.searchsorted(fr_s, x, side="right")
+        started = x * ra[ka] - rxa[ka]      # sum over a <= x of rate * (x - a)
+        ended = x * rf[kf] - rxf[kf]        # minus, for f <= x, rate * (x - f)
+        return started - ended + wp[np.searchsorted(fp, x, side="left")]
+
+    return done_by(t1) - done_by(t0)
 
 
 def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: dict[str, str]) -> None:
