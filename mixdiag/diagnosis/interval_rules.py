@@ -46,7 +46,7 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         return done("prefill_stall", 0.75, decodes_before=True, starved_interval=True,
                     reason="requests were running but no token came out in the interval while prompt tokens "
                            "were computed; the next tokens logged an ITL as long as the wait")
-    work = any(pos(c) for c in ("prefill_tokens", "large_step_share", "arrivals", "mixed_steps", "prefill_steps"))
+    work = any(pos(c) for c in ("prefill_tokens", "prefill_work_tokens", "large_step_share", "arrivals", "mixed_steps", "prefill_steps"))
     running = any(pos(c) for c in ("running_reqs", "decode_steps", "mixed_steps", "itl_count", "output_tokens"))
     counted = num(row.get("mixed_steps")) is not None and num(row.get("prefill_steps")) is not None
     rho, p = num(ctx.relation.get("rho")), num(ctx.relation.get("p_value"))
