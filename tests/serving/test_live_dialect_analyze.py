@@ -23,8 +23,8 @@ with no prompt work; in the 16 test runs every mixing spike fell on an interval 
 spread prompt work. One (the first of the 20) failed: rho 0.37, p 0.052, so the relation missed
 the rule's p < 0.01 and all 17 spikes were ``unknown``. The earlier one-step variant (2048-token
 budget, 768-1536-token prompts) is no longer needed for the relation to hold. The test samples at
-0.5 s (40 intervals: more power for the rank relation); 7 runs at 0.5 s / 1 s side by side: all
-passed, p at the 999-permutation floor (0.001), rho 0.63-0.79 at 0.5 s, mixing on 18-21 of 20-24 spikes.
+0.5 s (40 intervals: more power for the rank relation): 9 of 9 runs passed; the 3 instrumented ones
+gave rho 0.63-0.79, p at the 999-permutation floor (0.001), mixing on 18-21 of 20-24 spikes.
 """
 from __future__ import annotations
 
