@@ -112,6 +112,9 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("large_step_share", "float64", "ratio",
        "interval rows: share of steps that scheduled more tokens than the decode batch (prefill work)",
        nonnegative=True),
+    _c("prefill_work_tokens", "float64", "tokens",
+       "interval rows: prompt tokens computed in the interval, inferred by spreading vLLM's prompt tokens (counted "
+       "at the first token) back over the requests' prefill time", nonnegative=True),
     _c("graph_full_steps", "float64", "count", "interval rows: steps that replayed the FULL graph", nonnegative=True),
     _c("graph_piecewise_steps", "float64", "count", "interval rows: steps run PIECEWISE", nonnegative=True),
     _c("graph_none_steps", "float64", "count", "interval rows: steps run eager (no graph)", nonnegative=True),
