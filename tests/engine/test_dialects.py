@@ -11,8 +11,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mixdiag.cli import main
-from mixdiag.engine.telemetry.dialects import (SGLANG_ITL_S, VLLM_ITERATION_TOKENS, VLLM_ITL_S, SglangMetrics,
-                                               VllmMetrics)
+from mixdiag.engine.telemetry.dialects import VLLM_ITERATION_TOKENS, VLLM_ITL_S, VllmMetrics
+from mixdiag.engine.telemetry.sglang_dialect import SGLANG_ITL_S, SglangMetrics
 
 # formats.md §1.1 (vLLM V1) and §2.3 (SGLang): family -> (type, labels every sample carries)
 VLLM = {
