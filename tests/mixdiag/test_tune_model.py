@@ -169,3 +169,29 @@ def test_recommend_under_slos(itl, ttft, want):
     rec, why = frontier.recommend(ROWS, itl, ttft)
     assert (rec["label"] if rec else None) == want
     assert why
+
+
+def test_recommendation_ranks_itl_by_its_run_bound():
+    """A setting whose P99 ITL sits on the cliff of a ~1 % slow share (low P99, high 95 % run
+    bound) loses to one whose tail is steady (bench_tune: chunk 4096 predicted 30 ms, real 200 ms)."""
+    rows = [{"label": "cliff", "itl_p99_s": 0.030, "itl_p99_hi_s": 0.152, "ttft_p99_s": 0.41, "throughput_tok_s": 484},
+            {"label": "steady", "itl_p99_s": 0.091, "itl_p99_hi_s": 0.100, "ttft_p99_s": 0.41, "throughput_tok_s": 487}]
+    assert frontier.recommend(rows, None, 0.43)[0]["label"] == "steady"
+    assert frontier.recommend(rows, 0.12, None)[0]["label"] == "steady"  # the cliff's bound misses the SLO
+
+
+@pytest.mark.parametrize("n,lo,hi", [(100, 0.996, 0.997), (1000, 0.9935, 0.9942), (9000, 0.9914, 0.9919)])
+def test_run_quantile_upper(n, lo, hi):
+    from mixdiag.tuning.replay import run_quantile_upper
+    assert lo < run_quantile_upper(n) < hi
+
+
+def test_run_quantile_upper_is_a_95_percent_bound():
+    """Simulated: the P99 of 2000 runs of n = 500 uniform samples exceeds U's bound ~5 % of the time."""
+    import numpy as np
+
+    from mixdiag.tuning.replay import run_quantile_upper
+    rng = np.random.default_rng(0)
+    x = run_quantile_upper(500)
+    p99 = np.sort(rng.random((2000, 500)), axis=1)[:, int(np.ceil(0.99 * 500)) - 1]
+    assert 0.03 < (p99 > x).mean() < 0.07
