@@ -64,6 +64,7 @@ def run(args, console):
 
 def render(res: dict, head: str) -> str:
     """The human report: headline, model quality, one line per setting."""
+    from mixdiag.tuning.frontier import extrapolated
     cm = res["cost_model"]
     fit = (f"step costs fitted on {cm['steps']} steps: R² {cm['r2']:.3f}, held-out MAPE {100 * cm['mape_heldout']:.1f} %"
            if cm["kind"] == "fitted" else "step costs: shape ledger + device model (no per-step durations)")
@@ -72,11 +73,13 @@ def render(res: dict, head: str) -> str:
              + ", ".join(f"{k} {v}" for k, v in w["quality"].items()) + f"); {fit}",
              f"{'setting':34} {'P99 ITL':>10} {'95% run':>10} {'P99 TTFT':>10} {'tok/s':>8}"]
     for r in res["settings"]:
-        mark = ("*" if r["pareto"] else " ") + ("<" if r["current"] else " ")
+        mark = ("*" if r["pareto"] else " ") + ("<" if r["current"] else " ") + \
+            (f" x{r['extrapolation_x']:.1f}" if extrapolated(r) else "")
         hi = r.get("itl_p99_hi_s", r["itl_p99_s"])
         lines.append(f"{r['label']:34} {r['itl_p99_s'] * 1e3:8.1f}ms {hi * 1e3:8.1f}ms {r['ttft_p99_s']:9.2f}s "
                      f"{r['throughput_tok_s']:8.0f} {mark}")
     lines.append("(* on the Pareto frontier, < the current setting; 95% run: the P99 ITL one run stays under "
-                 "with 95 % probability, which the recommendation uses)")
+                 "with 95 % probability, which the recommendation uses; xN: steps N times larger than any the "
+                 "cost was fitted on - a prediction beyond your data)")
     lines += [f"note: {n}" for n in res["notes"]]
     return "\n".join(lines)

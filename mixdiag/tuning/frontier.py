@@ -119,6 +119,19 @@ def pareto(rows: list[dict]) -> list[dict]:
     return sorted(front, key=lambda r: (r["itl_p99_s"], r["ttft_p99_s"]))
 
 
+#: A setting whose largest replayed step holds more than this x the tokens of the largest step the
+#: cost was fitted on is predicted beyond the data: bench_tune's 4000-token steps, fitted on steps of
+#: <= ~540 tokens, ran 25 % slower than predicted (docs/tune.md). Recommended only when no setting
+#: inside the data meets the SLOs, and then said so.
+EXTRAPOLATION_LIMIT = 2.0
+
+
+def extrapolated(r: dict) -> bool:
+    """Whether the row's steps leave the fitted token range by more than EXTRAPOLATION_LIMIT."""
+    x = r.get("extrapolation_x")
+    return x is not None and math.isfinite(x) and x > EXTRAPOLATION_LIMIT
+
+
 def _itl_hi(r: dict) -> float:
     """The P99 ITL a run stays under with 95 % probability (replay.pooled_metrics), else the P99."""
     v = r.get("itl_p99_hi_s")
@@ -126,6 +139,22 @@ def _itl_hi(r: dict) -> float:
 
 
 def recommend(rows: list[dict], slo_itl: float | None, slo_ttft: float | None) -> tuple[dict | None, str]:
+    """The recommended row and why: among settings inside the fitted step sizes when any of them
+    meets the SLOs (or, without SLOs, lies on the frontier), else among all, said in the reason."""
+    inside = [r for r in rows if not extrapolated(r)]
+    if inside and len(inside) < len(rows):
+        rec, why = _recommend(inside, slo_itl, slo_ttft)
+        if rec is not None:
+            return rec, why + f" (settings whose steps exceed {EXTRAPOLATION_LIMIT:g}x the fitted step sizes left out)"
+        rec, why = _recommend(rows, slo_itl, slo_ttft)
+        if rec is not None and extrapolated(rec):
+            why += (f"; its steps reach {rec['extrapolation_x']:.1f}x the largest step the cost was fitted on: "
+                    "a prediction beyond your data")
+        return rec, why
+    return _recommend(rows, slo_itl, slo_ttft)
+
+
+def _recommend(rows: list[dict], slo_itl: float | None, slo_ttft: float | None) -> tuple[dict | None, str]:
     """The recommended row and why (None when no setting meets the SLOs). ITL is judged by its
     95 % run bound (:func:`_itl_hi`): a P99 on the cliff of a ~1 % slow share is not a promise."""
     ok = [r for r in rows if (slo_itl is None or _itl_hi(r) <= slo_itl)

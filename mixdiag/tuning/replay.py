@@ -38,6 +38,7 @@ class ReplayResult:
     preemptions: int
     steps: list = field(default_factory=list)     # (kind, prefill_tokens, decode_rows) per step, if kept
     shapes: list = field(default_factory=list)    # StepShape per step, if kept
+    max_step_tokens: int = 0                      # the largest step replayed (prefill tokens + decode rows)
 
     def metrics(self) -> dict:
         """P50/P99 ITL and TTFT (s), output throughput (tokens/s), steps and preemptions."""
@@ -86,7 +87,8 @@ def pooled_metrics(results: list[ReplayResult]) -> dict:
     return {"itl_p50_s": q(itl, 0.5), "itl_p99_s": q(itl, 0.99), "itl_p99_hi_s": q(itl, q_hi),
             "ttft_p50_s": q(ttft, 0.5), "ttft_p99_s": q(ttft, 0.99),
             "throughput_tok_s": sum(r.output_tokens for r in results) / span if span > 0 else math.nan,
-            "steps": sum(r.n_steps for r in results) / n, "preemptions": sum(r.preemptions for r in results) / n}
+            "steps": sum(r.n_steps for r in results) / n, "preemptions": sum(r.preemptions for r in results) / n,
+            "max_step_tokens": max((r.max_step_tokens for r in results), default=0)}
 
 
 #: requests a setting's P99 TTFT is estimated over: a short input is replayed with this many
@@ -183,6 +185,7 @@ def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, ke
     itl, ttft = [], []
     out_tokens = preempt = 0
     steps, shapes = [], []
+    max_tokens = 0
     recorded = timing.start if isinstance(timing, RecordedTiming) else None
     while (nxt < len(pending) or sched.has_unfinished()) and step < max_steps:
         if recorded is not None and recorded(step) is not None:
@@ -198,6 +201,7 @@ def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, ke
             sched.add_request(req)
         out = sched.schedule()
         shape = _shape(out)
+        max_tokens = max(max_tokens, shape.prefill_tokens + shape.decode_rows)
         dur, gap = timing(step, shape)
         t_tok = now + dur
         preempt += len(out.preempted_req_ids)
@@ -216,7 +220,8 @@ def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, ke
         now = t_tok + gap
         step += 1
     end = max(last_tok.values()) if last_tok else 0.0
-    return ReplayResult(np.asarray(itl), np.asarray(ttft), out_tokens, end, step, preempt, steps, shapes)
+    return ReplayResult(np.asarray(itl), np.asarray(ttft), out_tokens, end, step, preempt, steps, shapes,
+                        max_step_tokens=max_tokens)
 
 
 def _fit(plen: int, olen: int, max_model_len: int, pool_tokens: int, block_size: int) -> tuple[int, int]:

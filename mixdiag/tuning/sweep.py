@@ -85,6 +85,11 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
         notes.append("arrival stamps all fall between steps (admissions): TTFT is replayed from admission, "
                      "as the data measured it")
     results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission)
+    # how far each setting's steps reach beyond the steps the cost was fitted on (frontier.extrapolated)
+    fitted_max = float((rows["prefill_tokens"] + rows["decode_rows"]).max()) \
+        if isinstance(cost, cost_model.FittedCost) and len(rows) else None
+    for r in results:
+        r["extrapolation_x"] = (r["max_step_tokens"] / fitted_max) if fitted_max else None
     cur = next(r for r in results if r["setting"] == cur_setting)
     for r in results:
         r["current"] = r is cur

@@ -195,3 +195,12 @@ def test_run_quantile_upper_is_a_95_percent_bound():
     x = run_quantile_upper(500)
     p99 = np.sort(rng.random((2000, 500)), axis=1)[:, int(np.ceil(0.99 * 500)) - 1]
     assert 0.03 < (p99 > x).mean() < 0.07
+
+
+def test_settings_beyond_the_fitted_step_sizes_are_recommended_last():
+    rows = [{"label": "inside", "itl_p99_s": 0.09, "ttft_p99_s": 0.41, "throughput_tok_s": 487, "extrapolation_x": 1.9},
+            {"label": "beyond", "itl_p99_s": 0.03, "ttft_p99_s": 0.39, "throughput_tok_s": 484, "extrapolation_x": 7.4}]
+    rec, why = frontier.recommend(rows, None, 0.43)
+    assert rec["label"] == "inside" and "left out" in why
+    rec, why = frontier.recommend(rows, None, 0.40)  # only the extrapolated one meets it: said so
+    assert rec["label"] == "beyond" and "beyond your data" in why
