@@ -103,17 +103,6 @@ def _quantile(q: float, upper, cum) -> float:
     return bucket_quantile(q, upper, cum)
 
 
-def _running_at(view: View) -> float:
-    """The running-requests gauge of a scrape (the first name present; 0 when none)."""
-    from mixdiag.collectors.prometheus.prom_intervals import GAUGE_COLUMNS, _gauge
-    for name, how in GAUGE_COLUMNS["running_reqs"]:
-        if view and name in view:
-            v = _gauge(view[name], how)
-            if math.isfinite(v):
-                return v
-    return 0.0
-
-
 def share_above(upper: np.ndarray, cum: np.ndarray, threshold: float) -> float:
     """Share of observations above ``threshold``, at bucket resolution (the bucket holding it counts below)."""
     total = float(cum[-1])
@@ -186,7 +175,9 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
             # the decode batch may have been larger earlier in the interval: requests that finished
             # before the later scrape still decoded in its steps (33 decodes then 32 running must
             # not read as a large step)
-            running = max(running, _running_at(prev))
+            from mixdiag.collectors.prometheus.prom_intervals import gauge_value
+            before = gauge_value(prev, "running_reqs")
+            running = max(running, before[0]) if before is not None and math.isfinite(before[0]) else running
             share = share_above(h[0], h[1], max(float(running), 1.0))
             if math.isfinite(share):
                 out["large_step_share"] = share

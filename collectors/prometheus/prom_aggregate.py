@@ -283,14 +283,19 @@ def _itl_quantiles(upper: np.ndarray, inc: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _iteration_columns(upper: np.ndarray, inc: np.ndarray, has: np.ndarray, frame: dict) -> dict:
+def _iteration_columns(upper: np.ndarray, inc: np.ndarray, has: np.ndarray, frame: dict,
+                       running_before: np.ndarray | None = None) -> dict:
     """dialect_columns' vLLM iteration-token reading per row (``large_step_share``, ``kind``,
-    ``q_token_allocation``), vectorised where every bucket answered, row by row elsewhere."""
+    ``q_token_allocation``), vectorised where every bucket answered, row by row elsewhere.
+    ``running_before``: the running gauge at the interval's start (the previous evaluation); as in
+    dialect_columns, steps are judged against the larger of the two counts."""
     n = len(has)
     share = np.full(n, np.nan)
     kind = frame["kind"].copy()
     q = np.full(n, None, dtype=object)
     running, out_tok = frame.get("running_reqs", np.full(n, np.nan)), frame.get("output_tokens", np.full(n, np.nan))
+    if running_before is not None:
+        running = np.where(np.isfinite(running), np.fmax(running, running_before), running)
     fin = np.isfinite(inc)
     full = has & fin.all(axis=1) & (len(upper) > 0) & np.isinf(upper[-1] if len(upper) else 0.0)
     ok = full & np.isfinite(running)
@@ -368,7 +373,8 @@ def read_aggregated(url: str, start: float, end: float, step_s: float, selector:
         frame[col] = np.where(np.isfinite(frame[col]), frame[col], np.nan)  # no outputs in the step: NaN
     idle = (frame["prefill_tokens"] == 0) & (frame["output_tokens"] == 0)
     frame["kind"] = np.where(idle, "idle", "unknown").astype(object)
-    it = _iteration_columns(it_upper, it_inc[ki, ti], it_has[ki, ti], frame)
+    before = np.where(ti > 0, vals["running_reqs"][ki, np.maximum(ti - 1, 0)], np.nan) if n else np.zeros(0)
+    it = _iteration_columns(it_upper, it_inc[ki, ti], it_has[ki, ti], frame, before)
     frame["kind"] = it["kind"]
     target = np.array(keys, dtype=object)[ki] if n else np.array([], dtype=object)
     multi_engine = len({k.split("/engine")[1] for k in keys if "/engine" in k}) > 1

@@ -221,11 +221,19 @@ def _gauge(series: dict[LabelKey, float], how: str) -> float:
     return float(sum(vals) if how == "sum" else sum(vals) / len(vals))
 
 
+def gauge_value(view: View, col: str) -> tuple[float, str] | None:
+    """Gauge column ``col`` (a GAUGE_COLUMNS key) of one scrape: (value, the series read), from the
+    first candidate series present; None when none is."""
+    c = _first_present(view, GAUGE_COLUMNS[col], lambda s, c: True) if view else None
+    return None if c is None else (_gauge(view[c[0]], c[1]), c[0])
+
+
 def _label_str(labels: LabelKey) -> str:
     return ",".join(f"{k}={v}" for k, v in labels)
 
 
-def _is_gauge(name: str, types: dict[str, str]) -> bool:
+def is_gauge(name: str, types: dict[str, str]) -> bool:
+    """Whether family ``name`` holds gauge values (not counter, bucket, sum or count series)."""
     t = types.get(name)
     if t is not None:
         return t in ("gauge", "untyped", "unknown", "summary") and not name.endswith(_NOT_GAUGE_SUFFIXES)
@@ -243,12 +251,11 @@ def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View
             # children on first use, so nothing was counted under it yet.
             row[col] = 0.0 if math.isnan(v) else v
             used[col] = c[0] + ("{" + _label_str(tuple(c[1].items())) + "}" if c[1] else "")
-    for col, cands in GAUGE_COLUMNS.items():
-        c = _first_present(cur, cands, lambda s, c: True)
-        if c is not None:
-            v = _gauge(cur[c[0]], c[1])
+    for col in GAUGE_COLUMNS:
+        g = gauge_value(cur, col)
+        if g is not None:
+            v, used[col] = g
             row[col] = v if not (col == "kv_usage" and v > 1.0) else math.nan
-            used[col] = c[0]
     for base in ITL_HISTOGRAMS:
         h = histogram_increase(prev, cur, base)
         if h is not None:
@@ -314,7 +321,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
         n_before = len(rows)
         for t, view in seq:
             for name, series in view.items():
-                if single or _is_gauge(name, all_types):  # one scrape: every sample is the data
+                if single or is_gauge(name, all_types):  # one scrape: every sample is the data
                     for labels, v in series.items():
                         if math.isfinite(v):
                             series_rows.append({"instance": inst, "name": name, "labels": _label_str(labels),

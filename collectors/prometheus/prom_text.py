@@ -23,7 +23,7 @@ from mixdiag import wire
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.prometheus.prom_intervals import TimedScrape, build_timeline
+from mixdiag.collectors.prometheus.prom_intervals import TimedScrape, build_timeline, is_gauge
 from mixdiag.collectors.text_input import LineStats, is_garbage, read_lines, source_name, split_lines
 
 FORMAT = "prom-text"
@@ -265,7 +265,7 @@ def creation_scrape(timed: list[TimedScrape], max_periods: float = 2.0) -> Timed
         return None
     zero = Scrape(types=dict(first.scrape.types))
     for name, series in first.scrape.samples.items():
-        if name.endswith(("_total", "_bucket", "_sum", "_count")) or first.scrape.types.get(name) == "counter":
+        if not is_gauge(name, first.scrape.types):
             for labels in series:
                 zero.add(name, labels, 0.0)
     if first.stats is not None:

@@ -250,16 +250,17 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
     if len(spikes):
         for (i, c), n in spikes.groupby(["instance", "cause"], sort=False).size().items():
             counts_all.setdefault(str(i), {})[str(c)] = int(n)
-    stepped = set(steps.loc[steps["granularity"] == "step", "instance"].astype(str))
-    only_iv = ~steps["instance"].astype(str).isin(stepped)
+    names = steps["instance"].astype(str)
+    stepped = set(names[steps["granularity"] == "step"])
+    only_iv = ~names.isin(stepped)
     iv_budgets = _interval_budgets(steps[only_iv], counts_all) if only_iv.any() else {}
     insts, frames = {}, []
-    for inst in sorted(set(steps["instance"].astype(str))):
+    for inst in sorted(set(names)):
         if inst in iv_budgets:
             insts[inst], u = iv_budgets[inst]
             frames.append(u)
             continue
-        rows = steps[steps["instance"].astype(str) == inst]
+        rows = steps[names == inst]
         counts = counts_all.get(inst, {})
         step_rows = rows[rows["granularity"] == "step"]
         tok = rows_of(tokens, inst)

@@ -109,8 +109,13 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
     count = _num(sig, "itl_count")
     has_itl = lat.notna() & (count.fillna(1) > 0)
     ref = has_itl if faulty is None else has_itl & ~faulty.fillna(False).astype(bool)
-    if ref.sum() < spikes.min_periods:
-        ref = has_itl
+    # too few fault-free intervals in an instance: all of its intervals with ITL set the baseline
+    if groups is None:
+        few = pd.Series(bool(ref.sum() < spikes.min_periods), index=sig.index)
+    else:
+        n_ref = gw.per_group(ref.to_numpy(dtype=np.int64), groups, np.add)
+        few = pd.Series(n_ref[groups] < spikes.min_periods, index=sig.index)
+    ref = ref.where(~few, has_itl)
     if groups is None:
         base, sigma = rolling_baseline(p50, ref, spikes.window_intervals, 1)
         starved = starved_rows(sig, has_itl, starve_confirm)

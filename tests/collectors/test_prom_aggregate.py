@@ -84,7 +84,8 @@ def test_promql_quantile_matches_histogram_quantile_rules():
     assert np.isnan(agg.promql_quantile(0.5, upper[:-1], counts[:1, :-1])[0])  # no +Inf bucket
 
 
-def test_iteration_columns_equal_dialect_columns_row_by_row():
+@pytest.mark.parametrize("with_before", [False, True], ids=["cur-running", "prev-and-cur-running"])
+def test_iteration_columns_equal_dialect_columns_row_by_row(with_before):
     rng = np.random.default_rng(1)
     upper = np.array([1.0, 8.0, 16.0, 32.0, 64.0, 128.0, math.inf])
     n = 300
@@ -97,14 +98,19 @@ def test_iteration_columns_equal_dialect_columns_row_by_row():
     frame = {"kind": np.where(rng.random(n) < 0.2, "idle", "unknown").astype(object),
              "running_reqs": np.where(rng.random(n) < 0.1, np.nan, rng.integers(0, 70, n).astype(float)),
              "output_tokens": np.where(rng.random(n) < 0.2, 0.0, 100.0)}
-    out = agg._iteration_columns(upper, inc, has, frame)
+    # the running gauge at the interval's start (the previous evaluation); dialect_columns reads it
+    # from the previous scrape
+    before = np.where(rng.random(n) < 0.2, np.nan, rng.integers(0, 70, n).astype(float)) if with_before else None
+    out = agg._iteration_columns(upper, inc, has, frame, before)
     name = next(iter(agg.AGG_BUCKETS))
     for r in range(n):
         row = {k: frame[k][r] for k in frame}
         used: dict = {}
         if has[r]:
             view = {name: {(("le", agg._le(u)),): v for u, v in zip(upper, inc[r]) if not np.isnan(v)}}
-            want = dialect_columns({}, view, row, used)
+            prev = ({"vllm:num_requests_running": {(): float(before[r])}}
+                    if with_before and np.isfinite(before[r]) else {})
+            want = dialect_columns(prev, view, row, used)
         else:
             want = {}
         assert out["kind"][r] == want.get("kind", row["kind"]), r

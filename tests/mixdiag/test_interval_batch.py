@@ -51,6 +51,8 @@ def _mixed_fleet(seed: int = 1, extras: bool = True, modes=(0, 4, 8)) -> Timelin
                 r["expert_imbalance"] = {9: 1.3, 10: 4.0, 11: 4.0, 12: 1.3}.get(k, 1.05)
                 if 9 <= k <= 12:
                     r["itl_p50_s"], r["itl_p99_s"] = 0.04, 0.07
+            if extras and i == 10 and k >= 2:  # KV transfers nearly throughout: too few fault-free intervals
+                r["kv_transfer_bytes"] = 1e6
             if extras and i == 9:
                 r.update(kv_transfer_bytes=1e6 * (k % 5 == 0), preempted_reqs=float(k % 11 == 0),
                          expert_imbalance=1.1 + 0.5 * (k % 9 == 0))
