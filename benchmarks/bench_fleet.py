@@ -188,10 +188,10 @@ def main(argv=None) -> int:
                 return 1
         an_s = min(times)
         rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-        from mixdiag.collectors.prometheus import prom_http  # after the child: its RSS is measured alone
+        from mixdiag.collectors.prometheus import server_reader  # after the child: its RSS is measured alone
 
         tic = time.perf_counter()
-        tl = prom_http.read(f"{url}/?start={start}&end={end}&step={STEP_S}")
+        tl = server_reader.read(f"{url}/?start={start}&end={end}&step={STEP_S}")
         read_s = time.perf_counter() - tic
         print(f"bare fetch+parse: {bare_s:.2f} s ({n_bare} samples)")
         print(f"collector read (PromQL aggregation): {read_s:.2f} s, {len(tl.steps)} interval rows; "

@@ -16,7 +16,7 @@ import re
 import time
 from pathlib import Path
 
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.logs import sglang_log
 from mixdiag.collectors.logs import vllm_log
 
@@ -83,7 +83,7 @@ def main() -> None:
     cases = [
         ("sglang-log", sg, lambda: sglang_log.read(io.StringIO(sg), instance="b"), re.compile(r"(Prefill|Decode) batch")),
         ("vllm-log", vl, lambda: vllm_log.read(io.StringIO(vl), instance="b", year=2026), re.compile(r"Iteration\(")),
-        ("prom-text scrapes", joined, lambda: prom_text.read_scrapes(scrapes, instance="b"), re.compile(r"^\w")),
+        ("prom-text scrapes", joined, lambda: scrape_reader.read_scrapes(scrapes, instance="b"), re.compile(r"^\w")),
     ]
     for name, text, run, rx in cases:
         lines = text.count("\n")

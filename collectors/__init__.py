@@ -14,6 +14,10 @@ from mixdiag.errors import UserError
 __all__ = ["load", "expand", "rename_instances"]
 #: Formats that carry only SM activity: given with step sources, they fill ``steps.sm_active``.
 SM_ACTIVITY_FORMATS = ("dcgm", "nvml-csv")
+#: URL formats whose window can hold dcgm-exporter series beside the engine's (a Prometheus server
+#: scraping both, an exporter's own URL): their DCGM series become ``sm_active`` on their own
+#: interval rows, here, once, after the reader (files of DCGM scrapes are the ``dcgm`` format's).
+GPU_FILLED_FORMATS = ("prom-http", "prom-endpoint")
 
 
 def expand(paths: Iterable[str | os.PathLike], fmt: str = "auto", ignored: list | None = None
@@ -61,7 +65,8 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     ``options`` go to each collector's ``read`` (e.g. ``instance=``, ``step_gap_s=``). Instances
     of different inputs that share a name are renamed ``<name>@<input stem>`` so none is lost.
     DCGM / NVML inputs given together with step sources are mapped onto those steps
-    (``steps.sm_active``) by their collectors.
+    (``steps.sm_active``) by their collectors; DCGM series inside a Prometheus window or a sampled
+    URL fill its own rows (:data:`GPU_FILLED_FORMATS`).
     """
     from mixdiag.schema import Timeline  # pandas: only when something is read, not for `mixdiag --help`
 
@@ -78,16 +83,28 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
         inputs = [(src, fmt) for src, fmt in inputs if fmt not in SM_ACTIVITY_FORMATS]
     else:
         sm = []
-    timelines = [registry.module(fmt).read(src, **options) for src, fmt in inputs]
+    timelines = [_read(src, fmt, options) for src, fmt in inputs]
     if ignored:  # files of a directory in no known format: say so, never drop them silently
         tl = timelines[0]
         timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored})
     if len(timelines) > 1:  # a year-less log (vLLM) takes its year from the unix-clock inputs beside it
         from mixdiag.collectors.logs.log_lines import align_assumed_years
-        timelines = align_assumed_years(timelines, inputs, lambda s, f, **kw: registry.module(f).read(s, **kw), options)
+        timelines = align_assumed_years(timelines, inputs, lambda s, f, **kw: _read(s, f, kw), options)
     tl = timelines[0] if len(timelines) == 1 else _combine(timelines, inputs)
     for src, fmt in sm:
         tl = registry.module(fmt).read(src, steps=tl, **options)
+    return tl
+
+
+def _read(src: str, fmt: str, options: dict) -> Timeline:
+    """One input through its collector; GPU series it carries filled onto its rows (GPU_FILLED_FORMATS)."""
+    from mixdiag.collectors import registry
+
+    tl = registry.module(fmt).read(src, **options)
+    if fmt in GPU_FILLED_FORMATS:
+        from mixdiag.collectors.gpu import dcgm
+
+        tl = dcgm.fill_intervals(tl, options.get("gpu_map"))  # DCGM_FI_* series -> sm_active per interval
     return tl
 
 

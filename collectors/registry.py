@@ -39,11 +39,11 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("kineto-json", "traces.kineto", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
     Collector("dcgm", "gpu.dcgm", (".prom", ".txt"), "DCGM exporter scrape"),
     Collector("nvml-csv", "gpu.nvml", (".csv",), "CSV written by mixdiag's NVML sampler"),
-    Collector("prom-text", "prometheus.prom_text", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
+    Collector("prom-text", "prometheus.scrape_reader", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
     Collector("vllm-log", "logs.vllm_log", (".log", ".txt"), "vLLM server log"),
     Collector("sglang-log", "logs.sglang_log", (".log", ".txt"), "SGLang server log"),
     Collector("prom-endpoint", "prometheus.endpoint", (), "an engine's live /metrics URL (sampled, or one dump)"),
-    Collector("prom-http", "prometheus.prom_http", (), "Prometheus server HTTP API (URL)"),
+    Collector("prom-http", "prometheus.server_reader", (), "Prometheus server HTTP API (URL)"),
     # client-side records (what a benchmark client saw of each stream), collectors/clients/
     Collector("client-load", "clients.load_records", (".jsonl",), "mixdiag load records (JSON lines)"),
     Collector("vllm-bench", "clients.vllm_bench", (".json",), "vllm bench serve --save-result --save-detailed JSON"),

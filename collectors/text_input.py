@@ -12,10 +12,12 @@ Every text collector reads through :func:`read_lines` and accounts for every lin
 """
 from __future__ import annotations
 
+import calendar
 import io
 import os
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from mixdiag.errors import UserError
@@ -132,3 +134,18 @@ def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
         stats.partial = True
         stats.note("empty input")
     return lines, ends, stats
+
+
+def rfc3339_to_unix(stamp: str, zone: str | None) -> float | None:
+    """``2026-04-05T20:02:51.5`` with zone ``Z``/``+02:00``/None (UTC) -> unix seconds; None if no date."""
+    base, _, frac = stamp.partition(".")
+    try:
+        dt = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    secs = calendar.timegm(dt.timetuple()) + (float("0." + frac[:9]) if frac else 0.0)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "+" else 1  # local = UTC + offset
+        hh, mm = int(zone[1:3]), int(zone[-2:])
+        secs += sign * (hh * 3600 + mm * 60)
+    return secs

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mixdiag.collectors.prometheus.live import check_url
+from mixdiag.collectors.prometheus.prom_http import check_url
 from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS
 from mixdiag.errors import UserError
 from mixdiag.serving import check_address

@@ -17,8 +17,10 @@ gauge is the average over the exporter's collect interval ending at the sample, 
 covers ``(t_{k-1}, t_k]``; a step gets the time-weighted mean of the samples it overlaps (GPUs
 of one instance averaged).
 
-Sources: a scrape file or a directory of timed scrapes (via :mod:`.prom_text`), a Prometheus URL
-(via :mod:`.prom_http`, options ``selector``/``start``/``end``/``step_s``), or a Timeline.
+Sources: a scrape file or a directory of timed scrapes (via ``prometheus.scrape_reader``), a
+Prometheus URL (via ``prometheus.server_reader``, options ``selector``/``start``/``end``/``step_s``),
+or a Timeline. :func:`fill_intervals` is also what ``collectors.load`` applies to a Prometheus
+window or a sampled exporter URL read as such.
 """
 from __future__ import annotations
 
@@ -193,11 +195,11 @@ def _source_timeline(source, instance, options) -> Timeline:
     if isinstance(source, Timeline):
         return source
     if isinstance(source, str) and source.startswith(("http://", "https://")):
-        from mixdiag.collectors.prometheus import prom_http
+        from mixdiag.collectors.prometheus import server_reader
         keys = ("selector", "start", "end", "step_s", "window_s", "timeout_s")
-        return prom_http.read(source, **{k: options[k] for k in keys if k in options})
-    from mixdiag.collectors.prometheus import prom_text
-    return prom_text.read(source, instance=instance, **{k: options[k] for k in ("t_s",) if k in options})
+        return server_reader.read(source, **{k: options[k] for k in keys if k in options})
+    from mixdiag.collectors.prometheus import scrape_reader
+    return scrape_reader.read(source, instance=instance, **{k: options[k] for k in ("t_s",) if k in options})
 
 
 def read(source, *, instance: str | None = None, steps: Timeline | pd.DataFrame | None = None,

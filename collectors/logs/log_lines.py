@@ -7,7 +7,6 @@ is UTC with a year and sub-seconds, so it is preferred over the server's own tim
 """
 from __future__ import annotations
 
-import calendar
 import functools
 import math
 import re
@@ -19,7 +18,7 @@ import pandas as pd
 
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.text_input import LineStats
+from mixdiag.collectors.text_input import LineStats, rfc3339_to_unix
 
 _RFC3339 = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr) [FP] )?")
 _COMPOSE = re.compile(r"^[\w.-]+\s+\|\s")
@@ -44,20 +43,6 @@ def strip_container_prefix(line: str) -> tuple[str, float | None]:
     if m:
         line = line[m.end():]
     return line, t
-
-
-def rfc3339_to_unix(stamp: str, zone: str | None) -> float | None:
-    base, _, frac = stamp.partition(".")
-    try:
-        dt = datetime.strptime(base, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-    secs = calendar.timegm(dt.timetuple()) + (float("0." + frac[:9]) if frac else 0.0)
-    if zone and zone != "Z":
-        sign = -1 if zone[0] == "+" else 1  # local = UTC + offset
-        hh, mm = int(zone[1:3]), int(zone[-2:])
-        secs += sign * (hh * 3600 + mm * 60)
-    return secs
 
 
 @functools.lru_cache(maxsize=4096)  # log lines share their second

@@ -48,15 +48,12 @@ import numpy as np
 
 from mixdiag import wire
 
-LabelKey = tuple[tuple[str, str], ...]
-View = dict[str, dict[LabelKey, float]]
+from mixdiag.collectors.prometheus.prom_common import (ITERATION_TOKENS, TTFT_HISTOGRAMS, View, bucket_quantile,
+                                                       counter_increase, gauge_value)
 
 #: Suffix on a ``meta["metric_sources"]`` entry whose column is derived (quality ``inferred``).
 INFERRED = " [inferred]"
 
-TTFT_HISTOGRAMS = (wire.TIME_TO_FIRST_TOKEN_SECONDS, "vllm:time_to_first_token_seconds",
-                   "sglang:time_to_first_token_seconds")
-ITERATION_TOKENS = ("vllm:iteration_tokens_total",)  # histogram base name (its buckets are tokens)
 SGLANG_PASSES = "sglang:cuda_graph_passes_total"
 #: SGLang pass mode -> graph column.
 SGLANG_PASS_GRAPH = {"decode_cuda_graph": "graph_full_steps", "decode_none": "graph_none_steps",
@@ -68,11 +65,6 @@ KV_BYTES = (("sglang:kv_transfer_total_mb_sum", 1e6),)
 GPU_EXECUTION = ("sglang:gpu_execution_seconds_total", "sglang:forward_execution_seconds_total")
 BALANCEDNESS = "sglang:eplb_balancedness"
 SPEC = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total")
-
-
-def _increase(prev: dict | None, cur: dict | None, want: dict | None = None) -> float:
-    from mixdiag.collectors.prometheus.prom_intervals import counter_increase
-    return counter_increase(prev, cur, want)
 
 
 def histogram_delta(prev: View, cur: View, base: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -89,18 +81,13 @@ def histogram_delta(prev: View, cur: View, base: str) -> tuple[np.ndarray, np.nd
             continue
         if math.isnan(bound):
             continue
-        inc = _increase({labels: prev_b[labels]} if labels in prev_b else {}, {labels: v1})
+        inc = counter_increase({labels: prev_b[labels]} if labels in prev_b else {}, {labels: v1})
         if math.isfinite(inc):
             by_le[bound] = by_le.get(bound, 0.0) + inc
     if not by_le or not math.isinf(max(by_le)):
         return None
     upper = np.array(sorted(by_le), dtype="float64")
     return upper, np.maximum.accumulate(np.array([by_le[u] for u in upper], dtype="float64"))
-
-
-def _quantile(q: float, upper, cum) -> float:
-    from mixdiag.collectors.prometheus.prom_intervals import bucket_quantile
-    return bucket_quantile(q, upper, cum)
 
 
 def share_above(upper: np.ndarray, cum: np.ndarray, threshold: float) -> float:
@@ -120,7 +107,7 @@ def _by_label(prev: View, cur: View, name: str, label: str) -> dict[str, float]:
     cats = {dict(k).get(label) for k in series} - {None}
     out = {}
     for c in cats:
-        v = _increase(prev.get(name), series, {label: c})
+        v = counter_increase(prev.get(name), series, {label: c})
         out[c] = 0.0 if math.isnan(v) else v
     return out
 
@@ -175,7 +162,6 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
             # the decode batch may have been larger earlier in the interval: requests that finished
             # before the later scrape still decoded in its steps (33 decodes then 32 running must
             # not read as a large step)
-            from mixdiag.collectors.prometheus.prom_intervals import gauge_value
             before = gauge_value(prev, "running_reqs")
             running = max(running, before[0]) if before is not None and math.isfinite(before[0]) else running
             share = share_above(h[0], h[1], max(float(running), 1.0))
@@ -196,8 +182,8 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
         if h is None:
             continue
         if h[1][-1] > 0:
-            out["ttft_p50_s"] = float(_quantile(0.5, *h))
-            out["ttft_p99_s"] = float(_quantile(0.99, *h))
+            out["ttft_p50_s"] = float(bucket_quantile(0.5, *h))
+            out["ttft_p99_s"] = float(bucket_quantile(0.99, *h))
         out["arrivals"] = float(h[1][-1])
         used["ttft_p50_s"] = used["ttft_p99_s"] = base
         used["arrivals"] = base + "_count" + INFERRED
@@ -207,7 +193,7 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
             continue  # this row's counters (mixdiag's, vLLM's NIXL) filled it; ``used`` spans every row
         for name, scale in cands:
             if name in cur:
-                v = _increase(prev.get(name), cur[name])
+                v = counter_increase(prev.get(name), cur[name])
                 out[col] = 0.0 if math.isnan(v) else v * scale
                 used[col] = name
                 out["q_kv_transfer"] = "measured"
@@ -222,20 +208,20 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
             used["expert_imbalance"] = wire.EXPERT_IMBALANCE_RATIO
             out["q_expert_imbalance"] = "measured"
     elif BALANCEDNESS + "_count" in cur:
-        n = _increase(prev.get(BALANCEDNESS + "_count"), cur[BALANCEDNESS + "_count"])
-        s = _increase(prev.get(BALANCEDNESS + "_sum"), cur.get(BALANCEDNESS + "_sum"))
+        n = counter_increase(prev.get(BALANCEDNESS + "_count"), cur[BALANCEDNESS + "_count"])
+        s = counter_increase(prev.get(BALANCEDNESS + "_sum"), cur.get(BALANCEDNESS + "_sum"))
         if n > 0 and s > 0:
             out["expert_imbalance"] = n / s  # 1 / mean balancedness
             used["expert_imbalance"] = BALANCEDNESS + INFERRED
             out["q_expert_imbalance"] = "inferred"
     for name in GPU_EXECUTION:
         if name in cur:
-            v = _increase(prev.get(name), cur[name])
+            v = counter_increase(prev.get(name), cur[name])
             if math.isfinite(v):
                 out["forward_s"] = v
                 used["forward_s"] = name
             break
-    acc, drafts = (_increase(prev.get(n), cur.get(n)) for n in SPEC)
+    acc, drafts = (counter_increase(prev.get(n), cur.get(n)) for n in SPEC)
     if math.isfinite(drafts) and drafts > 0 and math.isfinite(acc):
         out["spec_accept_rate"] = acc / drafts
         used["spec_accept_rate"] = SPEC[0]
@@ -326,7 +312,7 @@ def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: 
         return
 
     def inc(name):
-        return [_increase(prev.get(name), cur.get(name)) for prev, cur in pairs]
+        return [counter_increase(prev.get(name), cur.get(name)) for prev, cur in pairs]
 
     work = spread_prefill_work([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
                                [r.get("prefill_tokens", math.nan) for r in rows],

@@ -5,54 +5,22 @@
 Two kinds of URL:
 
 * an engine (mixdiag's, vLLM, SGLang) ``/metrics`` URL (the path ends in ``/metrics``): each
-  poll is one scrape; consecutive scrapes become interval rows (``collectors.prom_text``);
+  poll is one scrape; consecutive scrapes become interval rows (:mod:`.scrape_reader`);
 * a Prometheus server (anything else, e.g. ``http://host:9090``): each poll reads the window
-  over the HTTP API (``collectors.prom_http``).
+  over the HTTP API through ``collectors.load`` (:mod:`.server_reader`, DCGM series -> ``sm_active``).
 """
 from __future__ import annotations
 
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from urllib.parse import urlparse
 
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-#: A scrape larger than this is refused (an engine's /metrics is a few hundred KiB at most).
-MAX_SCRAPE_BYTES = 16 * 2**20
-HTTP_TIMEOUT_S = 10.0
-
-
-def check_url(url: str, what: str = "URL") -> str:
-    """``url`` if it is an http(s) URL with a host; UserError otherwise (no file://, no javascript:)."""
-    u = urlparse(str(url).strip())
-    if u.scheme not in ("http", "https") or not u.netloc:
-        raise UserError(f"{what} must be an http:// or https:// URL, got {url!r}")
-    return str(url).strip().rstrip("/")
-
-
-def url_kind(url: str) -> str:
-    """``"engine"`` for a ``/metrics`` URL, ``"prometheus"`` for a Prometheus server."""
-    return "engine" if urlparse(url).path.rstrip("/").endswith("/metrics") else "prometheus"
-
-
-def fetch_text(url: str, timeout_s: float = HTTP_TIMEOUT_S, max_bytes: int = MAX_SCRAPE_BYTES) -> str:
-    """GET ``url`` as text; UserError (one line) on a network error, an HTTP error or an oversize body."""
-    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "mixdiag"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 (http/https checked by check_url)
-            body = r.read(max_bytes + 1)
-    except urllib.error.HTTPError as e:
-        raise UserError(f"{url}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise UserError(f"{url}: cannot connect ({reason})") from None
-    if len(body) > max_bytes:
-        raise UserError(f"{url}: response larger than {max_bytes // 2**20} MiB")
-    return body.decode("utf-8", errors="replace")
+from mixdiag.collectors.prometheus.prom_http import check_url, fetch_text, url_kind
+from mixdiag.collectors.prometheus.scrape_reader import read_scrapes
 
 
 class LiveFollower:
@@ -83,7 +51,7 @@ class LiveFollower:
         if kind not in (None, "engine", "prometheus"):
             raise UserError(f"unknown live source kind {kind!r}")
         with self._lock:
-            self.url, self.kind = url, kind or url_kind(url)
+            self.url, self.kind = url, kind or url_kind(url, probe=False)
             self.dataset_id = None
             self._scrapes.clear()
             self.polls = 0
@@ -118,8 +86,6 @@ class LiveFollower:
         return tl
 
     def _poll_engine(self, url: str, now: float) -> Timeline | None:
-        from mixdiag.collectors.prometheus import prom_text
-
         text = fetch_text(url)
         with self._lock:
             self._scrapes.append((now, text))
@@ -129,9 +95,9 @@ class LiveFollower:
         if len(pairs) < 2:
             return None
         name = self.instance or urlparse(url).netloc
-        return prom_text.read_scrapes(pairs, instance=name)
+        return read_scrapes(pairs, instance=name)
 
     def _poll_prometheus(self, url: str, now: float) -> Timeline | None:
-        from mixdiag.collectors.prometheus import prom_http
+        from mixdiag.collectors import load  # the registry's reader, then GPU filling, as for any input
 
-        return prom_http.read(url, start=now - self.window_s, end=now, step_s=max(self.refresh_s, 1.0))
+        return load(url, format="prom-http", start=now - self.window_s, end=now, step_s=max(self.refresh_s, 1.0))

@@ -23,8 +23,9 @@ import pandas as pd
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.prometheus.dialect_columns import (INFERRED, ITERATION_TOKENS, dialect_columns, quality,
-                                                          share_above)
+from mixdiag.collectors.prometheus.dialect_columns import INFERRED, dialect_columns, quality
+from mixdiag.collectors.prometheus.prom_common import ITERATION_TOKENS
+from mixdiag.collectors.prometheus.prom_http import MAX_POINTS, api_data, api_get, fmt_s, matchers, post
 from mixdiag.collectors.text_input import LineStats
 
 FORMAT = "prom-http"
@@ -68,17 +69,16 @@ AGGREGATE_FROM_TARGETS = 20
 CONCURRENT_QUERIES = 4
 
 
-def promql(template: str, matchers: str, step_s: float) -> str:
+def promql(template: str, selector_matchers: str, step_s: float) -> str:
     """A template above with the per-target keys, the selector's matchers and the step range."""
-    return template.format(by=_BY, s="{" + matchers + "}" if matchers else "", r=f"{int(round(step_s * 1000)) + 1}ms")
+    s = "{" + selector_matchers + "}" if selector_matchers else ""
+    return template.format(by=_BY, s=s, r=f"{int(round(step_s * 1000)) + 1}ms")
 
 
 def count_vllm_targets(url: str, selector: str, at: float, timeout_s: float = 30.0) -> int:
     """How many targets expose ``vllm:generation_tokens_total`` at ``at`` (one instant query)."""
-    from mixdiag.collectors.prometheus.prom_http import _get, _matchers
-
-    q = f"count(count by (instance) (last_over_time(vllm:generation_tokens_total{{{_matchers(selector)}}}[1h])))"
-    data = _get(url, "/api/v1/query", {"query": q, "time": f"{at:.3f}"}, timeout_s)
+    q = f"count(count by (instance) (last_over_time(vllm:generation_tokens_total{{{matchers(selector)}}}[1h])))"
+    data = api_get(url, "/api/v1/query", {"query": q, "time": f"{at:.3f}"}, timeout_s)
     res = data.get("result") or []
     return int(float(res[0]["value"][1])) if res else 0
 
@@ -149,17 +149,15 @@ def parse_matrix(raw: bytes) -> list[tuple[dict, np.ndarray, np.ndarray]] | None
 def query_matrix(url: str, q: str, start: float, end: float, step_s: float, timeout_s: float) -> list:
     """``prom_http.query_range`` as ``(target, labels, times, values)`` per series: long windows in
     chunks, a step answered twice kept once."""
-    from mixdiag.collectors.prometheus.prom_http import MAX_POINTS, _data, _fmt_s, _post
-
     out: dict[tuple, list] = {}
     t = start
     while t <= end:
         t_end = min(end, t + step_s * MAX_POINTS)
-        params = {"query": q, "start": f"{t:.3f}", "end": f"{t_end:.3f}", "step": _fmt_s(step_s)}
-        raw = _post(url, "/api/v1/query_range", params, timeout_s)
+        params = {"query": q, "start": f"{t:.3f}", "end": f"{t_end:.3f}", "step": fmt_s(step_s)}
+        raw = post(url, "/api/v1/query_range", params, timeout_s)
         got = parse_matrix(raw)
         if got is None:
-            data = _data(url, "/api/v1/query_range", raw)
+            data = api_data(url, "/api/v1/query_range", raw)
             if data.get("resultType") != "matrix":
                 raise UserError(f"Prometheus at {url}: expected a matrix, got {data.get('resultType')}")
             got = [(s["metric"], *_arrays(s.get("values", []))) for s in data["result"]]
@@ -337,9 +335,7 @@ def read_aggregated(url: str, start: float, end: float, step_s: float, selector:
     The row ending at ``t`` covers ``(t - step, t]``; ``increase`` extrapolates to the window edges,
     so token counts are not integers (as in any Grafana panel built on them).
     """
-    from mixdiag.collectors.prometheus.prom_http import _matchers
-
-    m = _matchers(selector)
+    m = matchers(selector)
     queries = {col: promql(t, m, step_s) for col, t in AGG_QUERIES.items()}
     queries.update({f"itl_buckets{i}": promql(t, m, step_s) for i, t in enumerate(ITL_BUCKETS)})
     queries.update({name: promql(t, m, step_s) for name, t in AGG_BUCKETS.items()})

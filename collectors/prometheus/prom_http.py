@@ -1,19 +1,13 @@
-"""Prometheus HTTP API: ``query_range`` over a window and a label selector, many targets at once.
+"""HTTP fetching: the Prometheus HTTP API (``query_range`` over a window and a label selector), an
+engine's ``/metrics`` text, and telling the two kinds of URL apart (:func:`url_kind`).
 
 This is how mixdiag reads a fleet: Prometheus (or whatever federates it: Thanos, Mimir, VictoriaMetrics
-speak the same API) is the distributed store. One Timeline instance per ``instance`` label (and per
-vLLM ``engine`` / SGLang ``dp_rank`` where a target has several); the rows are the same interval
-rows :mod:`.prom_text` builds from files, so everything downstream reads both alike.
-
-The values at each ``step`` are what PromQL returns for a bare selector: the newest sample at or
-before the step (within the lookback). Interval rows therefore lag the true scrape times by up to
-one scrape interval; choose ``step_s`` >= the scrape interval.
+speak the same API) is the distributed store. Fetching only: the readers that turn the answers
+into Timelines are :mod:`.server_reader` (a Prometheus server), :mod:`.endpoint` and :mod:`.live`.
 """
 from __future__ import annotations
 
 import json
-import math
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,26 +15,22 @@ from datetime import datetime
 
 from mixdiag import wire
 from mixdiag.errors import UserError
-from mixdiag.schema import Timeline
 
-from mixdiag.collectors.prometheus.prom_intervals import ITL_HISTOGRAMS, TimedScrape, build_timeline
-from mixdiag.collectors.prometheus.prom_text import Scrape, canonical_name
-from mixdiag.collectors.text_input import LineStats
+from mixdiag.collectors.prometheus.prom_common import ITERATION_TOKENS, ITL_HISTOGRAMS, TTFT_HISTOGRAMS
+from mixdiag.collectors.prometheus.prom_text import looks_like_exposition
 
-FORMAT = "prom-http"
 #: Metric-name prefixes fetched: vLLM, SGLang (both spellings), mixdiag's engine, DCGM exporter.
 PREFIXES = ("vllm:", "vllm_", "sglang:", "sglang_", wire.METRIC_PREFIX + "_", "DCGM_FI_")
 #: Prometheus refuses a range query with more than 11,000 points per series.
 MAX_POINTS = 10_000
-_DROP_LABELS = ("__name__", "job")
+#: A scrape larger than this is refused (an engine's /metrics is a few hundred KiB at most).
+MAX_SCRAPE_BYTES = 16 * 2**20
+HTTP_TIMEOUT_S = 10.0
+PROBE_TIMEOUT_S = 5.0
+_kinds: dict[str, str] = {}  # URL -> kind, probed once per process
 
 
-def sniff(head: bytes, name: str) -> bool:
-    """A Prometheus server is addressed by URL, never by file content."""
-    return name.startswith(("http://", "https://"))
-
-
-def _matchers(selector: str) -> str:
+def matchers(selector: str) -> str:
     """``{job="x", instance=~"a.*"}`` or ``job="x"`` -> the matcher list without braces."""
     sel = (selector or "").strip()
     if sel.startswith("{") and sel.endswith("}"):
@@ -52,12 +42,11 @@ def _matchers(selector: str) -> str:
 
 def queries(selector: str = "") -> list[str]:
     """The PromQL selectors fetched: every non-bucket series, the ITL histogram buckets, ``up``."""
-    extra = _matchers(selector)
+    extra = matchers(selector)
     extra = ", " + extra if extra else ""
     # Metric names hold only [a-zA-Z0-9_:], so they need no regex escaping.
     names = "|".join(p + ".*" for p in PREFIXES)
     # Histograms whose buckets the interval rows read: ITL, and the dialects' TTFT / iteration tokens.
-    from mixdiag.collectors.prometheus.dialect_columns import ITERATION_TOKENS, TTFT_HISTOGRAMS
     hists = tuple(ITL_HISTOGRAMS) + tuple(TTFT_HISTOGRAMS) + tuple(ITERATION_TOKENS)
     itl = "|".join(h + "_bucket" for h in hists)
     itl += "|" + "|".join(h.replace(":", "_", 1) + "_bucket" for h in hists if ":" in h)
@@ -67,7 +56,7 @@ def queries(selector: str = "") -> list[str]:
             f'{{__name__="up"{extra}}}']
 
 
-def _post(url: str, path: str, params: dict, timeout_s: float) -> bytes:
+def post(url: str, path: str, params: dict, timeout_s: float) -> bytes:
     """The body of an API answer (an HTTP error's too, when it is the API's JSON error document)."""
     body = urllib.parse.urlencode(params).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=body,
@@ -86,7 +75,7 @@ def _post(url: str, path: str, params: dict, timeout_s: float) -> bytes:
         raise UserError(f"cannot reach Prometheus at {url}: {getattr(e, 'reason', e)}") from None
 
 
-def _data(url: str, path: str, raw: bytes) -> dict:
+def api_data(url: str, path: str, raw: bytes) -> dict:
     """``data`` of an API answer; UserError for an error document or a body that is no JSON."""
     try:
         doc = json.loads(raw)
@@ -99,11 +88,12 @@ def _data(url: str, path: str, raw: bytes) -> dict:
     return doc["data"]
 
 
-def _get(url: str, path: str, params: dict, timeout_s: float) -> dict:
-    return _data(url, path, _post(url, path, params, timeout_s))
+def api_get(url: str, path: str, params: dict, timeout_s: float) -> dict:
+    """``data`` of the API answer to ``path`` with ``params`` (see :func:`post`, :func:`api_data`)."""
+    return api_data(url, path, post(url, path, params, timeout_s))
 
 
-def _fmt_s(seconds: float) -> str:
+def fmt_s(seconds: float) -> str:
     """Seconds for the API without losing digits (``%g`` would round 12.3456789 to 12.3457)."""
     return f"{seconds:.6f}".rstrip("0").rstrip(".")
 
@@ -116,8 +106,8 @@ def query_range(url: str, promql: str, start: float, end: float, step_s: float,
     t = start
     while t <= end:
         t_end = min(end, t + span)
-        data = _get(url, "/api/v1/query_range", {"query": promql, "start": f"{t:.3f}", "end": f"{t_end:.3f}",
-                                                 "step": _fmt_s(step_s)}, timeout_s)
+        data = api_get(url, "/api/v1/query_range", {"query": promql, "start": f"{t:.3f}", "end": f"{t_end:.3f}",
+                                                 "step": fmt_s(step_s)}, timeout_s)
         if data.get("resultType") != "matrix":
             raise UserError(f"Prometheus at {url}: expected a matrix, got {data.get('resultType')}")
         for series in data["result"]:
@@ -165,74 +155,72 @@ def split_url(url: str) -> tuple[str, dict]:
     return base, out
 
 
-def read(source: str, *, instance: str | None = None, selector: str = "", start: float | None = None,
-         end: float | None = None, step_s: float = 15.0, window_s: float = 3600.0,
-         timeout_s: float = 30.0, **options) -> Timeline:
-    """Read ``[start, end]`` (default: the last ``window_s`` seconds) of every matching target.
+def check_url(url: str, what: str = "URL") -> str:
+    """``url`` if it is an http(s) URL with a host; UserError otherwise (no file://, no javascript:)."""
+    u = urllib.parse.urlparse(str(url).strip())
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise UserError(f"{what} must be an http:// or https:// URL, got {url!r}")
+    return str(url).strip().rstrip("/")
 
-    ``source`` is the server URL (``http://host:9090``, optionally with the window in its query,
-    see :func:`split_url`); ``selector`` narrows the targets (``{job="vllm"}``). ``instance``
-    renames the Timeline instance when exactly one target matched.
+
+def fetch_text(url: str, timeout_s: float = HTTP_TIMEOUT_S, max_bytes: int = MAX_SCRAPE_BYTES) -> str:
+    """GET ``url`` as text; UserError (one line) on a network error, an HTTP error or an oversize body."""
+    req = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "mixdiag"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:  # noqa: S310 (http/https checked by check_url)
+            body = r.read(max_bytes + 1)
+    except urllib.error.HTTPError as e:
+        raise UserError(f"{url}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise UserError(f"{url}: cannot connect ({reason})") from None
+    if len(body) > max_bytes:
+        raise UserError(f"{url}: response larger than {max_bytes // 2**20} MiB")
+    return body.decode("utf-8", errors="replace")
+
+
+def _strip_query(url: str) -> str:
+    p = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((p.scheme, p.netloc, p.path, "", ""))
+
+
+def _is_prometheus(url: str, timeout_s: float) -> bool:
+    """``GET <url>/api/v1/status/buildinfo`` answers ``{"status": "success", ...}``."""
+    probe = _strip_query(url).rstrip("/") + "/api/v1/status/buildinfo"
+    try:
+        with urllib.request.urlopen(probe, timeout=timeout_s) as r:  # noqa: S310 (http/https only)
+            doc = json.loads(r.read(1 << 20))
+    except (urllib.error.URLError, OSError, ValueError, TimeoutError):
+        return False
+    return isinstance(doc, dict) and doc.get("status") == "success"
+
+
+def url_kind(url: str, *, probe: bool = True, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """``"engine"`` (text exposition) or ``"prometheus"`` (HTTP API) for an http(s) URL.
+
+    A URL whose path ends in ``/metrics`` is an engine. Otherwise, with ``probe`` (format
+    detection), ``<url>/api/v1/status/buildinfo`` answering Prometheus JSON means a server, a URL
+    answering text exposition an engine, and neither is a UserError; without ``probe`` (live mode,
+    which must not block on the network when a URL is set) anything else is a server.
     """
-    if not isinstance(source, str) or not source.startswith(("http://", "https://")):
-        raise UserError(f"prom-http needs a Prometheus URL like http://host:9090, got {source!r}")
-    source, from_url = split_url(source)
-    selector = selector or from_url.get("selector", "")
-    start = start if start is not None else from_url.get("start")
-    end = end if end is not None else from_url.get("end")
-    step_s = from_url.get("step", step_s)
-    window_s = from_url.get("window", window_s)
-    if not (step_s > 0 and math.isfinite(step_s)):
-        raise UserError(f"step_s must be a positive number of seconds, got {step_s!r}")
-    end = float(end) if end is not None else time.time()
-    start = float(start) if start is not None else end - window_s
-    if not start < end:
-        raise UserError(f"empty window: start {start} is not before end {end}")
-    stats = LineStats(format=FORMAT, path=source)
-    stats.note(f"window [{start:.3f}, {end:.3f}] step {step_s:g}s; selector {selector or '(none)'}")
-    aggregate = str(options.get("aggregate") or from_url.get("aggregate") or "auto")
-    if aggregate not in ("auto", "yes", "no"):
-        raise UserError(f"aggregate={aggregate!r}: use auto, yes or no")
-    from mixdiag.collectors.prometheus import prom_aggregate as agg  # the fleet path
-
-    if aggregate == "yes" or (aggregate == "auto" and instance is None
-                              and agg.count_vllm_targets(source, selector, end, timeout_s) >= agg.AGGREGATE_FROM_TARGETS):
-        return agg.read_aggregated(source, start, end, step_s, selector, max(timeout_s, 60.0), stats)
-    by_t: dict[float, Scrape] = {}
-    for q in queries(selector):
-        for series in query_range(source, q, start, end, step_s, timeout_s):
-            stats.lines_total += 1
-            metric = series["metric"]
-            name = canonical_name(metric.get("__name__", ""))
-            labels = tuple(sorted((k, v) for k, v in metric.items() if k not in _DROP_LABELS))
-            bad = 0
-            for t, v in series["values"]:
-                try:
-                    val = float(v)
-                except (TypeError, ValueError):
-                    bad += 1
-                    continue
-                by_t.setdefault(float(t), Scrape()).add(name, labels, val)
-            if bad:
-                stats.skipped(f"{name}{dict(labels)}", f"{bad} non-numeric value(s)")
-            else:
-                stats.parsed()
-    if not by_t:
-        stats.partial = True
-        stats.note("no series matched the selector in the window")
-    timed = [TimedScrape(t, s) for t, s in sorted(by_t.items())]
-    targets = sorted({dict(k).get("instance") for s in by_t.values() for fam in s.samples.values() for k in fam}
-                     - {None})
-    if instance is not None and len(targets) > 1:
-        raise UserError(f"instance={instance!r} names one target, but the selector matched {len(targets)}: "
-                        f"{', '.join(targets[:5])}")
-    if instance is not None:
-        for s in by_t.values():
-            for name, fam in list(s.samples.items()):
-                s.samples[name] = {tuple((k, instance if k == "instance" else v) for k, v in lab): val
-                                   for lab, val in fam.items()}
-    tl = build_timeline(timed, instance or "prometheus", clock="unix", fmt=FORMAT, sources=[stats.to_meta()])
-    tl.meta["targets"] = targets
-    from mixdiag.collectors.gpu import dcgm
-
-    return dcgm.fill_intervals(tl, options.get("gpu_map"))  # DCGM_FI_PROF_* series -> sm_active
+    path_is_metrics = urllib.parse.urlsplit(url).path.rstrip("/").endswith("/metrics")
+    if not probe:
+        return "engine" if path_is_metrics else "prometheus"
+    if url in _kinds:
+        return _kinds[url]
+    if path_is_metrics:
+        kind = "engine"
+    elif _is_prometheus(url, timeout_s):
+        kind = "prometheus"
+    else:
+        try:
+            text = fetch_text(url, timeout_s=timeout_s)
+            why = "" if looks_like_exposition(text[:65536].encode("utf-8", "replace")) else "no text exposition"
+        except UserError as e:
+            why = str(e).split(": ", 1)[-1]
+        if why:
+            raise UserError(f"{url}: neither a Prometheus server (no /api/v1/status/buildinfo) "
+                            f"nor a /metrics endpoint ({why})")
+        kind = "engine"
+    _kinds[url] = kind
+    return kind

@@ -1,4 +1,4 @@
-"""Timed Prometheus scrapes -> Timeline interval rows (shared by prom_text and prom_http).
+"""Timed Prometheus scrapes -> Timeline interval rows (shared by the scrape, server and endpoint readers).
 
 Between two consecutive scrapes of one instance an ``interval`` row gets:
 
@@ -20,8 +20,7 @@ Which metric fed which column (new or old vLLM name, SGLang, mixdiag) is in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,13 +28,10 @@ import pandas as pd
 from mixdiag import wire
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.text_input import LineStats
-
-LabelKey = tuple[tuple[str, str], ...]
-View = dict[str, dict[LabelKey, float]]  # one instance's samples in one scrape
-
-#: Labels that split a target into several Timeline instances (vLLM DP engines, SGLang DP ranks).
-SPLIT_LABELS = ("engine", "dp_rank")
+from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, prefill_work_column, quality
+from mixdiag.collectors.prometheus.prom_common import (GAUGE_COLUMNS, ITL_HISTOGRAMS, SPLIT_LABELS, LabelKey,
+                                                       TimedScrape, View, bucket_quantile, counter_increase,
+                                                       first_present, gauge_value, is_gauge)
 
 # Per column: candidate (metric, label filter) in order of preference; the first present wins.
 COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
@@ -57,21 +53,6 @@ COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
     "kv_transfer_bytes": [(wire.KV_TRANSFER_BYTES_TOTAL, {}), ("vllm:nixl_bytes_transferred_sum", {})],
     "kv_transfer_s": [(wire.KV_TRANSFER_SECONDS_TOTAL, {}), ("vllm:nixl_xfer_time_seconds_sum", {})],
 }
-# Gauges as of the interval end: (metric, how several series combine).
-GAUGE_COLUMNS: dict[str, list[tuple[str, str]]] = {
-    "running_reqs": [(wire.REQUESTS_RUNNING, "sum"), ("vllm:num_requests_running", "sum"),
-                     ("sglang:num_running_reqs", "sum")],
-    "waiting_reqs": [(wire.REQUESTS_WAITING, "sum"), ("vllm:num_requests_waiting", "sum"),
-                     ("sglang:num_queue_reqs", "sum")],
-    "kv_usage": [(wire.KV_USAGE_RATIO, "mean"), ("vllm:kv_cache_usage_perc", "mean"),
-                 ("vllm:gpu_cache_usage_perc", "mean"), ("sglang:token_usage", "mean")],
-    # the last step's max/mean tokens per EP rank at scrape time: a sample, not an interval mean
-    "expert_imbalance": [(wire.EXPERT_IMBALANCE_RATIO, "max")],
-}
-#: ITL histograms, preferred first (vLLM's TPOT histogram holds the same data under its old name).
-ITL_HISTOGRAMS = (wire.INTER_TOKEN_LATENCY_SECONDS, "vllm:inter_token_latency_seconds",
-                  "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
-                  "sglang:time_per_output_token_seconds")
 STEPS_BY_KIND = (wire.STEPS_TOTAL, "kind")
 KINDS = ("prefill", "decode", "mixed", "idle")
 #: Counters split by a bounded category label whose increases go to ``series`` as ``<name>:increase``.
@@ -79,61 +60,6 @@ CATEGORY_COUNTERS = ((wire.STEPS_TOTAL, "kind"), (wire.GRAPH_DISPATCH_TOTAL, "mo
                      (wire.GRAPH_REPLAYS_TOTAL, "mode"), ("sglang:cuda_graph_passes_total", "mode"),
                      ("sglang:realtime_tokens_total", "mode"), ("vllm:prompt_tokens_by_source_total", "source"))
 QUANTILES = (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99))
-_NOT_GAUGE_SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
-
-
-@dataclass
-class TimedScrape:
-    """One parsed scrape (a ``prom_text.Scrape``), its time and its honesty counters."""
-
-    t_s: float
-    scrape: Any
-    stats: LineStats | None = None
-
-
-def _match(labels: LabelKey, want: dict) -> bool:
-    d = dict(labels)
-    return all(d.get(k) == v for k, v in want.items())
-
-
-def counter_increase(prev: dict[LabelKey, float] | None, cur: dict[LabelKey, float] | None,
-                     want: dict | None = None) -> float:
-    """Summed increase of the matching series between two scrapes; NaN when none is present now."""
-    if not cur:
-        return math.nan
-    prev = prev or {}
-    total, seen = 0.0, False
-    for labels, v1 in cur.items():
-        if want and not _match(labels, want):
-            continue
-        if not math.isfinite(v1):
-            continue
-        seen = True
-        v0 = prev.get(labels)
-        if v0 is None or not math.isfinite(v0):
-            total += v1  # born after the previous scrape, from zero
-        elif v1 >= v0:
-            total += v1 - v0
-        else:
-            total += v1  # reset (process restart): everything counted since is the increase
-    return total if seen else math.nan
-
-
-def bucket_quantile(q: float, upper: np.ndarray, cum: np.ndarray) -> float:
-    """PromQL ``histogram_quantile`` over cumulative ``cum`` counts at sorted ``upper`` bounds."""
-    if len(upper) < 2 or not math.isinf(upper[-1]) or cum[-1] <= 0:
-        return math.nan
-    rank = q * cum[-1]
-    b = int(np.searchsorted(cum[:-1], rank, side="left"))
-    if b >= len(upper) - 1:
-        return float(upper[-2])  # in the +Inf bucket: the highest finite bound is all we know
-    hi = float(upper[b])
-    if b == 0 and hi <= 0:
-        return hi
-    lo = float(upper[b - 1]) if b > 0 else 0.0
-    below = float(cum[b - 1]) if b > 0 else 0.0
-    n = float(cum[b]) - below
-    return hi if n <= 0 else lo + (hi - lo) * (rank - below) / n
 
 
 def _without_le(labels: LabelKey) -> LabelKey:
@@ -204,47 +130,15 @@ def _split(timed: list[TimedScrape], base: str) -> dict[str, list[tuple[float, V
     return out
 
 
-def _first_present(cur: View, candidates, test: Callable[[dict[LabelKey, float], Any], bool]):
-    for cand in candidates:
-        series = cur.get(cand[0])
-        if series and test(series, cand):
-            return cand
-    return None
-
-
-def _gauge(series: dict[LabelKey, float], how: str) -> float:
-    vals = [v for v in series.values() if math.isfinite(v)]
-    if not vals:
-        return math.nan
-    if how == "max":
-        return float(max(vals))
-    return float(sum(vals) if how == "sum" else sum(vals) / len(vals))
-
-
-def gauge_value(view: View, col: str) -> tuple[float, str] | None:
-    """Gauge column ``col`` (a GAUGE_COLUMNS key) of one scrape: (value, the series read), from the
-    first candidate series present; None when none is."""
-    c = _first_present(view, GAUGE_COLUMNS[col], lambda s, c: True) if view else None
-    return None if c is None else (_gauge(view[c[0]], c[1]), c[0])
-
-
 def _label_str(labels: LabelKey) -> str:
     return ",".join(f"{k}={v}" for k, v in labels)
-
-
-def is_gauge(name: str, types: dict[str, str]) -> bool:
-    """Whether family ``name`` holds gauge values (not counter, bucket, sum or count series)."""
-    t = types.get(name)
-    if t is not None:
-        return t in ("gauge", "untyped", "unknown", "summary") and not name.endswith(_NOT_GAUGE_SUFFIXES)
-    return not name.endswith(_NOT_GAUGE_SUFFIXES)
 
 
 def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View,
                   used: dict[str, str], series_rows: list[dict]) -> dict:
     row: dict[str, Any] = {"instance": inst, "step": i, "t_start_s": t0, "t_end_s": t1, "granularity": "interval"}
     for col, cands in COUNTER_COLUMNS.items():
-        c = _first_present(cur, cands, lambda s, c: True)
+        c = first_present(cur, cands, lambda s, c: True)
         if c is not None:
             v = counter_increase(prev.get(c[0]), cur[c[0]], c[1])
             # The family is exposed but not this label value: client libraries create labelled
@@ -297,8 +191,7 @@ def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View
             if math.isfinite(v):
                 series_rows.append({"instance": inst, "name": cname + ":increase", "labels": f"{label}={cat}",
                                     "t_s": t1, "value": v})
-    from mixdiag.collectors.prometheus.dialect_columns import dialect_columns  # vLLM/SGLang/mixdiag evidence columns
-    row.update(dialect_columns(prev, cur, row, used))
+    row.update(dialect_columns(prev, cur, row, used))  # vLLM/SGLang/mixdiag evidence columns
     row["step_source"] = "scrape"
     return row
 
@@ -335,13 +228,11 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
                 continue
             rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows))
             pairs.append((prev, cur))
-        from mixdiag.collectors.prometheus.dialect_columns import prefill_work_column
         # cross-interval: vLLM's prompt tokens counted at first token, spread back over prefill time
         prefill_work_column(rows[n_before:], pairs, used)
         if down:
             notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
         metric_sources[inst] = used
-        from mixdiag.collectors.prometheus.dialect_columns import quality
         sig = {col: quality(src) for col, src in used.items() if col not in ("itl",)}
         if "itl" in used:
             sig.update({c: "measured" for c in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count")})

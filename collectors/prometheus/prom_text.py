@@ -1,11 +1,9 @@
-"""Prometheus text exposition: one ``/metrics`` scrape, or a directory of timed scrapes.
+"""Prometheus text exposition parsing: one ``/metrics`` text -> a :class:`Scrape`, and the times
+that scrape file names carry. Parsing only: turning scrapes into a Timeline is
+:mod:`.scrape_reader`'s (files, directories, ``(t_s, text)`` pairs) and :mod:`.prom_intervals`'.
 
-Reads what vLLM (``vllm:`` colon names, old and new names, ``engine``/``model_name`` labels),
+Parses what vLLM (``vllm:`` colon names, old and new names, ``engine``/``model_name`` labels),
 SGLang (``sglang:`` and ``sglang_`` names) and mixdiag's engine (``mixdiag_engine_*``) expose.
-A single scrape gives gauges and raw counter values as ``series``; a sequence of scrapes (files
-named ``<unix_time_s>.prom`` in a directory, or ``(t_s, text)`` pairs via :func:`read_scrapes`)
-gives one ``interval`` row per pair of consecutive scrapes (see :mod:`.prom_intervals`).
-
 Lenient about format drift, strict about honesty: every line is parsed, ignored (comments,
 ``# HELP``/``# TYPE``, ``*_created``) or skipped and counted (bad syntax, a bad value, a duplicate
 series, a last line cut mid-way).
@@ -17,18 +15,14 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from mixdiag import wire
-from mixdiag.errors import UserError
-from mixdiag.schema import Timeline
 
-from mixdiag.collectors.prometheus.prom_intervals import TimedScrape, build_timeline, is_gauge
-from mixdiag.collectors.text_input import LineStats, is_garbage, read_lines, source_name, split_lines
+from mixdiag.collectors.prometheus.prom_common import LabelKey
+from mixdiag.collectors.text_input import LineStats, is_garbage, rfc3339_to_unix, split_lines
 
 FORMAT = "prom-text"
-
-LabelKey = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 _SAMPLE = re.compile(rf"^\s*({_NAME})\s*(\{{.*\}})?\s*([^\s#]+)(?:\s+(-?\d+(?:\.\d+)?))?\s*(?:#.*)?$")
@@ -40,7 +34,7 @@ _SNIFF = re.compile(rb"^(?:# (?:HELP|TYPE) |(?:vllm|sglang|" + wire.METRIC_PREFI
 _SCRAPE_FILE = re.compile(r"^(\d+(?:\.\d+)?)\.prom$")
 # Scrape names users' own loops write: a unix time in s or ms anywhere (scrape-1730000000123.prom),
 # or an RFC 3339 time (2026-04-05T20:02:51Z.prom, metrics_2026-04-05_20-02-51.txt).
-_SCRAPE_EXT = (".prom", ".txt", ".metrics", ".openmetrics")
+SCRAPE_EXTENSIONS = (".prom", ".txt", ".metrics", ".openmetrics")
 _NAME_RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T_ ](\d\d)[:\-]?(\d\d)[:\-]?(\d\d)(?:[.,](\d+))?(Z|[+-]\d\d:?\d\d)?")
 _NAME_UNIX = re.compile(r"(?<![\d.])(\d{13}|\d{10})(?:\.(\d+))?(?![\d])")
 
@@ -107,10 +101,11 @@ def parse(text: str, stats: LineStats | None = None, *, final_newline: bool | No
     lines, ends = split_lines(text)
     if stats is None:
         stats = LineStats(format=FORMAT, path="<text>", lines_total=len(lines))
-    return _parse_lines(lines, ends if final_newline is None else final_newline, stats)
+    return parse_lines(lines, ends if final_newline is None else final_newline, stats)
 
 
-def _parse_lines(lines: Sequence[str], ends_with_newline: bool, stats: LineStats) -> Scrape:
+def parse_lines(lines: Sequence[str], ends_with_newline: bool, stats: LineStats) -> Scrape:
+    """Parse already split lines (``ends_with_newline``: the text ended in one); counted in ``stats``."""
     scrape = Scrape()
     last = len(lines) - 1
     for i, raw in enumerate(lines):
@@ -174,39 +169,21 @@ def _normalise_counter_names(scrape: Scrape) -> None:
                 target.setdefault(k, v)
 
 
-def sniff(head: bytes, name: str) -> bool:
-    """True for a text exposition (``# TYPE`` lines or known metric names) or a ``*.prom`` file."""
-    if name.endswith(".prom"):
-        return True
-    if os.path.isdir(name):
-        try:
-            return any(p.name.lower().endswith(".prom") or name_time(p.name) is not None and
-                       p.name.lower().endswith(_SCRAPE_EXT) for p in Path(name).iterdir())
-        except OSError:
-            return False
+def looks_like_exposition(head: bytes) -> bool:
+    """Whether bytes hold Prometheus text exposition (``# HELP``/``# TYPE`` lines or known metric names)."""
     return _SNIFF.search(head[:65536]) is not None
-
-
-def _scrape_time(scrape: Scrape, t_s: float | None, stats: LineStats) -> tuple[float, str]:
-    if t_s is not None:
-        return float(t_s), "unix"
-    if len(scrape.timestamps_ms) == 1:
-        return next(iter(scrape.timestamps_ms)) / 1000.0, "unix"
-    stats.note("scrape time unknown (no t_s given, no single sample timestamp): t = 0 on a relative clock")
-    return 0.0, "relative"
 
 
 def name_time(name: str) -> float | None:
     """The unix time a scrape file's name carries (s or ms anywhere, or RFC 3339); None if none."""
     stem = name
-    for ext in _SCRAPE_EXT:
+    for ext in SCRAPE_EXTENSIONS:
         if stem.lower().endswith(ext):
             stem = stem[: -len(ext)]
             break
     m = _NAME_RFC3339.search(stem)
     if m:
         y, mo, d, hh, mi, ss, frac, zone = m.groups()
-        from mixdiag.collectors.logs.log_lines import rfc3339_to_unix
         t = rfc3339_to_unix(f"{y}-{mo}-{d}T{hh}:{mi}:{ss}" + (f".{frac}" if frac else ""), zone)
         if t is not None:
             return t
@@ -228,7 +205,7 @@ def scrape_files(directory: str | os.PathLike, *, mtime: bool = False) -> tuple[
     d = Path(directory)
     found, other = [], []
     for p in sorted(d.iterdir()):
-        t = name_time(p.name) if p.is_file() and p.name.lower().endswith(_SCRAPE_EXT) else None
+        t = name_time(p.name) if p.is_file() and p.name.lower().endswith(SCRAPE_EXTENSIONS) else None
         if t is None and mtime and p.is_file() and p.name.lower().endswith((".prom", ".metrics")):
             t = p.stat().st_mtime
         if t is not None:
@@ -239,104 +216,3 @@ def scrape_files(directory: str | os.PathLike, *, mtime: bool = False) -> tuple[
     return found, other
 
 
-def creation_scrape(timed: list[TimedScrape], max_periods: float = 2.0) -> TimedScrape | None:
-    """The scrape the counters imply at their creation: every counter and histogram series of the
-    first scrape at 0, at the earliest ``*_created`` time - or None.
-
-    prometheus_client (vLLM's and SGLang's metrics library) exposes ``<family>_created``, the time a
-    counter started from 0; a labelled child is created at first use, so it was 0 before. The work
-    done before the first scrape is then one interval like the others, not lost. Only for one
-    target (one ``instance``), and only when the creation lies at most ``max_periods`` scrape
-    periods before the first scrape: a process started hours earlier would make one interval far
-    coarser than the rest, whose quantiles do not compare."""
-    if len(timed) < 2:
-        return None
-    first = timed[0]
-    created = [t for t in first.scrape.created.values() if t < first.t_s]
-    if not created:
-        return None
-    t0 = min(created)
-    gaps = sorted(b.t_s - a.t_s for a, b in zip(timed, timed[1:]))
-    period = gaps[len(gaps) // 2]
-    if not period > 0 or first.t_s - t0 > max_periods * period:
-        return None
-    insts = {dict(lab).get("instance") for series in first.scrape.samples.values() for lab in series}
-    if len(insts) > 1:
-        return None
-    zero = Scrape(types=dict(first.scrape.types))
-    for name, series in first.scrape.samples.items():
-        if not is_gauge(name, first.scrape.types):
-            for labels in series:
-                zero.add(name, labels, 0.0)
-    if first.stats is not None:
-        first.stats.note(f"the first interval starts at the counters' creation ({first.t_s - t0:.2f} s before the "
-                         "first scrape, *_created): they count from 0 there")
-    return TimedScrape(t0, zero, None)
-
-
-def _read_dir(d: Path, base: str) -> Timeline:
-    """Timed scrapes in ``d`` (instance ``base``); each sub-directory holding timed scrapes is one
-    more instance named after it (a run directory's ``scrapes/engine1/`` of a multi-instance run)."""
-    files, other = scrape_files(d)
-    by_mtime = 0
-    if not files:  # names without a time: the files' modification times, flagged
-        files, other = scrape_files(d, mtime=True)
-        by_mtime = len(files)
-    subdirs = [d / name for name in other if (d / name).is_dir() and scrape_files(d / name)[0]]
-    if not files and not subdirs:
-        raise UserError(f"{d}: no scrape files (*.prom with a unix or RFC 3339 time in the name) in this directory")
-    parts = [_read_dir(sd, sd.name) for sd in subdirs]
-    if files:
-        timed = []
-        for t, p in files:
-            lines, ends, stats = read_lines(p, FORMAT)
-            timed.append(TimedScrape(t, _parse_lines(lines, ends, stats), stats))
-        rest = [n for n in other if (d / n) not in subdirs]
-        if by_mtime:
-            timed[0].stats.note(f"{by_mtime} scrape file name(s) carry no time: timed by file modification "
-                                "time (unix clock; as exact as the copy that kept it)")
-        if rest:
-            timed[0].stats.note(f"{len(rest)} other file(s) in the directory not read, e.g. {rest[0]}")
-        timed.sort(key=lambda s: s.t_s)
-        origin = creation_scrape(timed)
-        if origin is not None:
-            timed.insert(0, origin)
-        parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT))
-    if len(parts) == 1:
-        return parts[0]
-    tl = Timeline.concat(parts)
-    tl.meta["metric_sources"] = {k: v for p in parts for k, v in p.meta.get("metric_sources", {}).items()}
-    tl.meta["notes"] = [n for p in parts for n in p.meta.get("notes", [])]
-    return tl
-
-
-def read(source, *, instance: str | None = None, t_s: float | None = None, **options) -> Timeline:
-    """Read one scrape (path or file object) or a directory of ``<unix_time_s>.prom`` scrapes.
-
-    ``instance`` names the Timeline instance (default: the file or directory name); series with
-    several ``engine`` (vLLM DP) or ``dp_rank`` (SGLang) values become one instance each.
-    """
-    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-        return _read_dir(Path(source), instance or Path(source).resolve().name)
-    lines, ends, stats = read_lines(source, FORMAT)
-    scrape = _parse_lines(lines, ends, stats)
-    if lines and stats.lines_parsed == 0 and not scrape.types:
-        raise UserError(f"{source_name(source)}: not a Prometheus text exposition (no sample line parsed)")
-    t, clock = _scrape_time(scrape, t_s, stats)
-    base = instance or Path(source_name(source)).stem
-    from mixdiag.collectors.prometheus.endpoint import since_start  # one dump: totals since process start
-
-    return since_start(scrape, t, base, clock=clock, fmt=FORMAT, stats=stats)
-
-
-def read_scrapes(pairs: Iterable[tuple[float, str]], *, instance: str = "scrape", **options) -> Timeline:
-    """A sequence of ``(t_s, exposition_text)`` pairs (e.g. polled live) -> interval rows."""
-    timed = []
-    for i, (t, text) in enumerate(pairs):
-        if not math.isfinite(float(t)):
-            raise UserError(f"scrape {i}: time {t!r} is not a finite number")
-        lines, ends = split_lines(text)
-        stats = LineStats(format=FORMAT, path=f"<scrape {i} at t={float(t):.3f}>", lines_total=len(lines))
-        timed.append(TimedScrape(float(t), _parse_lines(lines, ends, stats), stats))
-    timed.sort(key=lambda s: s.t_s)
-    return build_timeline(timed, instance, clock="unix", fmt=FORMAT)

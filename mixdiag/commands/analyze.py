@@ -81,7 +81,7 @@ def run(args, console):
         console.note(f"wrote {args.html}")
     human, doc = render(d, top=args.top), d.to_json()
     if tl.meta.get("since_start"):  # one dump: the run's totals since process start, not spikes
-        from mixdiag.collectors.prometheus.endpoint import summary_lines, summary_rows
+        from mixdiag.report_since_start import summary_lines, summary_rows
         human = "\n".join(summary_lines(tl)) + "\n(one scrape has no time axis: sample the URL with " \
             "--duration S, or give a directory of timed scrapes, to locate spikes)"
         doc = {**doc, "since_start": summary_rows(tl)}

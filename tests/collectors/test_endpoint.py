@@ -8,8 +8,9 @@ import time
 import pytest
 
 from mixdiag.collectors import load, registry
-from mixdiag.collectors.prometheus import endpoint, prom_text
+from mixdiag.collectors.prometheus import endpoint, prom_http, scrape_reader
 from mixdiag.errors import UserError
+from mixdiag.report_since_start import summary_lines
 
 ITL_LE = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3)
 
@@ -83,7 +84,7 @@ def test_detects_endpoint_not_prometheus(metrics_server):
     base, _ = metrics_server
     assert registry.detect(base + "/metrics") == "prom-endpoint"
     with pytest.raises(UserError, match="neither a Prometheus server"):
-        endpoint.url_kind(base + "/other")
+        prom_http.url_kind(base + "/other")
 
 
 def test_samples_endpoint_into_interval_rows(metrics_server):
@@ -122,14 +123,14 @@ def test_single_dump_summary_since_start(metrics_server):
     assert row["output_tokens"] == 100.0 and row["prefill_tokens"] == 16.0 and row["preempted_reqs"] == 0.0
     info = tl.meta["since_start"]
     assert info["start_known"] and 99 < info["t_end_s"] - info["t_start_s"] < 105
-    text = "\n".join(endpoint.summary_lines(tl))
+    text = "\n".join(summary_lines(tl))
     assert "ITL P50 0.0" in text and "P99" in text and "generation tokens 100" in text
 
 
 def test_single_dump_file_since_start(tmp_path):
     p = tmp_path / "dump.prom"
     p.write_text(vllm_exposition(12))
-    tl = prom_text.read(p)
+    tl = scrape_reader.read(p)
     (row,) = tl.steps.to_dict("records")
     # 12 ticks: 4 bursts at 60 ms among 1200 outputs -> P50 in the 20 ms bucket, P99 in the 60 ms one
     assert row["output_tokens"] == 1200.0 and row["prefill_tokens"] == 4 * 4096 + 8 * 16

@@ -2,7 +2,7 @@
 formats and timed /metrics scrapes; what they read back matches the engine's own step records."""
 import pytest
 
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.logs import sglang_log
 from mixdiag.collectors.logs import vllm_log
 from mixdiag.engine.core.config import EngineConfig
@@ -59,8 +59,8 @@ def test_sglang_lines_give_the_engines_prefill_steps(run):
 
 def test_timed_scrapes_give_interval_counts(run):
     out, records = run
-    tl = prom_text.read(out / "scrapes", instance="engine0")
-    first = prom_text.read(sorted((out / "scrapes").glob("*.prom"), key=lambda p: float(p.stem))[0], t_s=0.0)
+    tl = scrape_reader.read(out / "scrapes", instance="engine0")
+    first = scrape_reader.read(sorted((out / "scrapes").glob("*.prom"), key=lambda p: float(p.stem))[0], t_s=0.0)
     base = first.series[first.series["name"] == "mixdiag_engine_steps_total"]
     at_first = {lab.split("=")[1]: v for lab, v in zip(base["labels"], base["value"])}
     s = tl.steps

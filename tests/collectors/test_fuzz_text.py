@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mixdiag.collectors.gpu import dcgm
 from mixdiag.collectors.gpu import nvml
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.logs import sglang_log
 from mixdiag.collectors.logs import vllm_log
 from mixdiag.errors import UserError
@@ -38,7 +38,7 @@ documents = st.one_of(
     st.binary(max_size=300),
     st.just(b""),
 )
-PARSERS = {"prom-text": prom_text.read, "sglang-log": sglang_log.read, "vllm-log": vllm_log.read,
+PARSERS = {"prom-text": scrape_reader.read, "sglang-log": sglang_log.read, "vllm-log": vllm_log.read,
            "nvml-csv": nvml.read, "dcgm": dcgm.read}
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -78,7 +78,7 @@ def test_parser_never_crashes_and_counts_add_up(fmt, data, header):
 @given(texts=st.lists(documents, min_size=1, max_size=4))
 def test_scrape_sequence_never_crashes(texts):
     pairs = [(float(i), t.decode("utf-8", "replace")) for i, t in enumerate(texts)]
-    tl = prom_text.read_scrapes(pairs, instance="fuzz")
+    tl = scrape_reader.read_scrapes(pairs, instance="fuzz")
     assert len(tl.meta["sources"]) == len(texts)
     for src, t in zip(tl.meta["sources"], texts):
         assert src["lines_total"] == n_lines(t) == src["lines_parsed"] + src["lines_skipped"] + src["lines_ignored"]

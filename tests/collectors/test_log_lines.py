@@ -1,7 +1,8 @@
 """log_lines: container prefixes, clocks, numbers and field names shared by the log readers."""
 import pytest
 
-from mixdiag.collectors.logs.log_lines import naive_to_unix, parse_number, rfc3339_to_unix, slug, strip_container_prefix
+from mixdiag.collectors.logs.log_lines import naive_to_unix, parse_number, slug, strip_container_prefix
+from mixdiag.collectors.text_input import rfc3339_to_unix
 
 
 @pytest.mark.parametrize("line,rest,t", [

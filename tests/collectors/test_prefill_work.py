@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.prometheus.dialect_columns import spread_prefill_work
 
 T0, T1 = [0.0, 1.0, 2.0], [1.0, 2.0, 3.0]
@@ -61,7 +61,7 @@ def _scrape(prompt, pre_n, pre_sum, with_prefill_time=True):
 def test_capture_rows_get_the_inferred_column_only_with_the_prefill_histogram(with_prefill_time):
     scrapes = [(0.0, _scrape(0, 0, 0.0, with_prefill_time)), (1.0, _scrape(0, 0, 0.0, with_prefill_time)),
                (2.0, _scrape(0, 0, 0.0, with_prefill_time)), (3.0, _scrape(1000, 1, 2.0, with_prefill_time))]
-    tl = prom_text.read_scrapes(scrapes, instance="v")
+    tl = scrape_reader.read_scrapes(scrapes, instance="v")
     st = tl.steps.sort_values("step")
     assert list(st["prefill_tokens"]) == [0, 0, 1000]  # the counter: all in the last interval
     if not with_prefill_time:

@@ -10,7 +10,7 @@ import pytest
 
 from mixdiag.collectors.prometheus import prom_aggregate as agg
 from mixdiag.collectors.prometheus.dialect_columns import dialect_columns
-from mixdiag.collectors.prometheus.prom_intervals import bucket_quantile
+from mixdiag.collectors.prometheus.prom_common import bucket_quantile
 
 
 def _body(series: list[dict]) -> bytes:

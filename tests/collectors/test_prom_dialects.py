@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.prometheus.dialect_columns import share_above
 
 import numpy as np
@@ -63,7 +63,7 @@ def sglang_scrape(passes: dict, bal_n=0, bal_sum=0.0, kv_ms=0.0, kv_mb=0.0, gpu_
 
 
 def _row(a: str, b: str, **kw):
-    tl = prom_text.read_scrapes([(100.0, a), (101.0, b)], **kw)
+    tl = scrape_reader.read_scrapes([(100.0, a), (101.0, b)], **kw)
     assert len(tl.steps) == 1
     return tl.steps.iloc[0].to_dict(), tl.meta["signals"]
 
@@ -137,7 +137,7 @@ def test_large_steps_are_judged_against_the_larger_running_count():
                           "# TYPE vllm:generation_tokens_total counter",
                           f"vllm:generation_tokens_total{{{lab}}} {33 * n_steps}",
                           _hist("vllm:iteration_tokens_total", V, ITER, counts, 33 * n_steps)]) + "\n"
-    tl = prom_text.read_scrapes([(0.0, scrape(0, 33)), (1.0, scrape(20, 32))], instance="v")
+    tl = scrape_reader.read_scrapes([(0.0, scrape(0, 33)), (1.0, scrape(20, 32))], instance="v")
     row = tl.steps.iloc[0]
     assert row["large_step_share"] == 0.0 and row["kind"] == "decode"
 
@@ -145,7 +145,7 @@ def test_large_steps_are_judged_against_the_larger_running_count():
 def test_every_interval_gets_its_own_kv_transfer():
     # one transfer per interval: each interval row counts its own bytes, not only the first
     passes = {"decode": 10}
-    tl = prom_text.read_scrapes([(0.0, sglang_scrape(passes, kv_ms=0.0, kv_mb=0.0)),
+    tl = scrape_reader.read_scrapes([(0.0, sglang_scrape(passes, kv_ms=0.0, kv_mb=0.0)),
                                  (1.0, sglang_scrape(passes, kv_ms=60.0, kv_mb=2.0)),
                                  (2.0, sglang_scrape(passes, kv_ms=60.0, kv_mb=2.0)),
                                  (3.0, sglang_scrape(passes, kv_ms=130.0, kv_mb=5.0))], instance="s")

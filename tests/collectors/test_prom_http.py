@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from mixdiag.cli import main
-from mixdiag.collectors.prometheus import prom_http
+from mixdiag.collectors.prometheus import prom_http, server_reader
 from mixdiag.errors import UserError
 
 
@@ -52,7 +52,7 @@ def test_query_range_reads_back_counts_of_two_targets(prometheus_server, metrics
     prom.wait_until("mixdiag_engine_generation_tokens_total", lambda r: len(r) == 2 and
                     {x["metric"]["instance"]: float(x["value"][1]) for x in r} == {ta: 120.0, tb: 0.0})
     time.sleep(1.0)
-    tl = prom_http.read(prom.url, selector='{job="mixdiag"}', start=t0, end=time.time(), step_s=0.5)
+    tl = server_reader.read(prom.url, selector='{job="mixdiag"}', start=t0, end=time.time(), step_s=0.5)
     assert tl.meta["targets"] == sorted([ta, tb]) and sorted(tl.steps["instance"].unique()) == sorted([ta, tb])
     sa = tl.steps[tl.steps["instance"] == ta]
     sb = tl.steps[tl.steps["instance"] == tb]
@@ -77,8 +77,8 @@ def test_query_range_reads_back_counts_of_two_targets(prometheus_server, metrics
 def test_bad_query_and_unreachable_server_are_user_errors(prometheus_server):
     prom = prometheus_server([], scrape_interval_s=1.0)
     with pytest.raises(UserError, match="Prometheus at"):
-        prom_http.read(prom.url, selector='{job=~"("}', start=0, end=10, step_s=1)
-    tl = prom_http.read(prom.url, selector='{job="nothing"}', start=time.time() - 60, end=time.time(), step_s=5)
+        server_reader.read(prom.url, selector='{job=~"("}', start=0, end=10, step_s=1)
+    tl = server_reader.read(prom.url, selector='{job="nothing"}', start=time.time() - 60, end=time.time(), step_s=5)
     assert len(tl.steps) == 0 and tl.meta["partial"] is True
 
 
@@ -91,7 +91,7 @@ def test_bad_query_and_unreachable_server_are_user_errors(prometheus_server):
 ])
 def test_argument_errors(kwargs, msg):
     with pytest.raises(UserError, match=msg):
-        prom_http.read(**kwargs)
+        server_reader.read(**kwargs)
 
 
 @pytest.mark.parametrize("url,base,params", [
@@ -134,7 +134,7 @@ def test_itl_quantiles_equal_promql_histogram_quantile(prometheus_server, metric
     t1 = time.time()
     start = round(t0 - 0.5, 3)  # scrapes of the empty histogram exist before t0
     step = round(t1 - start, 3)
-    tl = prom_http.read(prom.url, start=start, end=start + step, step_s=step)  # one interval: the burst
+    tl = server_reader.read(prom.url, start=start, end=start + step, step_s=step)  # one interval: the burst
     row = tl.steps.iloc[0]
     assert row["itl_count"] == 82
     for col, q in (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99)):

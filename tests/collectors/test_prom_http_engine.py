@@ -6,7 +6,7 @@ import time
 import pytest
 
 from helpers.prometheus_server import free_port
-from mixdiag.collectors.prometheus import prom_http
+from mixdiag.collectors.prometheus import server_reader
 from mixdiag.engine.core.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
@@ -39,7 +39,7 @@ def test_prom_http_reads_back_the_engines_counts(prometheus_server, tmp_path):
     prom.wait_until("sum(mixdiag_engine_steps_total)", lambda r: r and float(r[0]["value"][1]) == len(records))
     time.sleep(3 * SCRAPE_S)
     try:
-        tl = prom_http.read(prom.url, selector=f'{{instance="{target}"}}', start=t0, end=time.time(),
+        tl = server_reader.read(prom.url, selector=f'{{instance="{target}"}}', start=t0, end=time.time(),
                             step_s=SCRAPE_S, instance="engine0")
     finally:
         inst.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.prometheus_server import PrometheusServer
-from mixdiag.collectors.prometheus import prom_http
+from mixdiag.collectors.prometheus import server_reader
 
 ROOT = Path(__file__).resolve().parents[2]
 N_INST, BURST_EVERY, MINUTES = 24, 4, 3
@@ -44,9 +44,9 @@ def fleet(tmp_path_factory):
 @pytest.mark.prometheus
 def test_aggregated_rows_match_raw_rows(fleet):
     url, start, end = fleet
-    agg = prom_http.read(f"{url}/?start={start}&end={end}&step=15")
+    agg = server_reader.read(f"{url}/?start={start}&end={end}&step=15")
     assert any("aggregated in Prometheus" in n for n in agg.meta["notes"])  # auto: >= 20 targets
-    raw = prom_http.read(f"{url}/?start={start}&end={end}&step=15&aggregate=no")
+    raw = server_reader.read(f"{url}/?start={start}&end={end}&step=15&aggregate=no")
     assert len(agg.instances) == N_INST and sorted(agg.instances) == sorted(raw.instances)
     a = agg.steps.set_index(["instance", "t_end_s"]).sort_index()
     r = raw.steps.set_index(["instance", "t_end_s"]).sort_index()
@@ -63,7 +63,7 @@ def test_aggregated_rows_match_raw_rows(fleet):
 @pytest.mark.prometheus
 def test_burst_instances_show_prompt_spikes_and_itl_rises(fleet):
     url, start, end = fleet
-    st = prom_http.read(f"{url}/?start={start}&end={end}&step=15&aggregate=yes").steps
+    st = server_reader.read(f"{url}/?start={start}&end={end}&step=15&aggregate=yes").steps
     burst = st["instance"].str.extract(r"vllm-(\d+)")[0].astype(int) % BURST_EVERY == 0
     big = st["prefill_tokens"] > 10_000
     assert big[burst].sum() >= MINUTES and big[~burst].sum() == 0
@@ -76,7 +76,7 @@ def test_bad_aggregate_parameter(value):
     from mixdiag.errors import UserError
 
     with pytest.raises(UserError, match="aggregate="):
-        prom_http.read(f"http://127.0.0.1:1/?window=60&aggregate={value}")
+        server_reader.read(f"http://127.0.0.1:1/?window=60&aggregate={value}")
 
 
 @pytest.mark.prometheus
@@ -86,7 +86,7 @@ def test_itl_quantiles_are_prometheus_histogram_quantile_to_the_bit(fleet):
     from mixdiag.collectors.prometheus import prom_aggregate as agg
 
     url, start, end = fleet
-    st = prom_http.read(f"{url}/?start={start}&end={end}&step=15&aggregate=yes").steps
+    st = server_reader.read(f"{url}/?start={start}&end={end}&step=15&aggregate=yes").steps
     for col, q in agg.ITL_QUANTILES:
         inner = "sum by (instance, engine, le) (increase(vllm:inter_token_latency_seconds_bucket[15001ms]))"
         got = agg.query_matrix(url, f"histogram_quantile({q}, {inner})", start + 15, end, 15, 30.0)
@@ -99,10 +99,10 @@ def test_itl_quantiles_are_prometheus_histogram_quantile_to_the_bit(fleet):
 @pytest.mark.prometheus
 def test_fast_parse_equals_json_parse_of_a_fleet_answer(fleet):
     from mixdiag.collectors.prometheus import prom_aggregate as agg
-    from mixdiag.collectors.prometheus.prom_http import _post
+    from mixdiag.collectors.prometheus.prom_http import post
 
     url, start, end = fleet
-    raw = _post(url, "/api/v1/query_range", {"query": "increase(vllm:iteration_tokens_total_bucket[15001ms])",
+    raw = post(url, "/api/v1/query_range", {"query": "increase(vllm:iteration_tokens_total_bucket[15001ms])",
                                               "start": start + 15, "end": end, "step": 15}, 30.0)
     fast = agg.parse_matrix(raw)
     slow = json.loads(raw)["data"]["result"]

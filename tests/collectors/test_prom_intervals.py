@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mixdiag.collectors.prometheus import prom_text
-from mixdiag.collectors.prometheus.prom_intervals import bucket_quantile, counter_increase, histogram_increase
+from mixdiag.collectors.prometheus import prom_text, scrape_reader
+from mixdiag.collectors.prometheus.prom_common import bucket_quantile, counter_increase
+from mixdiag.collectors.prometheus.prom_intervals import histogram_increase
 
 A, B = (("k", "a"),), (("k", "b"),)
 
@@ -60,7 +61,7 @@ def test_interval_increases_property(values, monotone):
         values = sorted(values)
     pairs = [(float(i), f"mixdiag_engine_generation_tokens_total {v}\n"
                         f'x_seconds_bucket{{le="1.0"}} {v}\nx_seconds_bucket{{le="+Inf"}} {v}\n') for i, v in enumerate(values)]
-    tl = prom_text.read_scrapes(pairs, instance="p")
+    tl = scrape_reader.read_scrapes(pairs, instance="p")
     inc = tl.steps["output_tokens"]
     assert len(inc) == len(values) - 1 and (inc >= 0).all()
     if monotone:
@@ -74,7 +75,8 @@ def test_interval_increases_property(values, monotone):
 def test_engine_gauges_and_graph_dispatches_become_interval_columns():
     """Source names stop here: the diagnosis reads expert_imbalance and graph_*_steps columns."""
     from mixdiag import wire
-    from mixdiag.collectors.prometheus.prom_intervals import TimedScrape, build_timeline
+    from mixdiag.collectors.prometheus.prom_common import TimedScrape
+    from mixdiag.collectors.prometheus.prom_intervals import build_timeline
 
     def scrape(full, piecewise, imb):
         return prom_text.parse(

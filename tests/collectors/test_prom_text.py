@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import prom_text, scrape_reader
 from mixdiag.errors import UserError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -21,7 +21,7 @@ FIXTURES = [
 
 @pytest.mark.parametrize("name,total,parsed,ignored,values", FIXTURES)
 def test_fixture_counts(name, total, parsed, ignored, values):
-    tl = prom_text.read(FIX / name)
+    tl = scrape_reader.read(FIX / name)
     src = tl.meta["sources"][0]
     assert (src["lines_total"], src["lines_parsed"], src["lines_skipped"], src["lines_ignored"]) == \
         (total, parsed, 0, ignored)
@@ -51,7 +51,7 @@ def test_parse_syntax_variants():
 
 
 def test_cut_last_line_is_skipped_and_flagged():
-    tl = prom_text.read(io.BytesIO(b"a_total 1\nb_total 2"), t_s=5.0)
+    tl = scrape_reader.read(io.BytesIO(b"a_total 1\nb_total 2"), t_s=5.0)
     src = tl.meta["sources"][0]
     assert (src["lines_parsed"], src["lines_skipped"], src["partial"]) == (1, 1, True)
     assert tl.meta["partial"] is True
@@ -61,9 +61,9 @@ def test_not_prometheus_is_user_error(tmp_path):
     p = tmp_path / "x.txt"
     p.write_text("hello world\nthis is a log\n")
     with pytest.raises(UserError):
-        prom_text.read(p)
+        scrape_reader.read(p)
     with pytest.raises(UserError):
-        prom_text.read(tmp_path / "missing.prom")
+        scrape_reader.read(tmp_path / "missing.prom")
 
 
 def _engine_registry():
@@ -101,7 +101,7 @@ def test_scrape_sequence_intervals_from_real_registry():
     scrapes.append((102.0, generate_latest(reg).decode()))
     # interval 2: nothing ran
     scrapes.append((103.0, generate_latest(reg).decode()))
-    tl = prom_text.read_scrapes(scrapes, instance="engine0")
+    tl = scrape_reader.read_scrapes(scrapes, instance="engine0")
     s = tl.steps
     assert list(s["kind"]) == ["decode", "mixed", "idle"]
     assert list(s["granularity"]) == ["interval"] * 3
@@ -137,7 +137,7 @@ def _vllm(engine_values, gen, running, itl_buckets, name="vllm:generation_tokens
 def test_vllm_engines_split_and_counter_reset():
     s0 = _vllm(["0", "1"], [100, 50], [3, 4], [(1, 2, 2), (0, 0, 0)])
     s1 = _vllm(["0", "1"], [130, 10], [5, 6], [(1, 5, 5), (0, 1, 1)])   # engine 1 restarted: 50 -> 10
-    tl = prom_text.read_scrapes([(0.0, s0), (10.0, s1)], instance="vllm")
+    tl = scrape_reader.read_scrapes([(0.0, s0), (10.0, s1)], instance="vllm")
     s = tl.steps.set_index("instance")
     assert sorted(s.index) == ["vllm/engine0", "vllm/engine1"]
     assert s.loc["vllm/engine0", "output_tokens"] == 30.0
@@ -159,7 +159,7 @@ def test_scrape_directory(tmp_path):
     (sub / "1700000000.prom").write_bytes(generate_latest(reg1))
     m1["steps"].labels("decode").inc(4)
     (sub / "1700000001.prom").write_bytes(generate_latest(reg1))
-    tl = prom_text.read(tmp_path, instance="e")
+    tl = scrape_reader.read(tmp_path, instance="e")
     assert tl.instances == ["e", "engine1"]
     assert list(tl.steps["kind"]) == ["prefill", "decode"]
     assert tl.steps["t_end_s"][0] == 1700000005.5
@@ -175,7 +175,7 @@ def test_scrape_directory(tmp_path):
     (b"[2025-01-01 00:00:00] Prefill batch. #new-seq: 1", "x.log", False),
 ])
 def test_sniff(head, name, want):
-    assert prom_text.sniff(head, name) is want
+    assert scrape_reader.sniff(head, name) is want
 
 
 
@@ -191,10 +191,10 @@ def test_user_named_scrapes_are_one_instance_on_the_unix_clock(tmp_path, names, 
     for n in names:
         m["steps"].labels("decode").inc(3)
         (tmp_path / n).write_bytes(generate_latest(reg))
-    tl = prom_text.read(tmp_path, instance="u")
+    tl = scrape_reader.read(tmp_path, instance="u")
     assert tl.instances == ["u"] and tl.meta["clock"] == "unix" and len(tl.steps) == 1
     assert (tl.steps["t_start_s"][0], tl.steps["t_end_s"][0]) == pytest.approx(tuple(times))
-    assert prom_text.sniff(b"", str(tmp_path))
+    assert scrape_reader.sniff(b"", str(tmp_path))
 
 
 def test_scrapes_without_a_time_use_mtime_and_say_so(tmp_path):
@@ -204,7 +204,7 @@ def test_scrapes_without_a_time_use_mtime_and_say_so(tmp_path):
         m["steps"].labels("decode").inc(1)
         (tmp_path / n).write_bytes(generate_latest(reg))
         os.utime(tmp_path / n, (1700000000 + 10 * i, 1700000000 + 10 * i))
-    tl = prom_text.read(tmp_path, instance="u")
+    tl = scrape_reader.read(tmp_path, instance="u")
     assert tl.instances == ["u"] and len(tl.steps) == 2 and tl.steps["t_end_s"].iloc[-1] == 1700000020
     assert any("modification time" in n for s in tl.meta["sources"] for n in s["notes"])
 
@@ -236,7 +236,7 @@ def _created_scrapes(tmp_path, lead_s: float):
 
 def test_first_interval_starts_at_counter_creation(tmp_path):
     created = _created_scrapes(tmp_path, lead_s=1.0)
-    tl = prom_text.read(tmp_path, instance="e")
+    tl = scrape_reader.read(tmp_path, instance="e")
     assert list(tl.steps["output_tokens"]) == [5.0, 3.0]  # the work before the first scrape is kept
     assert tl.steps["t_start_s"].iloc[0] == pytest.approx(created)
     assert any("counters' creation" in n for s in tl.meta["sources"] for n in s["notes"])
@@ -245,5 +245,5 @@ def test_first_interval_starts_at_counter_creation(tmp_path):
 def test_no_creation_interval_when_created_long_before(tmp_path):
     # started 30 scrape periods before the first scrape: that interval would not compare with the rest
     _created_scrapes(tmp_path, lead_s=30.0)
-    tl = prom_text.read(tmp_path, instance="e")
+    tl = scrape_reader.read(tmp_path, instance="e")
     assert list(tl.steps["output_tokens"]) == [3.0]

@@ -1,7 +1,8 @@
 """Live mode against a real engine /metrics endpoint (the engine's metrics registry and server)."""
 import pytest
 
-from mixdiag.collectors.prometheus.live import LiveFollower, url_kind
+from mixdiag.collectors.prometheus.live import LiveFollower
+from mixdiag.collectors.prometheus.prom_http import url_kind
 from mixdiag.diagnosis import diagnose
 from mixdiag.engine.telemetry.metrics import EngineMetrics
 from mixdiag.engine.telemetry.metrics_server import MetricsServer
@@ -21,7 +22,7 @@ def feed(metrics, tl, lo, hi):
 @pytest.mark.parametrize("url,kind", [("http://h:8000/metrics", "engine"), ("http://h:8000/metrics/", "engine"),
                                       ("http://prom:9090", "prometheus"), ("https://prom/api", "prometheus")])
 def test_url_kind(url, kind):
-    assert url_kind(url) == kind
+    assert url_kind(url, probe=False) == kind
 
 
 def test_engine_scrapes_become_intervals_and_the_slow_one_is_a_spike(make_timeline):

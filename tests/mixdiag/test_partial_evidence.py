@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from mixdiag.collectors import load
-from mixdiag.collectors.prometheus import prom_text
+from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.diagnosis import diagnose
 from mixdiag.schema import Timeline
 
@@ -99,7 +99,7 @@ def view_vllm_metrics(s, interval_s=0.25):
         lines += _hist("vllm:inter_token_latency_seconds", ITL_B, [int(x) for x in itl])
         lines += _hist("vllm:iteration_tokens_total", ITER_B, [int(x) for x in it])
         pairs.append((b, "\n".join(lines) + "\n"))
-    return prom_text.read_scrapes(pairs, instance="srv")
+    return scrape_reader.read_scrapes(pairs, instance="srv")
 
 
 VIEWS = {"times+graph+sm": (view_times_graph_sm, 0.5, 0.8),
