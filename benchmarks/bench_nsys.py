@@ -39,10 +39,10 @@ mode, path = sys.argv[1], sys.argv[2]
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-from mixdiag.collectors.traces import nsys
-from mixdiag.collectors.traces.nsys_activity import kernel_sql
-from mixdiag.collectors.traces.nsys_db import NsysDb
-from mixdiag.collectors.traces.nsys_kernels import fetch_columns
+from mixdiag.collectors.traces.nsys import reader as nsys
+from mixdiag.collectors.traces.nsys.activity import kernel_sql
+from mixdiag.collectors.traces.nsys.db import NsysDb
+from mixdiag.collectors.traces.nsys.kernels import fetch_columns
 c0, t = cpu(), time.perf_counter()
 if mode == "scan":
     db = NsysDb(path)

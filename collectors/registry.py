@@ -35,8 +35,8 @@ class Collector:
 
 COLLECTORS: tuple[Collector, ...] = (
     Collector("mixdiag-run", "engine_run", (), "run directory of the reference engine (mixdiag run/demo)"),
-    Collector("nsys-sqlite", "traces.nsys", (".sqlite", ".sqlite3", ".db"), "Nsight Systems SQLite export"),
-    Collector("kineto-json", "traces.kineto", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
+    Collector("nsys-sqlite", "traces.nsys.reader", (".sqlite", ".sqlite3", ".db"), "Nsight Systems SQLite export"),
+    Collector("kineto-json", "traces.kineto.reader", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
     Collector("dcgm", "gpu.dcgm", (".prom", ".txt"), "DCGM exporter scrape"),
     Collector("nvml-csv", "gpu.nvml", (".csv",), "CSV written by mixdiag's NVML sampler"),
     Collector("prom-text", "prometheus.scrape_reader", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),

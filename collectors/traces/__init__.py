@@ -1,4 +1,6 @@
-"""Trace readers: Nsight Systems SQLite exports, PyTorch-profiler (Kineto) JSON, and the step
-reconstruction they share.
+"""Trace readers, one room per source: ``nsys/`` (Nsight Systems SQLite exports), ``kineto/``
+(PyTorch-profiler JSON), and ``steps/``, the step reconstruction both share (mixdiag's own step
+ranges, foreign engines' steps, their token inference and evidence).
 
-May import: mixdiag.schema, mixdiag.errors, mixdiag.wire, mixdiag.collectors (provenance). Never torch."""
+May import: mixdiag.schema, mixdiag.errors, mixdiag.wire, mixdiag.collectors (provenance); ``nsys/``
+and ``kineto/`` import ``steps/``, never each other; ``steps/`` imports no reader. Never torch."""

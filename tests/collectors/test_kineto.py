@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from mixdiag.collectors.traces import kineto
+from mixdiag.collectors.traces.kineto import reader as kineto
 from mixdiag.errors import UserError
 
 PLAN = [("prefill", 64, 0, "NONE"), ("decode", 0, 4, "FULL"), ("mixed", 16, 4, "PIECEWISE"), ("decode", 0, 4, "FULL")]

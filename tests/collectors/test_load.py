@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from mixdiag.collectors import load
-from mixdiag.collectors.traces import nsys
+from mixdiag.collectors.traces.nsys import reader as nsys
 from mixdiag.engine.core.records import StepRecord, to_timeline
 from mixdiag.errors import UserError
 

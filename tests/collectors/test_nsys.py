@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers.nsys_export import NsysExport, gpid, gtid
 
-from mixdiag.collectors.traces import nsys
+from mixdiag.collectors.traces.nsys import reader as nsys
 from mixdiag.errors import UserError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
@@ -282,7 +282,7 @@ def test_export_ids_in_helpers_match_real_layout():
 
 def test_stdlib_sqlite3_path_gives_the_same_timeline(tmp_path, monkeypatch):
     """Without adbc-driver-sqlite the collector reads with sqlite3 cursors: same result."""
-    from mixdiag.collectors.traces.nsys_db import NsysDb
+    from mixdiag.collectors.traces.nsys.db import NsysDb
 
     paths = [FIX / "h100_2gpu_1s.sqlite", FIX / "healthy_1pct.sqlite", _nvtx_export(tmp_path / "nv.sqlite")]
     fast = [nsys.read(p) for p in paths]
@@ -295,7 +295,7 @@ def test_stdlib_sqlite3_path_gives_the_same_timeline(tmp_path, monkeypatch):
 
 
 def test_arrow_failure_falls_back_to_sqlite3(monkeypatch):
-    from mixdiag.collectors.traces import nsys_kernels
+    from mixdiag.collectors.traces.nsys import kernels as nsys_kernels
 
     want = nsys.read(FIX / "mock.sqlite")
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.collectors.traces import nsys
-from mixdiag.collectors.traces.foreign_steps import LAUNCH, MEMCPY, Activity, Calls, Items, reconstruct
+from mixdiag.collectors.traces.nsys import reader as nsys
+from mixdiag.collectors.traces.steps.foreign import LAUNCH, MEMCPY, Activity, Calls, Items, reconstruct
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nsys"
 MS = 1_000_000

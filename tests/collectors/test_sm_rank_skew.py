@@ -1,4 +1,4 @@
-"""SM-based rank skew (``collectors/traces/foreign_evidence.sm_rank_skew``): EP ranks whose compute
+"""SM-based rank skew (``collectors/traces/steps/evidence.sm_rank_skew``): EP ranks whose compute
 hides inside replayed CUDA graphs, compared by their SM-busy time over the step."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.collectors.traces import nsys
-from mixdiag.collectors.traces.foreign_evidence import sm_rank_skew
+from mixdiag.collectors.traces.nsys import reader as nsys
+from mixdiag.collectors.traces.steps.evidence import sm_rank_skew
 
 
 def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_skew=np.nan):

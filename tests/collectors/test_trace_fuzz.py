@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixdiag.collectors.traces import kineto
-from mixdiag.collectors.traces import nsys
+from mixdiag.collectors.traces.kineto import reader as kineto
+from mixdiag.collectors.traces.nsys import reader as nsys
 from mixdiag.errors import UserError
 from mixdiag.schema import SchemaError, Timeline
 
@@ -77,7 +77,7 @@ def test_sqlite_file_is_never_modified(tmp_path):
 
 
 def test_text_where_integers_belong_is_a_user_error(tmp_path, monkeypatch):
-    from mixdiag.collectors.traces.nsys_db import NsysDb
+    from mixdiag.collectors.traces.nsys.db import NsysDb
 
     p = tmp_path / "drift.sqlite"
     p.write_bytes(MOCK.read_bytes())

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.collectors.traces.trace_steps import (attach_step_stats, graph_counts, graph_mode, graph_modes,
+from mixdiag.collectors.traces.steps.reconstruct import (attach_step_stats, graph_counts, graph_mode, graph_modes,
                                             is_engine_step_range, parse_step_message, parse_step_messages,
                                             leading_phases, parse_step_stats, split_on_gaps)
 

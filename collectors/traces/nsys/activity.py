@@ -1,7 +1,7 @@
-"""Read an Nsight Systems export into a :class:`.foreign_steps.Activity` (column batches).
+"""Read an Nsight Systems export into a :class:`..steps.foreign.Activity` (column batches).
 
 Kernels, graph-trace rows and copies (with bytes and direction), the runtime calls that launch,
-copy or synchronise, and the ranges named in :mod:`.step_ranges`. Kernel names are classified once
+copy or synchronise, and the ranges named in :mod:`..steps.ranges`. Kernel names are classified once
 per ``StringIds`` entry (prefill/decode attention family, comm, transfer), then looked up per row.
 """
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces import step_ranges as sr
-from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
-from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, NVTX, PID_MASK, RUNTIME, STRINGS, NsysDb
-from mixdiag.collectors.traces.nsys_kernels import fetch_columns, launch_names
-from mixdiag.collectors.traces.nsys_nvtx import _message_sql, _range_types
+from mixdiag.collectors.traces.steps import ranges as sr
+from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
+from mixdiag.collectors.traces.nsys.db import GRAPH_TRACE, KERNEL, NVTX, PID_MASK, RUNTIME, STRINGS, NsysDb
+from mixdiag.collectors.traces.nsys.kernels import fetch_columns, launch_names
+from mixdiag.collectors.traces.nsys.nvtx import message_sql, range_types
 
 MEMCPY_TABLE = "CUPTI_ACTIVITY_KIND_MEMCPY"
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -125,8 +125,8 @@ def _ranges(db: NsysDb, extra: tuple[str, ...] = ()) -> pd.DataFrame:
     empty = pd.DataFrame({"grp": _EMPTY, "tid": _EMPTY, "start": _EMPTY, "end": _EMPTY, "name": [], "transfer": []})
     if not db.has(NVTX) or not {"start", "end", "eventType", "globalTid"} <= db.columns(NVTX):
         return empty
-    msg, join = _message_sql(db)
-    types = _range_types(db)
+    msg, join = message_sql(db)
+    types = range_types(db)
     step_names = sr.ENGINE_STEP_NAMES + tuple(extra)
     likes = ["%nixl%", "%ucx%", "%mooncake%", "%kv%transfer%", "%kv%connector%", "%kv%load%", "%kv_layer%",
              "%send_kv%", "%recv_kv%"]

@@ -4,8 +4,8 @@ Steps come from mixdiag's NVTX ``step`` ranges (kind and token counts from the m
 docs/contracts.md §2); without them from an engine's own step range names, else from idle gaps
 in the GPU work - both heuristic, and ``meta`` says so. Per step: the kernels it launched
 (NVTX projection by correlationId + process), its CUDA-graph mode from what it launched, and SM
-activity from ``GPU_METRICS`` when the capture sampled it. See :mod:`.nsys_db`,
-:mod:`.nsys_nvtx`, :mod:`.nsys_kernels`.
+activity from ``GPU_METRICS`` when the capture sampled it. See :mod:`.db`,
+:mod:`.nvtx`, :mod:`.kernels`.
 """
 from __future__ import annotations
 
@@ -16,17 +16,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME, SQLITE_MAGIC, STRINGS, NsysDb, pid_of
-from mixdiag.collectors.traces.nsys_kernels import (launch_names, project, runtime_graph_launches,
+from mixdiag.collectors.traces.nsys.db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME, SQLITE_MAGIC, STRINGS, NsysDb, pid_of
+from mixdiag.collectors.traces.nsys.kernels import (launch_names, project, runtime_graph_launches,
                                              sm_active_samples, window_means)
-from mixdiag.collectors.traces import foreign_frame
-from mixdiag.collectors.traces.foreign_evidence import sm_rank_skew
-from mixdiag.collectors.traces.foreign_steps import method_notes, reconstruct
-from mixdiag.collectors.traces.nsys_activity import MEMCPY_TABLE, read_activity
-from mixdiag.collectors.traces.nsys_nvtx import find_steps
-from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
+from mixdiag.collectors.traces.steps import frame as foreign_frame
+from mixdiag.collectors.traces.steps.evidence import sm_rank_skew
+from mixdiag.collectors.traces.steps.foreign import method_notes, reconstruct
+from mixdiag.collectors.traces.nsys.activity import MEMCPY_TABLE, read_activity
+from mixdiag.collectors.traces.nsys.nvtx import find_steps
+from mixdiag.collectors.traces.steps.ranges import ENGINE_STEP_NAMES
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.traces.trace_steps import PHASE_COLUMNS, graph_modes
+from mixdiag.collectors.traces.steps.reconstruct import PHASE_COLUMNS, graph_modes
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 

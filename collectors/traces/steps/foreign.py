@@ -1,9 +1,9 @@
 """Steps of engines we did not write, from what any CUDA trace holds (trace-format independent).
 
 Input is an :class:`Activity` (column arrays of GPU work, runtime calls and ranges; the Nsight
-reader builds it in :mod:`.nsys_activity`). Per process, steps are found by, best first:
+reader builds it in :mod:`..nsys.activity`). Per process, steps are found by, best first:
 
-1. ``range``: a known step range name (:data:`.step_ranges.STEP_RANGES`, or ``--step-range``);
+1. ``range``: a known step range name (:data:`.ranges.STEP_RANGES`, or ``--step-range``);
    work launched inside a range on its thread is the step's;
 2. ``sync``: the engine thread's sampled-token pattern - every step ends with a device-to-host
    copy of the sampled ids that the thread then waits for (``cudaStreamSynchronize`` /
@@ -23,14 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces.foreign_evidence import rank_skew, transfers
-from mixdiag.collectors.traces.token_inference import infer_tokens
-from mixdiag.collectors.traces.trace_steps import graph_counts, graph_modes, split_on_gaps
+from mixdiag.collectors.traces.steps.evidence import rank_skew, transfers
+from mixdiag.collectors.traces.steps.token_inference import infer_tokens
+from mixdiag.collectors.traces.steps.reconstruct import graph_counts, graph_modes, split_on_gaps
 
 LAUNCH, GRAPH_LAUNCH, MEMCPY, SYNC = 0, 1, 2, 3
 H2D, D2H = 1, 2
-#: rank_skew at or above this reads as "high" (docs/collectors-traces.md).
-RANK_SKEW_HIGH = 1.2
 #: Fewer positive GPU gaps than this are too few for a distribution: the default threshold is used.
 MIN_GAPS = 16
 

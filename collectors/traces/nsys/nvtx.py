@@ -4,7 +4,7 @@ Only range rows are read (push/pop and start/end: event types 59/60, 70/71, look
 when ``ENUM_NSYS_EVENT_TYPE`` is there), and only those whose message can matter: ``step ...``,
 ``step_stats ...``,
 the phase names of docs/contracts.md §2 and the engine step names of
-:data:`~mixdiag.collectors.traces.trace_steps.ENGINE_STEP_RANGES`. The filter runs inside SQLite, so a
+:data:`~mixdiag.collectors.traces.steps.reconstruct.ENGINE_STEP_RANGES`. The filter runs inside SQLite, so a
 table of millions of ``aten::`` ranges is scanned, not loaded. Message = ``text``, else the
 registered string ``textId`` -> StringIds (the ``nvtx`` package registers its strings).
 """
@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from mixdiag import wire
-from mixdiag.collectors.traces.nsys_db import NVTX, PID_MASK, STRINGS, NsysDb
-from mixdiag.collectors.traces.trace_steps import (ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS, attach_step_stats,
+from mixdiag.collectors.traces.nsys.db import NVTX, PID_MASK, STRINGS, NsysDb
+from mixdiag.collectors.traces.steps.reconstruct import (ENGINE_STEP_RANGES, PHASE_COLUMNS, STEP_STATS, attach_step_stats,
                                             leading_phases, parse_step_messages)
 
 RANGE_TYPE_NAMES = ("NvtxPushPopRange", "NvtxStartEndRange", "NvtxtPushPopRange", "NvtxtStartEndRange")
@@ -43,7 +43,7 @@ class NvtxSteps:
     stats_fields: set = field(default_factory=set)   # step_stats fields the export carried
 
 
-def _range_types(db: NsysDb) -> tuple[int, ...]:
+def range_types(db: NsysDb) -> tuple[int, ...]:
     if {"id", "name"} <= db.columns("ENUM_NSYS_EVENT_TYPE"):
         marks = ",".join("?" * len(RANGE_TYPE_NAMES))
         ids = [r[0] for r in db.conn.execute(
@@ -53,7 +53,7 @@ def _range_types(db: NsysDb) -> tuple[int, ...]:
     return RANGE_TYPE_IDS
 
 
-def _message_sql(db: NsysDb) -> tuple[str, str]:
+def message_sql(db: NsysDb) -> tuple[str, str]:
     cols = db.columns(NVTX)
     if "textId" in cols and db.has(STRINGS):
         return "COALESCE(n.text, s.value)", f"LEFT JOIN {STRINGS} s ON s.id = n.textId"
@@ -64,7 +64,7 @@ def domain_names(db: NsysDb) -> dict[tuple[int, int], str]:
     """``(domainId, globalPid) -> name`` from NvtxDomainCreate rows (domains are per process)."""
     if not {"domainId", "globalTid"} <= db.columns(NVTX):
         return {}
-    msg, join = _message_sql(db)
+    msg, join = message_sql(db)
     rows = db.conn.execute(f"SELECT n.domainId, n.globalTid & {PID_MASK}, {msg} FROM {NVTX} n {join} "
                            f"WHERE n.eventType = ?", (DOMAIN_CREATE,)).fetchall()
     return {(int(d), int(p)): str(t) for d, p, t in rows if d is not None and p is not None and t}
@@ -73,12 +73,12 @@ def domain_names(db: NsysDb) -> dict[tuple[int, int], str]:
 def read_ranges(db: NsysDb) -> pd.DataFrame:
     """The candidate range rows (steps, phases, engine step names) as a small frame."""
     cols = db.columns(NVTX)
-    msg, join = _message_sql(db)
+    msg, join = message_sql(db)
     payload = [c for c in _PAYLOAD if c in cols]
     ipay = f"COALESCE({', '.join('n.' + c for c in payload)})" if len(payload) > 1 else (
         f"n.{payload[0]}" if payload else "NULL")
     dom = "n.domainId" if "domainId" in cols else "0"
-    types = _range_types(db)
+    types = range_types(db)
     names = PHASES + ENGINE_STEP_RANGES
     sql = (f'SELECT n.start, n."end", n.globalTid, {dom}, {msg} AS msg, {ipay} FROM {NVTX} n {join} '
            f"WHERE n.eventType IN ({','.join('?' * len(types))}) "

@@ -1,10 +1,10 @@
 """PyTorch-profiler (Kineto / Chrome trace) JSON -> Timeline.
 
-Decoding: :mod:`.kineto_events`. With mixdiag's own ``step`` ranges (docs/contracts.md §2) the
+Decoding: :mod:`.events`. With mixdiag's own ``step`` ranges (docs/contracts.md §2) the
 steps, kinds and tokens come from their messages: ``user_annotation`` ranges, phase sub-ranges,
 ``cuda_runtime``/``cuda_driver`` launches linked to ``kernel`` rows by ``args.correlation``, and
 ``cpu_op`` counts per step. Any other trace (an engine we did not write) goes through the same
-foreign-engine path as Nsight exports (:mod:`.kineto_activity` -> :mod:`.foreign_steps`): engine
+foreign-engine path as Nsight exports (:mod:`.activity` -> :mod:`..steps.foreign`): engine
 step range names, else the engine thread's copy + synchronize pattern, else GPU gaps; kinds and
 tokens inferred from copy sizes, graph mode, KV transfer, comm share and - for per-rank files read
 together (:func:`read_ranks`) - rank skew. Clock: ``ts`` is microseconds after
@@ -23,12 +23,12 @@ import pandas as pd
 
 from mixdiag import wire
 from mixdiag.collectors.provenance import source_entry
-from mixdiag.collectors.traces import foreign_frame
-from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, method_notes, reconstruct
-from mixdiag.collectors.traces.kineto_activity import concat, read_activity
-from mixdiag.collectors.traces.kineto_events import KinetoFile
-from mixdiag.collectors.traces.step_ranges import ENGINE_STEP_NAMES
-from mixdiag.collectors.traces.trace_steps import (PHASE_COLUMNS, STEP_STATS, attach_step_stats, graph_counts,
+from mixdiag.collectors.traces.steps import frame as foreign_frame
+from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, method_notes, reconstruct
+from mixdiag.collectors.traces.kineto.activity import concat, read_activity
+from mixdiag.collectors.traces.kineto.events import KinetoFile
+from mixdiag.collectors.traces.steps.ranges import ENGINE_STEP_NAMES
+from mixdiag.collectors.traces.steps.reconstruct import (PHASE_COLUMNS, STEP_STATS, attach_step_stats, graph_counts,
                                                    graph_modes, leading_phases, parse_step_messages)
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
@@ -82,7 +82,7 @@ def read_ranks(paths, *, instance: str | None = None, step_gap_s: float | None =
 
 
 def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, step_range) -> Timeline:
-    """Steps of engines we did not write (:mod:`.foreign_steps`), as for Nsight exports."""
+    """Steps of engines we did not write (:mod:`..steps.foreign`), as for Nsight exports."""
     unix = all(isinstance(f.base_ns, int) for f in files)
     acts, pids = [], {}
     for i, f in enumerate(files):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces.nsys_db import GRAPH_TRACE, KERNEL, PID_MASK, RUNTIME, NsysDb
-from mixdiag.collectors.traces.trace_steps import graph_counts, split_on_gaps
+from mixdiag.collectors.traces.nsys.db import GRAPH_TRACE, KERNEL, PID_MASK, RUNTIME, NsysDb
+from mixdiag.collectors.traces.steps.reconstruct import graph_counts, split_on_gaps
 from mixdiag.errors import UserError
 
 CHUNK_ROWS = 1 << 17

@@ -1,4 +1,4 @@
-"""Foreign-engine steps (:mod:`.foreign_steps`) -> the steps frame's columns and signal levels.
+"""Foreign-engine steps (:mod:`.foreign`) -> the steps frame's columns and signal levels.
 
 Shared by the Nsight and Kineto collectors so both formats say the same thing about the same work.
 """

@@ -1,4 +1,4 @@
-"""Read Kineto (PyTorch profiler) events into a :class:`.foreign_steps.Activity` (column arrays).
+"""Read Kineto (PyTorch profiler) events into a :class:`..steps.foreign.Activity` (column arrays).
 
 Kineto's shapes (pytorch/kineto ``output_json.cpp``): CPU rows carry the OS ``pid``/``tid``; GPU
 rows use ``pid`` = device and ``tid`` = stream, with ``args.device``/``args.stream``. Runtime calls
@@ -15,8 +15,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces import step_ranges as sr
-from mixdiag.collectors.traces.foreign_steps import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
+from mixdiag.collectors.traces.steps import ranges as sr
+from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
 
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
 KERNEL_CATS = ("kernel",)
