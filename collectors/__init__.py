@@ -2,6 +2,12 @@
 
 ``load(path_or_paths, format="auto", **options)`` is the one entry point: it detects each input's
 format (:mod:`.registry`), reads it with its collector and aligns several inputs on one clock.
+
+Rooms: ``prometheus/``, ``logs/``, ``traces/`` (``nsys/``, ``kineto/``, ``steps/``), ``gpu/``,
+``clients/``, and the run directory (``engine_run``); ``text_input`` and ``provenance`` are what they
+all share. May import: mixdiag.schema, mixdiag.errors, mixdiag.wire, numpy, pandas, and each other
+(acyclic; each sub-package's docstring says which). Never the engine, the diagnosis, the dashboard,
+the commands or the report.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The reference engine's own records: a run directory on disk, or step records in process.
+"""The reference engine's own records: a run directory on disk (the engine's in-process records are its own
+to convert, ``mixdiag.engine.core.records.to_timeline``: collectors never import the engine).
 
 A run directory (docs/contracts.md §1) holds the Timeline the engine saved (``steps.parquet``,
 ``tokens.parquet``, ``series.parquet``, ``meta.json``). ``truth.csv`` is never read here: it is
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
 
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.errors import UserError
@@ -52,19 +52,6 @@ def read(source, *, instance: str | None = None, **options) -> Timeline:
     if instance:
         tl = _rename_single(tl, instance, d)
     return tl
-
-
-def from_records(records: Iterable, *, instance: str = "engine0", meta: dict | None = None) -> Timeline:
-    """In-process: the engine's ``StepRecord`` objects -> Timeline (the engine's own converter)."""
-    from mixdiag.engine.core.records import to_timeline
-
-    records = list(records)
-    tl = to_timeline(records, instance=instance, meta=meta)
-    entry = source_entry(FORMAT, None, total=len(records), parsed=len(records), skipped=0,
-                         notes=["in-process step records"], instances=tl.instances)
-    meta = dict(tl.meta)
-    meta["sources"] = list(meta.get("sources", [])) + [entry]
-    return Timeline(tl.steps, tl.tokens, tl.series, meta)
 
 
 def _rename_single(tl: Timeline, instance: str, d: Path) -> Timeline:

@@ -7,4 +7,6 @@ JSON), ``guidellm_report.py`` (guidellm's benchmarks report JSON), and ``client_
 shared by every in-flight stream at one moment is an engine step, so measured, aligned streams
 also give step rows (``step_source = "client"``) that the diagnosis fuses with the server's
 scrapes or log on the wall clock like any step view (docs/serving.md).
+
+May import: mixdiag.schema, mixdiag.errors, mixdiag.collectors.provenance.
 """

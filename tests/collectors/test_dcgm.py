@@ -196,3 +196,24 @@ def test_fill_intervals_with_gpu_map():
     tl = dcgm.fill_intervals(Timeline(steps, None, series, {}), {"vllm:8000": ["n1:9400/0"]})
     assert list(tl.steps["sm_active"]) == pytest.approx([0.2, 0.4])
     assert tl.meta["signals"]["vllm:8000"]["sm_active"] == "measured"
+
+
+@pytest.mark.parametrize("fmt,filled", [("prom-http", True), ("prom-endpoint", True), ("prom-text", False)])
+def test_load_fills_gpu_series_once_for_url_formats(monkeypatch, fmt, filled):
+    """collectors.load (not each reader) maps a Prometheus window's own DCGM series onto its rows."""
+    from types import SimpleNamespace
+
+    from mixdiag.collectors import load, registry
+
+    steps = pd.DataFrame({"instance": ["n1:9400"] * 2, "step": [0, 1], "t_start_s": [0.0, 1.0],
+                          "t_end_s": [1.0, 2.0], "granularity": ["interval"] * 2, "kind": ["unknown"] * 2})
+    series = pd.DataFrame({"instance": ["n1:9400"] * 2, "name": ["DCGM_FI_PROF_SM_ACTIVE"] * 2,
+                           "labels": ["gpu=0"] * 2, "t_s": [1.0, 2.0], "value": [0.3, 0.6]})
+    fake = SimpleNamespace(FORMAT=fmt, sniff=lambda head, name: False,
+                           read=lambda src, **kw: Timeline(steps, None, series, {"clock": "unix"}))
+    monkeypatch.setattr(registry, "module", lambda f: fake)
+    tl = load("http://n1:9400/metrics", format=fmt)
+    assert bool(tl.steps["sm_active"].notna().any()) is filled
+    if filled:
+        assert list(tl.steps["sm_active"]) == pytest.approx([0.3, 0.6])
+        assert sum("sm_active of" in n for n in tl.meta["notes"]) == 1

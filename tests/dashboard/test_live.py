@@ -123,3 +123,11 @@ def test_dashboard_live_tick_shows_the_latest_window(make_timeline, tmp_path):
     ds = store.get(key2["id"])
     assert ds.label == f"live: {srv.url}" and len(ds.timeline.steps) == 2
     assert store.exporter.snapshot.analyses_total == 2
+
+
+def test_url_kind_without_probe_never_touches_the_network():
+    # port 1 refuses connections: a probe would raise; live mode's rule does not probe at all
+    assert url_kind("http://127.0.0.1:1/", probe=False) == "prometheus"
+    assert url_kind("http://127.0.0.1:1/metrics") == "engine"  # a /metrics path needs no probe either
+    with pytest.raises(UserError, match="neither a Prometheus server"):
+        url_kind("http://127.0.0.1:1/", timeout_s=1.0)
