@@ -20,10 +20,16 @@ FORMAT = "mixdiag-run"
 SIDE_FILES = ("engine.log", "trace.json", "metrics.prom", "scrapes")
 
 
-def sniff(head: bytes, name: str) -> bool:
-    """A directory holding the files :meth:`Timeline.save` writes."""
-    d = Path(name)
+def is_run_dir(path: str | os.PathLike) -> bool:
+    """True if ``path`` is a directory holding any of the files :meth:`Timeline.save` writes
+    (a run directory or a saved ingest): the one test of "this is a run" everywhere."""
+    d = Path(path)
     return d.is_dir() and any((d / f).exists() for f in Timeline.FILES.values())
+
+
+def sniff(head: bytes, name: str) -> bool:
+    """A run directory (:func:`is_run_dir`)."""
+    return is_run_dir(name)
 
 
 def read(source, *, instance: str | None = None, **options) -> Timeline:

@@ -1,21 +1,10 @@
-"""The Dash dashboard and the Prometheus exporter of the diagnosis.
+"""The Dash dashboard of a diagnosis (``mixdiag dashboard``, ``mixdiag demo``).
 
-``create_app(DashboardConfig(...))`` builds the app (:mod:`.app`); layout (:mod:`.layout`),
-callbacks (:mod:`.callbacks`), data access (:mod:`.store`, :mod:`.live`, :mod:`.isolate`), page
-data (:mod:`.views`, :mod:`.stats`) and figure builders (:mod:`.figures`, :mod:`.downsample`) are
-separate modules. Dash is imported only when the app is built.
+``create_app(DashboardConfig(...))`` (:mod:`.app`, config in :mod:`.settings`) builds the app:
+the frame (:mod:`.shell`) and one module per page (:mod:`.pages`); data access
+(:mod:`.store`, uploads parsed in a child process by :mod:`.isolate`); page numbers
+(:mod:`.stats`) and page data (:mod:`.page_data`); figure builders (:mod:`.figures`,
+:mod:`.downsample`), shared Dash pieces (:mod:`.components`) and browser screenshots
+(:mod:`.screenshot`). The ``/metrics`` it serves is :mod:`mixdiag.exporter`'s. Dash is imported
+only by the app, the frame, the pages and the components.
 """
-
-__all__ = ["DashboardConfig", "bind", "create_app", "serve"]
-
-
-def __getattr__(name):  # lazy: the exporter and figure builders must not pay for importing Dash
-    if name in ("bind", "create_app", "serve"):
-        from mixdiag.dashboard import app
-
-        return getattr(app, name)
-    if name == "DashboardConfig":
-        from mixdiag.dashboard.settings import DashboardConfig
-
-        return DashboardConfig
-    raise AttributeError(f"module 'mixdiag.dashboard' has no attribute {name!r}")

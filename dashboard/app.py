@@ -1,6 +1,7 @@
 """The app factory: a Dash pages app (:mod:`.pages`, inside :mod:`.shell`) and the diagnosis exporter's ``/metrics``.
 
->>> from mixdiag.dashboard import DashboardConfig, create_app
+>>> from mixdiag.dashboard.app import bind, create_app, serve
+>>> from mixdiag.dashboard.settings import DashboardConfig
 >>> app = create_app(DashboardConfig.from_data_path("runs/demo"))   # doctest: +SKIP
 >>> serve(bind(app, "127.0.0.1", 8050))                              # doctest: +SKIP
 """
@@ -16,7 +17,7 @@ from mixdiag.dashboard import pages, shell
 from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.store import DataStore
 from mixdiag.errors import UserError
-from mixdiag.exporter import CONTENT_TYPE_LATEST, DiagnosisExporter
+from mixdiag.exporter import DiagnosisExporter
 
 
 def create_app(config: DashboardConfig, store: DataStore | None = None,
@@ -53,7 +54,7 @@ def create_app(config: DashboardConfig, store: DataStore | None = None,
 
     @app.server.route("/metrics")
     def _metrics():
-        return Response(exporter.render(), mimetype=None, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Response(exporter.render(), mimetype=None, headers={"Content-Type": exporter.content_type})
 
     app.mixdiag_store = store
     app.mixdiag_exporter = exporter

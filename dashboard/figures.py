@@ -5,19 +5,16 @@ No figure builder reads files, holds state or knows about Dash; the callbacks ca
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mixdiag.causes import CAUSES, GRAPH_MODE_COLORS, color
 from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS, bucket_first_of_each, minmax_indices
-from mixdiag.causes import CAUSE_COLORS, CAUSES, GRAPH_MODE_COLORS
-
-if TYPE_CHECKING:  # annotations only: the figure builders stay free of Dash and of the pages
-    from mixdiag.dashboard.pages.spike import SpikeDetail
-    from mixdiag.dashboard.pages.timeline import TimelineView
+from mixdiag.dashboard.page_data import SpikeDetail, TimelineView
+from mixdiag.fmt import ms
 
 #: Graph-mode band, bottom to top.
 GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]
@@ -25,10 +22,6 @@ GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]
 PANEL_TITLES = {"itl": "Inter-token latency", "alloc": "Token allocation per step",
                 "sm": "SM activity", "graph": "CUDA-graph mode per step",
                 "expert": "Expert imbalance (max/mean per EP rank)", "kv": "PD KV transfer per step"}
-
-
-def _color(cause: str) -> str:
-    return CAUSE_COLORS.get(cause, CAUSE_COLORS["unknown"])
 
 
 def timeline_panels(view: TimelineView) -> list[str]:
@@ -79,7 +72,7 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
         s = _take(s, k)
         fig.add_trace(go.Scatter(
             x=s["t_rel_s"], y=s["itl_s"], mode="markers", name=f"spike: {cause}",
-            marker={"color": _color(cause), "size": 9, "symbol": "diamond", "line": {"width": 1, "color": "#222"}},
+            marker={"color": color(cause), "size": 9, "symbol": "diamond", "line": {"width": 1, "color": "#222"}},
             customdata=np.column_stack([s["instance"].to_numpy(), s["step"].to_numpy()]).tolist(),
             hovertemplate=f"{cause}<br>step %{{customdata[1]}}<br>ITL %{{y:.4f}}s<extra>click for evidence</extra>",
             meta="spike"), row=row["itl"], col=1)
@@ -93,9 +86,9 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
     ia = np.union1d(minmax_indices(t, pre, half, x_range), minmax_indices(t, dec, half, x_range))
     shown, total = shown + len(ia), total + len(st)
     a = _take(st, ia)
-    for col, name, color in (("decode_rows", "decode rows", "#0072B2"), ("prefill_tokens", "prefill tokens", "#D55E00")):
+    for col, name, line_color in (("decode_rows", "decode rows", "#0072B2"), ("prefill_tokens", "prefill tokens", "#D55E00")):
         fig.add_trace(go.Scatter(x=a["t_rel_s"], y=a[col].fillna(0), mode="lines", name=name, stackgroup="alloc",
-                                 line={"color": color, "width": 0.5, "shape": "hv"},
+                                 line={"color": line_color, "width": 0.5, "shape": "hv"},
                                  hovertemplate=f"%{{x:.3f}}s {name} %{{y:.0f}}<extra></extra>"),
                       row=row["alloc"], col=1)
 
@@ -164,7 +157,7 @@ def by_cause_figure(counts: dict[str, int]) -> go.Figure:
     """Horizontal bars: spikes per cause, every cause of the closed set listed."""
     causes = [c for c in CAUSES if c in counts] + [c for c in counts if c not in CAUSES]
     fig = go.Figure(go.Bar(x=[counts[c] for c in causes], y=causes, orientation="h",
-                           marker={"color": [_color(c) for c in causes]}, text=[counts[c] for c in causes],
+                           marker={"color": [color(c) for c in causes]}, text=[counts[c] for c in causes],
                            textposition="auto", hovertemplate="%{y}: %{x} spikes<extra></extra>"))
     fig.update_layout(height=300, margin={"l": 110, "r": 20, "t": 30, "b": 40}, template="plotly_white",
                       title={"text": "Spikes by cause", "font": {"size": 14}},
@@ -183,13 +176,13 @@ def budget_figure(excess_s: dict[str, float], p99_without_s: dict[str, float] | 
     def label(c):
         share = f"{excess_s[c] / total:.0%}" if total > 0 else ""
         w = p99w.get(c, math.nan)
-        return f"{share}, P99 without {w * 1e3:.0f} ms" if math.isfinite(w) and c != "none" else share
+        return f"{share}, P99 without {ms(w, 0)}" if math.isfinite(w) and c != "none" else share
 
     fig = go.Figure(go.Bar(x=[excess_s[c] for c in causes], y=causes, orientation="h",
-                           marker={"color": [_color(c) if c != "none" else "#D9D9D9" for c in causes]},
+                           marker={"color": [color(c) if c != "none" else "#D9D9D9" for c in causes]},
                            text=[label(c) for c in causes], textposition="auto",
                            hovertemplate="%{y}: %{x:.3f} s of excess<extra></extra>"))
-    title = "ITL excess over baseline by cause" + (f" (P99 {p99_s * 1e3:.0f} ms)" if math.isfinite(p99_s) else "")
+    title = "ITL excess over baseline by cause" + (f" (P99 {ms(p99_s, 0)})" if math.isfinite(p99_s) else "")
     fig.update_layout(height=300, margin={"l": 110, "r": 20, "t": 30, "b": 40}, template="plotly_white",
                       title={"text": title, "font": {"size": 14}},
                       yaxis={"autorange": "reversed"}, xaxis={"title": "excess token-time (s)"})
@@ -203,7 +196,7 @@ def spike_figure(detail: SpikeDetail) -> go.Figure:
     y = nb[y_col] if y_col else nb["t_end_s"] - nb["t_start_s"]
     cause = str(detail.spike.get("cause", "unknown"))
     is_spike = (nb["step"] == detail.spike["step"]).to_numpy()
-    colors = [_color(cause) if s else "#9E9E9E" for s in is_spike]
+    colors = [color(cause) if s else "#9E9E9E" for s in is_spike]
     fig = go.Figure(go.Bar(x=nb["step"].astype(str), y=y, marker={"color": colors}, name="measured",
                            customdata=nb["kind"] if "kind" in nb else None,
                            hovertemplate="step %{x} (%{customdata})<br>%{y:.4f}s<extra></extra>"))
@@ -213,7 +206,7 @@ def spike_figure(detail: SpikeDetail) -> go.Figure:
                       annotation_text=f"baseline {float(base):.4f}s", annotation_position="top left")
     if math.isfinite(detail.predicted_s):
         src = "ledger" if detail.predicted_key == "ledger" else "diagnosis"
-        fig.add_hline(y=detail.predicted_s, line_dash="dot", line_color=_color(cause),
+        fig.add_hline(y=detail.predicted_s, line_dash="dot", line_color=color(cause),
                       annotation_text=f"{src} predicted {detail.predicted_s:.4f}s", annotation_position="top right")
     fig.update_layout(height=320, margin={"l": 60, "r": 20, "t": 40, "b": 40}, template="plotly_white",
                       title={"text": f"Steps around spike {detail.spike['step']} ({cause})", "font": {"size": 14}},

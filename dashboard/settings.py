@@ -4,10 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mixdiag.collectors.engine_run import is_run_dir
 from mixdiag.collectors.prometheus.prom_http import check_url
 from mixdiag.dashboard.downsample import DEFAULT_MAX_POINTS
 from mixdiag.errors import UserError
-from mixdiag.serving import check_address
+from mixdiag.exporter import check_address
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,4 @@ class DashboardConfig:
         p = p.resolve()
         if p.is_file():
             return cls(data_dir=p.parent, initial=p.name, **kw)
-        from mixdiag.dashboard.store import is_run_dir
-
         return cls(data_dir=p, initial="." if is_run_dir(p) else None, **kw)

@@ -1,7 +1,7 @@
 """What the pages and the exporter show, computed from a Timeline and its Diagnosis.
 
-Everything here returns plain frames or frozen dataclasses; rendering (figures, HTML) lives in
-:mod:`mixdiag.dashboard.figures` and :mod:`mixdiag.dashboard.layout`. A *diagnosis* is the object
+Everything here returns plain frames or frozen dataclasses; rendering lives in
+:mod:`mixdiag.dashboard.figures` (plotly) and the page modules (Dash components). A *diagnosis* is the object
 ``mixdiag.diagnosis.pipeline.diagnose(timeline)`` returns (docs/contracts.md section 5); its
 ``by_cause``, ``headline``, ``last_spike``, ``mixed_share`` and ``itl`` fields are shown as they are.
 """
@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from mixdiag.causes import SIGNAL_COLUMNS
+from mixdiag.diagnosis.result import Headline
 from mixdiag.schema import Timeline
-
-from mixdiag.causes import CAUSES, SIGNAL_COLUMNS  # noqa: F401  (CAUSES re-exported)
-from mixdiag.diagnosis.result import WORK_KINDS, Headline, mixed_share  # noqa: F401  (re-exported)
 
 
 def by_cause(diagnosis) -> dict[str, int]:

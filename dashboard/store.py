@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import binascii
 import itertools
-import math
 import re
 import tempfile
 import threading
@@ -20,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mixdiag.collectors.engine_run import is_run_dir
 from mixdiag.dashboard.settings import DashboardConfig
 from mixdiag.dashboard.isolate import parse_isolated
 from mixdiag.dashboard.stats import Headline, headline
@@ -48,11 +48,6 @@ class Dataset:
     analysis_s: float
     loaded_unix_s: float = field(default_factory=time.time)
     views: dict = field(default_factory=dict)  # instance -> the Timeline page's view, computed once
-
-
-def is_run_dir(path: Path) -> bool:
-    """True if ``path`` holds Timeline files (a run directory or a saved ingest)."""
-    return path.is_dir() and any((path / f).exists() for f in Timeline.FILES.values())
 
 
 def is_scrape_dir(path: Path) -> bool:
@@ -211,9 +206,3 @@ class DataStore:
         with self._lock:
             return self._datasets.get(ds_id if ds_id else (self.current_id or ""))
 
-
-def fmt_seconds(v: float) -> str:
-    """Human latency: '12.3 ms', '1.20 s', or '-' for NaN."""
-    if v is None or not math.isfinite(v):
-        return "-"
-    return f"{v * 1e3:.1f} ms" if abs(v) < 1 else f"{v:.2f} s"

@@ -20,10 +20,12 @@ What it publishes (base units, ``_total`` counters, labels from closed sets only
 
 Each exporter owns its :class:`~prometheus_client.CollectorRegistry` (never the global one), so
 several can live in one process (tests, the dashboard and a watcher). Publication swaps one
-immutable snapshot, so a scrape never sees half an update.
+immutable snapshot, so a scrape never sees half an update. :func:`check_address` validates the
+``--host``/``--port`` everything serving it (``watch``, ``dashboard``, ``demo``) listens on.
 """
 from __future__ import annotations
 
+import ipaddress
 import math
 import threading
 import time
@@ -35,8 +37,25 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.budget import BUDGET_CAUSES
+from mixdiag.errors import UserError
 
-__all__ = ["CONTENT_TYPE_LATEST", "DiagnosisExporter", "Snapshot"]
+__all__ = ["DiagnosisExporter", "Snapshot", "check_address"]
+
+
+def check_address(host: str, port: int) -> tuple[str, int]:
+    """``(host, port)`` when ``host`` is an IP address or 'localhost' and ``port`` is 1..65535; UserError otherwise."""
+    try:
+        port = int(port)
+    except (TypeError, ValueError):
+        raise UserError(f"--port must be 1..65535, got {port}") from None
+    if not 0 < port < 65536:
+        raise UserError(f"--port must be 1..65535, got {port}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise UserError(f"--host must be an IP address or 'localhost', got {host!r}") from None
+    return host, port
 
 
 @dataclass(frozen=True)
@@ -63,6 +82,9 @@ class Snapshot:
 
 class DiagnosisExporter:
     """Publishes diagnoses as Prometheus metrics on its own registry."""
+
+    #: The HTTP Content-Type of :meth:`render`'s text.
+    content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, namespace: str = "mixdiag"):
         self.namespace = namespace

@@ -2,15 +2,10 @@
 cause and the top spikes with their evidence (what ``mixdiag analyze`` prints)."""
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from mixdiag.causes import CAUSES
-
-
-def _ms(v) -> str:
-    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v * 1e3:.1f} ms"
+from mixdiag.fmt import ms
 
 
 def evidence_summary(cause: str, ev: dict) -> str:
@@ -32,7 +27,7 @@ def evidence_summary(cause: str, ev: dict) -> str:
         parts.append(f"expert imbalance {g('expert_imbalance', '{:.2f}')}"
                      + (f" ({ev['imbalance_rel']:.1f}x neighbours)" if ev.get("imbalance_rel") else ""))
     elif cause == "pd_transfer":
-        parts.append(f"KV in {g('kv_transfer_bytes', '{:.3g}')} B, wait {_ms(ev.get('kv_transfer_s'))}")
+        parts.append(f"KV in {g('kv_transfer_bytes', '{:.3g}')} B, wait {ms(ev.get('kv_transfer_s'))}")
     elif cause == "graph_fallback":
         parts.append(f"decode-only, graph {ev.get('graph_mode')} (decodes normally {ev.get('graph_norm')}),"
                      f" {g('decode_reqs', '{:.0f}')} reqs")
@@ -40,7 +35,7 @@ def evidence_summary(cause: str, ev: dict) -> str:
         parts.append(f"{g('preempted_reqs', '{:.0f}')} preempted" +
                      (f", KV usage {ev['kv_usage']:.2f}" if ev.get("kv_usage") is not None else ""))
     elif cause == "host_stall":
-        parts.append(f"gap before step {_ms(ev.get('gap_before_s'))}"
+        parts.append(f"gap before step {ms(ev.get('gap_before_s'))}"
                      + (f" ({ev['gap_share_of_excess']:.0%} of excess)" if ev.get("gap_share_of_excess") else ""))
     else:
         parts.append(f"kind {ev.get('kind')}; {ev.get('reason', 'no supported cause')}")
@@ -55,7 +50,7 @@ def budget_lines(d) -> list[str]:
         if not ib.n_units:
             continue
         out += ["", f"ITL excess budget, {inst} ({ib.n_units} {ib.source.replace('_', ' ')}): baseline "
-                    f"{_ms(ib.baseline_s)}, P99 {_ms(ib.p99_s)} (all excess removed: {_ms(ib.p99_floor_s)}), "
+                    f"{ms(ib.baseline_s)}, P99 {ms(ib.p99_s)} (all excess removed: {ms(ib.p99_floor_s)}), "
                     f"excess token-time {ib.excess_s:.3f} s",
                 f"{'cause':<16} {'spikes':>7} {'excess s':>9} {'share':>7} {'tail':>6} {'P99 without':>12} {'P99 -':>10}",
                 "-" * 72]
@@ -63,7 +58,7 @@ def budget_lines(d) -> list[str]:
             if not cb.spikes and cb.excess_s <= 0:
                 continue
             out.append(f"{c:<16} {cb.spikes:>7} {cb.excess_s:>9.3f} {cb.share_of_excess:>7.0%} {cb.tail_share:>6.0%} "
-                       f"{_ms(cb.p99_without_s):>12} {_ms(cb.p99_reduction_s):>10}")
+                       f"{ms(cb.p99_without_s):>12} {ms(cb.p99_reduction_s):>10}")
     return out
 
 
@@ -71,8 +66,8 @@ def render(d, top: int = 10) -> str:
     """The human report of ``analyze``."""
     out = [d.verdict, ""]
     itl = d.itl
-    out.append(f"ITL ({itl.get('source')}): p50 {_ms(itl.get('p50_s'))}, p99 {_ms(itl.get('p99_s'))}, "
-               f"max {_ms(itl.get('max_s'))}")
+    out.append(f"ITL ({itl.get('source')}): p50 {ms(itl.get('p50_s'))}, p99 {ms(itl.get('p99_s'))}, "
+               f"max {ms(itl.get('max_s'))}")
     sp = d.spikes
     if len(sp):
         out += ["", f"{'cause':<16} {'spikes':>7} {'share':>7} {'mean conf':>10} {'mean height':>12}", "-" * 56]
@@ -91,8 +86,8 @@ def render(d, top: int = 10) -> str:
         t0 = d.steps["t_start_s"].min() if len(d.steps) else 0.0
         for i in height.sort_values(ascending=False, kind="stable").index[:top]:
             r = sp.loc[i]
-            out.append(f"{r['instance']:<10} {int(r['step']):>7} {r['t_s'] - t0:>10.3f} {_ms(r['itl_s']):>10} "
-                       f"{_ms(r['baseline_s']):>10} {r['cause']:<15} {r['confidence']:>5.2f}  "
+            out.append(f"{r['instance']:<10} {int(r['step']):>7} {r['t_s'] - t0:>10.3f} {ms(r['itl_s']):>10} "
+                       f"{ms(r['baseline_s']):>10} {r['cause']:<15} {r['confidence']:>5.2f}  "
                        f"{evidence_summary(r['cause'], r['evidence'])}")
     if d.instances:
         out.append("")

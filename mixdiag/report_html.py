@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from mixdiag.ledger.device_model import DeviceModel, predict
-from mixdiag.ledger.shapes import BatchShape, LedgerModel
 from mixdiag.causes import CAUSE_COLORS
+from mixdiag.fmt import ms
+from mixdiag.html_page import page
+from mixdiag.ledger.device_model import DeviceModel
+from mixdiag.ledger.shapes import LedgerModel
+from mixdiag.ledger.spike_height import predicted_height
 from mixdiag.report import spikes_table
 
 GRAPH_LEVEL = {"FULL": 2, "PIECEWISE": 1, "NONE": 0}
@@ -35,21 +37,6 @@ def _decimate(df: pd.DataFrame) -> pd.DataFrame:
     if "is_spike" in df.columns:
         keep |= df["is_spike"].to_numpy(dtype=bool)
     return df[keep]
-
-
-def predicted_heights(sp: pd.DataFrame, model: LedgerModel, dev: DeviceModel, context_len: int) -> pd.Series:
-    """Ledger + device-model spike height for each spike's batch shape (NaN without allocation)."""
-    out = []
-    for ev in sp["evidence"]:
-        p, rows, reqs = ev.get("prefill_tokens"), ev.get("decode_rows"), ev.get("decode_reqs")
-        if p is None or not rows:
-            out.append(np.nan)
-            continue
-        reqs = int(reqs) if reqs else int(rows)
-        k = max(int(round(rows / reqs)) - 1, 0) if reqs else 0
-        shape = BatchShape(prefill_tokens=int(p), decode_reqs=reqs, spec_tokens=k, context_len=int(context_len))
-        out.append(predict(model, shape, dev)["height_x"])
-    return pd.Series(out, index=sp.index, dtype="float64")
 
 
 def figure(d) -> go.Figure:
@@ -109,7 +96,7 @@ def _table(sp: pd.DataFrame, t0: float) -> str:
     for r in sp.itertuples(index=False):
         pred = "-" if not np.isfinite(r.predicted_height_x) else f"{r.predicted_height_x:.1f}x"
         rows.append(f"<tr><td>{html.escape(str(r.instance))}</td><td>{int(r.step)}</td><td>{r.t_s - t0:.3f}</td>"
-                    f"<td>{r.itl_s * 1e3:.1f}</td><td>{r.baseline_s * 1e3:.1f}</td><td>{r.height_x:.1f}x</td>"
+                    f"<td>{ms(r.itl_s, unit='')}</td><td>{ms(r.baseline_s, unit='')}</td><td>{r.height_x:.1f}x</td>"
                     f"<td>{pred}</td><td style='color:{CAUSE_COLORS.get(r.cause, '#000')}'><b>{r.cause}</b></td>"
                     f"<td>{r.confidence:.2f}</td><td>{html.escape(r.evidence_summary)}</td>"
                     f"<td>{html.escape(', '.join(r.missing_signals))}</td></tr>")
@@ -119,7 +106,6 @@ def _table(sp: pd.DataFrame, t0: float) -> str:
 def budget_html(d) -> str:
     """The budget section: per instance, excess token-time and P99 without each cause."""
     b = getattr(d, "budget", None)
-    ms = lambda v: "-" if not np.isfinite(v) else f"{v * 1e3:.1f}"  # noqa: E731
     parts = []
     for inst, ib in (b.instances.items() if b is not None else ()):
         if not ib.n_units:
@@ -127,11 +113,11 @@ def budget_html(d) -> str:
         rows = "".join(
             f"<tr><td style='color:{CAUSE_COLORS.get(c, '#7F7F7F')}'><b>{c}</b></td><td>{cb.spikes}</td>"
             f"<td>{cb.excess_s:.3f}</td><td>{cb.share_of_excess:.0%}</td><td>{cb.tail_share:.0%}</td>"
-            f"<td>{ms(cb.p99_without_s)}</td><td>{ms(cb.p99_reduction_s)}</td></tr>"
+            f"<td>{ms(cb.p99_without_s, unit='')}</td><td>{ms(cb.p99_reduction_s, unit='')}</td></tr>"
             for c, cb in ib.by_cause.items() if cb.spikes or cb.excess_s > 0)
         parts.append(
-            f"<p><b>{html.escape(inst)}</b>: {ib.n_units} {ib.source.replace('_', ' ')}, baseline {ms(ib.baseline_s)} ms, "
-            f"P99 {ms(ib.p99_s)} ms (every excess removed: {ms(ib.p99_floor_s)} ms), excess token-time "
+            f"<p><b>{html.escape(inst)}</b>: {ib.n_units} {ib.source.replace('_', ' ')}, baseline {ms(ib.baseline_s, unit='')} ms, "
+            f"P99 {ms(ib.p99_s, unit='')} ms (every excess removed: {ms(ib.p99_floor_s, unit='')} ms), excess token-time "
             f"{ib.excess_s:.3f} s</p><table><tr><th>cause</th><th>spikes</th><th>excess (s)</th><th>share</th>"
             f"<th>tail share</th><th>P99 without (ms)</th><th>P99 reduction (ms)</th></tr>{rows}</table>")
     return "".join(parts) or "<p>No latency units to budget.</p>"
@@ -144,23 +130,16 @@ def write_html(d, path: str | Path, *, model: LedgerModel, device: DeviceModel, 
     if p.exists():
         raise FileExistsError(f"{p} exists; choose another path (mixdiag never overwrites your files)")
     sp = spikes_table(d)
-    sp["predicted_height_x"] = predicted_heights(sp, model, device, context_len) if len(sp) else pd.Series(dtype=float)
+    sp["predicted_height_x"] = (pd.Series([predicted_height(ev, model, device, context_len) for ev in sp["evidence"]],
+                                          index=sp.index, dtype="float64") if len(sp) else pd.Series(dtype=float))
     top_sp = sp.sort_values("height_x", ascending=False, kind="stable").head(top)
     t0 = float(d.steps["t_start_s"].min()) if len(d.steps) else 0.0
     by_cause = "".join(f"<tr><td style='color:{CAUSE_COLORS[c]}'>{c}</td><td>{n}</td></tr>"
                        for c, n in d.by_cause.items() if n)
     fig_div = figure(d).to_html(full_html=False, include_plotlyjs=False, div_id="signals")
     itl = d.itl
-    fmt = lambda v: "-" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
-    doc = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:1.5em;}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} .verdict{{font-size:1.2em;font-weight:bold}}</style>
-<script type="text/javascript">{get_plotlyjs()}</script></head><body>
-<h1>{html.escape(title)}</h1>
-<p class="verdict">{html.escape(d.verdict)}</p>
-<p>ITL ({html.escape(str(itl.get('source')))}): p50 {fmt(itl.get('p50_s'))}, p99 {fmt(itl.get('p99_s'))},
-max {fmt(itl.get('max_s'))}</p>
+    body = f"""<p>ITL ({html.escape(str(itl.get('source')))}): p50 {ms(itl.get('p50_s'))}, p99 {ms(itl.get('p99_s'))},
+max {ms(itl.get('max_s'))}</p>
 <h2>Spikes by cause</h2><table><tr><th>cause</th><th>spikes</th></tr>{by_cause}</table>
 <h2>ITL excess budget by cause</h2>
 <p>Every inter-token gap's latency above its baseline, charged to the cause of the step it waited on
@@ -172,7 +151,6 @@ max {fmt(itl.get('max_s'))}</p>
 decode rows, context {context_len}) on model <b>{html.escape(model.name)}</b> and device
 <b>{html.escape(device.name)}</b> (roofline, mixdiag.ledger.device_model): how tall a spike that shape would make on
 that deployment if the prefill chunk were the cause. Steps without prefill tokens have no prediction.</p>
-{_table(top_sp, t0)}
-</body></html>"""
-    p.write_text(doc, encoding="utf-8")
+{_table(top_sp, t0)}"""
+    p.write_text(page(title, d.verdict, body), encoding="utf-8")
     return p

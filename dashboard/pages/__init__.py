@@ -5,7 +5,7 @@ Every page module has ``PATH``, ``NAME``, ``layout(**query)`` and ``register(app
 (:func:`register_pages`), so they work when installed and no folder is scanned. Layouts run
 per request and read the serving app's :class:`AppState` (:func:`state`), never a global app.
 Component ids are prefixed by page (``overview-…``, ``timeline-…``); the frame's by ``app-``.
-Pages may import the store, stats, figures and components; never each other.
+Pages may import the store, stats, page data, figures and components; never each other.
 """
 from __future__ import annotations
 

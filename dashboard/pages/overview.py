@@ -10,7 +10,8 @@ from dash.exceptions import PreventUpdate
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.components import CARD, GRAPH_CONFIG, PAGE, table
 from mixdiag.dashboard.stats import Headline, signals_frame, sources_frame
-from mixdiag.dashboard.store import DataStore, fmt_seconds
+from mixdiag.dashboard.store import DataStore
+from mixdiag.fmt import duration
 
 PATH = "/"
 NAME = "Overview"
@@ -26,9 +27,9 @@ def headline_cards(h: Headline) -> list:
     src = {"tokens": "per output event", "steps": "step to step", "intervals": "per interval",
            "none": "no latency data"}.get(h.itl_source, h.itl_source)
     return [card("spikes", f"{h.n_spikes:,}", "overview-stat-spikes"),
-            card(f"ITL P50 ({src})", fmt_seconds(h.itl_p50_s), "overview-stat-itl-p50"),
-            card("ITL P99", fmt_seconds(h.itl_p99_s), "overview-stat-itl-p99"),
-            card("ITL max", fmt_seconds(h.itl_max_s), "overview-stat-itl-max"),
+            card(f"ITL P50 ({src})", duration(h.itl_p50_s), "overview-stat-itl-p50"),
+            card("ITL P99", duration(h.itl_p99_s), "overview-stat-itl-p99"),
+            card("ITL max", duration(h.itl_max_s), "overview-stat-itl-max"),
             card("mixed steps", share, "overview-stat-mixed-share"),
             card("steps", f"{h.n_steps:,}", "overview-stat-steps"),
             card("instances", ", ".join(h.instances) or "-", "overview-stat-instances")]
@@ -72,11 +73,11 @@ def budget_view(diagnosis) -> tuple[dict[str, float], dict[str, float], float, l
     for inst, ib in b.instances.items():
         if top is None or ib.excess_s > b.instances[top].excess_s:
             top = inst
-        parts = [f"{c} {fmt_seconds(cb.p99_without_s)} (-{fmt_seconds(cb.p99_reduction_s)})"
+        parts = [f"{c} {duration(cb.p99_without_s)} (-{duration(cb.p99_reduction_s)})"
                  for c, cb in sorted(ib.by_cause.items(), key=lambda x: -x[1].p99_reduction_s)
                  if c != "none" and cb.excess_s > 0]
         if parts:
-            lines.append(f"{inst}: P99 {fmt_seconds(ib.p99_s)}; without " + ", ".join(parts))
+            lines.append(f"{inst}: P99 {duration(ib.p99_s)}; without " + ", ".join(parts))
     ib = b.instances.get(top) if top else None
     p99w = {c: cb.p99_without_s for c, cb in ib.by_cause.items()} if ib else {}
     return excess, p99w, (ib.p99_s if ib else math.nan), lines

@@ -14,7 +14,9 @@ from dash import Input, Output, State, dcc, html
 
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.components import GRAPH_CONFIG, PAGE, table
-from mixdiag.dashboard.store import DataStore, fmt_seconds
+from mixdiag.dashboard.page_data import SpikeDetail
+from mixdiag.dashboard.store import DataStore
+from mixdiag.fmt import duration
 
 PATH = "/spike"
 NAME = "Spike"
@@ -31,22 +33,6 @@ class LedgerChoice:
     preset: str = "glm-5.3"
     device: str = "h200"
     context_len: int = 4096  # decode context assumed, as `mixdiag analyze --context-len` defaults
-
-
-@dataclass(frozen=True)
-class SpikeDetail:
-    """What the Spike page shows for one spike."""
-
-    spike: dict                # instance, step, t_s, itl_s, baseline_s, cause, confidence
-    evidence: pd.DataFrame     # key, value (strings, in the diagnosis' order)
-    missing_signals: tuple[str, ...]
-    neighbours: pd.DataFrame   # the steps around the spike (diagnosis steps columns)
-    measured_s: float
-    predicted_s: float         # the predicted height in seconds, NaN when there is no prediction
-    predicted_key: str | None  # where the prediction came from: an evidence key, or "ledger"
-    measured_x: float = math.nan   # measured height / baseline
-    predicted_x: float = math.nan  # predicted height / baseline (mixed over pure-decode step time)
-    prediction_basis: str = ""     # one line: what the prediction assumes, or why there is none
 
 
 def _prediction(evidence: dict) -> tuple[float, str | None]:
@@ -66,8 +52,8 @@ def _prediction(evidence: dict) -> tuple[float, str | None]:
 def ledger_height(evidence: dict, choice: "LedgerChoice") -> tuple[float, str]:
     """The shape ledger's predicted spike height (mixed / pure-decode step time) for a mixed step.
 
-    The same computation as the HTML report (``report_html.predicted_heights``) from the
-    spike's evidence, so both show one number. Only a step holding a prefill chunk beside decode
+    The same computation as the HTML report (:func:`mixdiag.ledger.spike_height.predicted_height`)
+    from the spike's evidence, so both show one number. Only a step holding a prefill chunk beside decode
     rows has a prediction: the ledger models what the chunk adds. Returns (NaN, reason) otherwise.
     """
     pre, rows = _num(evidence.get("prefill_tokens")), _num(evidence.get("decode_rows"))
@@ -75,10 +61,9 @@ def ledger_height(evidence: dict, choice: "LedgerChoice") -> tuple[float, str]:
         return math.nan, "no ledger prediction: the step holds no prefill chunk beside decode rows"
     from mixdiag.ledger.device_model import device
     from mixdiag.ledger.shapes import resolve
-    from mixdiag.report_html import predicted_heights
+    from mixdiag.ledger.spike_height import predicted_height
 
-    one = pd.DataFrame({"evidence": [evidence]})
-    h = float(predicted_heights(one, resolve(choice.preset), device(choice.device), choice.context_len).iloc[0])
+    h = float(predicted_height(evidence, resolve(choice.preset), device(choice.device), choice.context_len))
     reqs = _num(evidence.get("decode_reqs"))
     basis = (f"ledger: {choice.preset} on {choice.device}, {int(pre)}-token chunk beside "
              f"{int(reqs if math.isfinite(reqs) and reqs > 0 else rows)} decode requests, context "
@@ -164,7 +149,7 @@ def spike_options(ds) -> list[dict]:
     if sp is None or not len(sp):
         return []
     top = sp.sort_values("itl_s", ascending=False).head(SPIKE_CHOICES)
-    return [{"label": f"{r.instance} step {int(r.step)}: {r.cause}, ITL {fmt_seconds(float(r.itl_s))}",
+    return [{"label": f"{r.instance} step {int(r.step)}: {r.cause}, ITL {duration(float(r.itl_s))}",
              "value": f"{r.instance}|{int(r.step)}"} for r in top.itertuples(index=False)]
 
 
@@ -191,16 +176,16 @@ def on_spike(store: DataStore, key: dict | None, choice: str | None, ledger: Led
     conf = s.get("confidence")
     mx = f" ({d.measured_x:.1f}x baseline)" if d.measured_x == d.measured_x else ""
     if d.predicted_key is not None and d.predicted_x == d.predicted_x:
-        pred = f"{fmt_seconds(d.predicted_s)} ({d.predicted_x:.1f}x baseline)"
+        pred = f"{duration(d.predicted_s)} ({d.predicted_x:.1f}x baseline)"
     elif d.predicted_key is not None:
-        pred = fmt_seconds(d.predicted_s)
+        pred = duration(d.predicted_s)
     else:
         pred = "none"
     summary = html.Div([
         html.Div([html.B(f"{s['cause']}"), f" at {s['instance']} step {s['step']}",
                   f", confidence {float(conf):.2f}" if conf is not None else ""], id="spike-cause"),
-        html.Div(f"measured ITL {fmt_seconds(d.measured_s)}{mx}; baseline "
-                 f"{fmt_seconds(float(s.get('baseline_s', float('nan'))))}; predicted height {pred}",
+        html.Div(f"measured ITL {duration(d.measured_s)}{mx}; baseline "
+                 f"{duration(float(s.get('baseline_s', float('nan'))))}; predicted height {pred}",
                  id="spike-heights"),
         html.Div(d.prediction_basis, style={"color": "#666", "fontSize": "12px"}),
         html.Div(f"signals missing from the source: {', '.join(d.missing_signals)}" if d.missing_signals

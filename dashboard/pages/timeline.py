@@ -7,7 +7,6 @@ on a spike, which opens the Spike page on it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import pandas as pd
 from dash import Input, Output, State, ctx, dcc, html
@@ -15,6 +14,7 @@ from dash.exceptions import PreventUpdate
 
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.components import GRAPH_CONFIG, HINT, PAGE
+from mixdiag.dashboard.page_data import TimelineView
 from mixdiag.dashboard.store import DataStore
 from mixdiag.schema import Timeline
 
@@ -34,29 +34,6 @@ X_ZOOM_ONLY = """(r) => (r && Object.keys(r).some(k => /^xaxis\\d*\\.(range|auto
 #: Step columns the Timeline page draws (all on the steps frame of the contract).
 STEP_PANEL_COLUMNS = ("step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "decode_rows", "sm_active",
                       "graph_mode", "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s")
-
-
-@dataclass(frozen=True)
-class TimelineView:
-    """One instance's panels on a relative clock (seconds since ``t0_s``), sorted by time."""
-
-    instance: str
-    t0_s: float
-    itl: pd.DataFrame      # t_rel_s, itl_s  (per output event, or per interval for coarse sources)
-    itl_label: str         # what the ITL panel shows, for its axis title
-    spikes: pd.DataFrame   # t_rel_s, itl_s, cause, confidence, instance, step
-    steps: pd.DataFrame    # t_rel_s plus STEP_PANEL_COLUMNS
-    sm_quality: str        # measured | estimated | inferred | absent | unlabelled
-    has_expert: bool
-    has_kv: bool
-
-    @property
-    def x_extent(self) -> tuple[float, float]:
-        """Full x-range of the data (relative seconds)."""
-        xs = [f["t_rel_s"] for f in (self.itl, self.spikes, self.steps) if len(f)]
-        if not xs:
-            return 0.0, 1.0
-        return float(min(x.min() for x in xs)), float(max(x.max() for x in xs))
 
 
 def default_instance(timeline: Timeline, diagnosis) -> str | None:

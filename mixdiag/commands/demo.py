@@ -79,7 +79,7 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def run(args, console):
-    from mixdiag.serving import check_address
+    from mixdiag.exporter import check_address
 
     out = Path(args.out)
     run_dir = pick_run_dir(out)

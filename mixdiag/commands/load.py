@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from mixdiag.errors import UserError
+from mixdiag.fmt import ms
 
 
 def register(sub, common):
@@ -51,7 +52,6 @@ def run(args, console):
 
         summary = asyncio.run(run_load(cfg, write, progress=bar))
     itl, ttft = summary["itl_s"], summary["ttft_s"]
-    ms = lambda x: "-" if x is None else f"{x * 1e3:.1f} ms"   # noqa: E731
     human = (f"{summary['ok']}/{summary['requests']} requests ok ({', '.join(f'{k} {v}' for k, v in sorted(summary['statuses'].items()))}), "
              f"lost tokens {summary['lost_tokens']}; TTFT p50 {ms(ttft['p50'])} p99 {ms(ttft['p99'])}; "
              f"ITL p50 {ms(itl['p50'])} p99 {ms(itl['p99'])}; {summary['output_tokens']} tokens "

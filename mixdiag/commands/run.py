@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mixdiag.fmt import ms
+
 
 def register(sub, common):
     from mixdiag.engine.telemetry.run_flags import add_arguments  # torch-free: --help stays fast
@@ -46,11 +48,7 @@ def run(args, console):
     itl = summary["itl_s"]
     human = (f"{result.scenario} seed {result.seed}: {summary['steps']} steps (prefill {k['prefill']}, "
              f"decode {k['decode']}, mixed {k['mixed']}), {summary['output_tokens']} output tokens in "
-             f"{summary['run_s']:.1f} s; ITL p50 {_ms(itl['p50'])} p99 {_ms(itl['p99'])} max {_ms(itl['max'])}"
+             f"{summary['run_s']:.1f} s; ITL p50 {ms(itl['p50'])} p99 {ms(itl['p99'])} max {ms(itl['max'])}"
              + (" (stopped at --max-steps)" if summary["requests"]["truncated_run"] else "") + f"\nwrote {out}")
     console.result(human, summary)
     return 0
-
-
-def _ms(x) -> str:
-    return "-" if x is None else f"{x * 1e3:.1f} ms"

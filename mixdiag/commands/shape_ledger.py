@@ -1,6 +1,7 @@
 """``mixdiag ledger``: the article's shape ledger (mixed step vs pure-decode step) for any model."""
 from __future__ import annotations
 
+from mixdiag.fmt import ms
 from mixdiag.ledger import shapes as L
 from mixdiag.ledger.device_model import DEVICES, device, predict
 
@@ -63,8 +64,8 @@ def run(args, console):
         ratio = f"{r['ratio']:.1f}x" if r.get("ratio") is not None else ""
         lines.append(f"{key:<28} {_fmt(r['decode'], r['unit']):>16} {_fmt(r['mixed'], r['unit']):>16} {ratio:>8}  {r['scope']}")
     lines.append(f"{'rows_total':<28} {doc['rows_total']['decode']:>16,} {doc['rows_total']['mixed']:>16,}")
-    lines.append(f"predicted on {pred['device']}: decode step {pred['decode']['time_s'] * 1e3:.1f} ms, mixed step "
-                 f"{pred['mixed']['time_s'] * 1e3:.1f} ms -> TPOT spike ~{pred['height_x']:.1f}x ({pred['mixed']['bound']}-bound)")
+    lines.append(f"predicted on {pred['device']}: decode step {ms(pred['decode']['time_s'])}, mixed step "
+                 f"{ms(pred['mixed']['time_s'])} -> TPOT spike ~{pred['height_x']:.1f}x ({pred['mixed']['bound']}-bound)")
     lines.append("note: the article's '75 layers total' pure-decode MoE figure (28 MB) is one layer's; "
                  "all rows here are consistent (ratio ~44x on every MoE row).")
     console.result("\n".join(lines), doc)

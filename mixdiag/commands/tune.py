@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mixdiag.errors import UserError
+from mixdiag.fmt import ms
 
 
 def register(sub, common):
@@ -76,7 +77,7 @@ def render(res: dict, head: str) -> str:
         mark = ("*" if r["pareto"] else " ") + ("<" if r["current"] else " ") + \
             (f" x{r['extrapolation_x']:.1f}" if extrapolated(r) else "")
         hi = r.get("itl_p99_hi_s", r["itl_p99_s"])
-        lines.append(f"{r['label']:34} {r['itl_p99_s'] * 1e3:8.1f}ms {hi * 1e3:8.1f}ms {r['ttft_p99_s']:9.2f}s "
+        lines.append(f"{r['label']:34} {ms(r['itl_p99_s'], unit='ms'):>10} {ms(hi, unit='ms'):>10} {r['ttft_p99_s']:9.2f}s "
                      f"{r['throughput_tok_s']:8.0f} {mark}")
     lines.append("(* on the Pareto frontier, < the current setting; 95% run: the P99 ITL one run stays under "
                  "with 95 % probability, which the recommendation uses; xN: steps N times larger than any the "

@@ -34,8 +34,7 @@ def run(args, console):
 
     from mixdiag.collectors.prometheus.live import LiveFollower
     from mixdiag.diagnosis import diagnose
-    from mixdiag.exporter import DiagnosisExporter
-    from mixdiag.serving import check_address
+    from mixdiag.exporter import DiagnosisExporter, check_address
 
     if not (0.5 <= args.interval <= 3600):
         raise UserError(f"--interval must be 0.5..3600 s, got {args.interval}")

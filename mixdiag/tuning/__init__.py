@@ -15,8 +15,9 @@ What lives here, one concept per module:
 * :mod:`.sweep` — one tuning run (Timeline -> workload, cost model, sweep, recommendation);
   :mod:`.frontier_report` — the frontier figure and the HTML report.
 
-Imports: numpy/pandas, :mod:`mixdiag.schema`, :mod:`mixdiag.errors`, :mod:`mixdiag.ledger`; the
+Imports: numpy/pandas, :mod:`mixdiag.schema`, :mod:`mixdiag.errors`, :mod:`mixdiag.ledger`, and for
+:mod:`.frontier_report` :mod:`mixdiag.fmt` and :mod:`mixdiag.html_page` (plotly lazily); the
 engine (:mod:`mixdiag.engine.core`, which pulls in torch) only lazily inside :mod:`.replay`'s
 functions, so ``mixdiag --help`` and this package's import stay torch-free. Nothing here imports
-collectors, diagnosis, outputs or the dashboard.
+collectors, diagnosis, the analyze reports or the dashboard.
 """

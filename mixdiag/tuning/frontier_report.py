@@ -1,9 +1,12 @@
 """The tuning plot: the frontier figure (shared with the dashboard's Tune page) and ``tune --html``
-(a self-contained page, plotly.js inlined, works offline like :mod:`mixdiag.report_html`)."""
+(a self-contained page in the shell of :mod:`mixdiag.html_page`, like ``analyze --html``)."""
 from __future__ import annotations
 
 import html
 from pathlib import Path
+
+from mixdiag.fmt import ms
+from mixdiag.html_page import page
 
 
 def frontier_figure(result: dict):
@@ -42,13 +45,10 @@ def frontier_figure(result: dict):
 
 def write_html(result: dict, path: str | Path, title: str = "mixdiag tune") -> Path:
     """Write the tuning report to ``path`` (refuses to overwrite)."""
-    from plotly.offline import get_plotlyjs
-
     p = Path(path)
     if p.exists():
         raise FileExistsError(f"{p} exists; choose another path (mixdiag never overwrites your files)")
     div = frontier_figure(result).to_html(full_html=False, include_plotlyjs=False, div_id="frontier")
-    ms = lambda v: "-" if v is None else f"{v * 1e3:.1f} ms"  # noqa: E731
     sec = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa: E731
     rows = "".join(
         f"<tr><td>{html.escape(r['label'])}</td><td>{ms(r['itl_p99_s'])}</td><td>{sec(r['ttft_p99_s'])}</td>"
@@ -59,21 +59,13 @@ def write_html(result: dict, path: str | Path, title: str = "mixdiag tune") -> P
            f"context {cm['context']}, a chunk's own attention counted {cm['triangle']:g} x k²"
            if cm["kind"] == "fitted" else html.escape(cm["note"]))
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in result["notes"])
-    doc = f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>
-<style>body{{font-family:sans-serif;margin:1.5em;}} table{{border-collapse:collapse;font-size:13px}}
-td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left}} .verdict{{font-size:1.2em;font-weight:bold}}</style>
-<script type="text/javascript">{get_plotlyjs()}</script></head><body>
-<h1>{html.escape(title)}</h1>
-<p class="verdict">{html.escape(headline(result))}</p>
-<p>Workload: {result['workload']['requests']} requests over {result['workload']['span_s']:.0f} s from
+    body = f"""<p>Workload: {result['workload']['requests']} requests over {result['workload']['span_s']:.0f} s from
 {html.escape(result['workload']['source'])} (quality: {html.escape(str(result['workload']['quality']))}).
 Step-cost model: {fit}.</p>
 {div}
 <table><tr><th>setting</th><th>P99 ITL</th><th>P99 TTFT</th><th>tok/s</th><th>frontier</th><th></th></tr>{rows}</table>
-<ul>{notes}</ul>
-</body></html>"""
-    p.write_text(doc, encoding="utf-8")
+<ul>{notes}</ul>"""
+    p.write_text(page(title, headline(result), body), encoding="utf-8")
     return p
 
 
@@ -83,7 +75,7 @@ def headline(result: dict) -> str:
     if result["recommendation"] is None or ch is None:
         return f"No recommendation: {result['reason']}."
     i, t = ch["itl_p99_s"], ch["ttft_p99_s"]
-    return (f"Set {result['recommendation']}: P99 ITL {i['current'] * 1e3:.0f} ms -> {i['recommended'] * 1e3:.0f} ms, "
+    return (f"Set {result['recommendation']}: P99 ITL {ms(i['current'], 0)} -> {ms(i['recommended'], 0)}, "
             f"P99 TTFT {t['current']:.2f} s -> {t['recommended']:.2f} s, throughput "
             f"{ch['throughput_tok_s']['current']:.0f} -> {ch['throughput_tok_s']['recommended']:.0f} tok/s "
             f"({result['reason']}).")

@@ -65,3 +65,13 @@ def test_damaged_run_is_one_line_user_error(run_dir, damage, message):
 
 def test_sniff_wants_timeline_files(run_dir, tmp_path):
     assert engine_run.sniff(b"", str(run_dir)) and not engine_run.sniff(b"", str(tmp_path / "nothing"))
+
+
+def test_is_run_dir_needs_a_directory_with_any_timeline_file(run_dir, tmp_path):
+    assert engine_run.is_run_dir(run_dir) and engine_run.is_run_dir(str(run_dir))
+    only_meta = tmp_path / "only_meta"
+    only_meta.mkdir()
+    assert not engine_run.is_run_dir(only_meta)          # empty directory
+    (only_meta / "meta.json").write_text("{}")
+    assert engine_run.is_run_dir(only_meta)              # any one Timeline file makes it a (partial) run
+    assert not engine_run.is_run_dir(only_meta / "meta.json")  # a file is never a run directory

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from mixdiag.dashboard.stats import CAUSES
+from mixdiag.causes import CAUSES
 from mixdiag.diagnosis import diagnose
 from mixdiag.exporter import DiagnosisExporter
 from mixdiag.schema import Timeline

@@ -5,10 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from mixdiag.causes import CAUSE_COLORS, CAUSES
 from mixdiag.dashboard import figures
-from mixdiag.dashboard.stats import CAUSES
-from mixdiag.dashboard.pages.spike import SpikeDetail, spike_detail
-from mixdiag.dashboard.pages.timeline import TimelineView, timeline_view
+from mixdiag.dashboard.page_data import SpikeDetail, TimelineView
+from mixdiag.dashboard.pages.spike import spike_detail
+from mixdiag.dashboard.pages.timeline import timeline_view
 from mixdiag.diagnosis import diagnose
 
 N = 200_000
@@ -94,7 +95,7 @@ def test_spike_markers_coloured_by_cause_carry_instance_and_step(view):
     assert set(markers) == {f"spike: {c}" for c in set(view.spikes["cause"])}
     for name, t in markers.items():
         cause = name.split(": ")[1]
-        assert t.marker.color == figures.CAUSE_COLORS[cause]
+        assert t.marker.color == CAUSE_COLORS[cause]
         for (inst, step), x in zip(t.customdata, t.x):
             row = view.spikes[view.spikes["step"] == int(step)].iloc[0]
             assert inst == "engine0" and row["cause"] == cause and row["t_rel_s"] == pytest.approx(x)
@@ -110,7 +111,7 @@ def test_by_cause_figure_lists_every_cause():
     counts = {c: i for i, c in enumerate(CAUSES)}
     fig = figures.by_cause_figure(counts)
     assert list(fig.data[0].y) == list(CAUSES) and list(fig.data[0].x) == list(range(len(CAUSES)))
-    assert list(fig.data[0].marker.color) == [figures.CAUSE_COLORS[c] for c in CAUSES]
+    assert list(fig.data[0].marker.color) == [CAUSE_COLORS[c] for c in CAUSES]
 
 
 def test_real_diagnosis_end_to_end(make_timeline):
@@ -124,7 +125,7 @@ def test_real_diagnosis_end_to_end(make_timeline):
     detail = spike_detail(d, "engine0", int(s["step"]))
     sf = figures.spike_figure(detail)
     assert str(int(s["step"])) in list(sf.data[0].x)
-    assert sf.data[0].marker.color[list(sf.data[0].x).index(str(int(s["step"])))] == figures.CAUSE_COLORS[s["cause"]]
+    assert sf.data[0].marker.color[list(sf.data[0].x).index(str(int(s["step"])))] == CAUSE_COLORS[s["cause"]]
 
 
 def test_spike_figure_draws_the_ledger_prediction_when_given():
@@ -149,6 +150,6 @@ def test_budget_figure_bars_in_cause_order_and_palette(excess, p99w, want_y):
     assert list(fig.data[0].y) == want_y
     assert list(fig.data[0].x) == [excess[c] for c in want_y]
     assert [col for c, col in zip(want_y, fig.data[0].marker.color) if c != "none"] == \
-        [figures.CAUSE_COLORS[c] for c in want_y if c != "none"]
+        [CAUSE_COLORS[c] for c in want_y if c != "none"]
     if "mixing" in want_y:
         assert "P99 without 50 ms" in fig.data[0].text[0] and fig.data[0].text[0].startswith("67%")

@@ -35,7 +35,7 @@ def test_collectors_do_not_import_the_dashboard():
 
 
 def test_watch_and_the_live_collector_load_without_the_dashboard_or_torch():
-    code = ("import sys, mixdiag.commands.watch, mixdiag.collectors.prometheus.live, mixdiag.serving; "
+    code = ("import sys, mixdiag.commands.watch, mixdiag.collectors.prometheus.live, mixdiag.exporter; "
             "bad = [m for m in sys.modules if m.startswith('mixdiag.dashboard') or m == 'torch' or m == 'dash']; "
             "print(bad); sys.exit(bool(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

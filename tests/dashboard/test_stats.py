@@ -4,9 +4,10 @@ import math
 import pandas as pd
 import pytest
 
-from mixdiag.dashboard.stats import CAUSES, by_cause, headline, mixed_share, signals_frame, sources_frame
+from mixdiag.causes import CAUSES
+from mixdiag.dashboard.stats import by_cause, headline, signals_frame, sources_frame
 from mixdiag.diagnosis import diagnose
-from mixdiag.diagnosis.result import count_by_cause
+from mixdiag.diagnosis.result import count_by_cause, mixed_share
 from mixdiag.schema import Timeline
 
 

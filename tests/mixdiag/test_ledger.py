@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 
@@ -6,6 +7,7 @@ from mixdiag.cli import main
 from mixdiag.ledger.device_model import DEVICES, predict
 from mixdiag.errors import UserError
 from mixdiag.ledger.shapes import PRESETS, BatchShape, config_dict, ledger, load_config
+from mixdiag.ledger.spike_height import predicted_height
 
 ARTICLE = BatchShape(prefill_tokens=8192, decode_reqs=32, spec_tokens=5, context_len=131072)
 KEYS = ("dp_gather_bytes", "moe_dispatch_bytes", "moe_combine_bytes", "moe_total_bytes_all_layers",
@@ -105,3 +107,18 @@ def test_predicted_spike_height_grows_with_the_chunk():
     h = [predict(m, BatchShape(p, 32, 5, 131072), dev)["height_x"] for p in (0, 512, 2048, 8192)]
     assert h[0] == pytest.approx(1.0)
     assert h == sorted(h) and 3 < h[-1] < 12   # the article: "usually 5 to 10x" for 8K chunks
+
+
+@pytest.mark.parametrize("ev,finite", [
+    ({"prefill_tokens": 8192.0, "decode_rows": 192.0, "decode_reqs": 32.0}, True),
+    ({"prefill_tokens": 0.0, "decode_rows": 8.0, "decode_reqs": 8.0}, True),    # pure decode: 1x
+    ({"decode_rows": 8.0}, False),                                              # no allocation
+    ({"prefill_tokens": 1024.0, "decode_rows": 0.0}, False),                    # no decodes to spike
+])
+def test_predicted_height_from_spike_evidence(ev, finite):
+    h = predicted_height(ev, PRESETS["glm-5.3"], DEVICES["h200"], 131072)
+    assert math.isfinite(h) == finite
+    if ev.get("prefill_tokens") == 8192.0:
+        assert 3 < h < 12   # the article's 5-10x for an 8K chunk beside 32 decodes
+    if ev.get("prefill_tokens") == 0.0:
+        assert h == pytest.approx(1.0)

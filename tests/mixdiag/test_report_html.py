@@ -1,33 +1,15 @@
 import sys
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
 from mixdiag.ledger.device_model import DEVICES
 from mixdiag.diagnosis import diagnose
 from mixdiag.ledger.shapes import PRESETS
-from mixdiag.report_html import figure, predicted_heights, write_html
+from mixdiag.report_html import figure, write_html
 
 sys.path.insert(0, str(Path(__file__).parent))
 from diag_cases import build  # noqa: E402
-
-
-@pytest.mark.parametrize("ev,finite", [
-    ({"prefill_tokens": 8192.0, "decode_rows": 192.0, "decode_reqs": 32.0}, True),
-    ({"prefill_tokens": 0.0, "decode_rows": 8.0, "decode_reqs": 8.0}, True),    # pure decode: 1x
-    ({"decode_rows": 8.0}, False),                                              # no allocation
-    ({"prefill_tokens": 1024.0, "decode_rows": 0.0}, False),                    # no decodes to spike
-])
-def test_predicted_heights(ev, finite):
-    sp = pd.DataFrame({"evidence": [ev]})
-    h = predicted_heights(sp, PRESETS["glm-5.3"], DEVICES["h200"], 131072).iloc[0]
-    assert np.isfinite(h) == finite
-    if ev.get("prefill_tokens") == 8192.0:
-        assert 3 < h < 12   # the article's 5-10x for an 8K chunk beside 32 decodes
-    if ev.get("prefill_tokens") == 0.0:
-        assert h == pytest.approx(1.0)
 
 
 def test_figure_has_the_four_signals_and_spikes_by_cause():
