@@ -115,7 +115,8 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
     frames = [sig for sig, _ in owners]
     has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
-    couple_ranks(frames, cfg.fusion.rank_align)  # EP ranks of one engine: each step row learns what its peers' same step held
+    # EP ranks of one engine: each step row learns what its peers' same step held
+    couple_ranks(frames, cfg.fusion.rank_align)
     for sig, ctxs in owners:  # attribution, per spike
         ctx_of = {inst: (ctx, [s for s in SIGNALS if ctx.quality.get(s) == "absent"]) for inst, ctx, _ in ctxs}
         one = ctxs[0][0] if len(ctxs) == 1 else None

@@ -299,8 +299,8 @@ def spike_frame(spikes: list) -> pd.DataFrame:
 
 def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) -> Diagnosis:
     """The Diagnosis of ``timeline`` from the detection/attribution of all its instances (one
-    :class:`~mixdiag.diagnosis.part.Part`, or the parts of parallel.py merged): counts, ITL, verdict, headline, and the budget
-    (computed here unless the parts computed it)."""
+    :class:`~mixdiag.diagnosis.part.Part`, or the parts of parallel.py merged): counts, ITL, verdict,
+    headline, and the budget (computed here unless the parts computed it)."""
     steps = _frames_or_empty(timeline, part.frames)
     sp = spike_frame(part.spikes)
     by_cause = count_by_cause(sp["cause"])
@@ -308,13 +308,13 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
-    not_llm = part.not_llm
+    not_llm, cap = part.not_llm, cfg.attribution.not_llm_cap  # the cap the rules applied (attribution.py)
     if part.instances and len(not_llm) == len(part.instances):
         verdict = (f"This input does not look like LLM serving (no decode-like steps: no output tokens or decode "
                    f"rows, no repeated FULL-graph replays, no ITL); causes are named with confidence <= "
-                   f"{cfg.attribution.not_llm_cap}. {verdict}")
+                   f"{cap}. {verdict}")
     elif not_llm:
-        verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cfg.attribution.not_llm_cap})."
+        verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cap})."
     headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
                      instances=part.instances, config=cfg,

@@ -89,7 +89,8 @@ def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     """Detection on one instance's interval rows: its signal frame, context, periodicity, source."""
     sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
     sig, has_itl, lat, base = interval_signals(sig, quality, cfg)
-    period = periodicity(sig, sig["is_spike"], cfg.signals, prefill_events(sig, use_allocation=False), candidates=has_itl)
+    period = periodicity(sig, sig["is_spike"], cfg.signals, prefill_events(sig, use_allocation=False),
+                         candidates=has_itl)
     sig["near_prefill_event"] = period.pop("near")
     # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
     enough = cfg.signals.relation_min_rows

@@ -128,7 +128,8 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
         # the ordinary host time between steps grows with the steps an interval holds: what is
         # left after the usual per-step gap x its steps is the unusual part. Usual = a low
         # percentile over the view's intervals (FusionConfig.host_gap_percentile).
-        per_step = np.nanpercentile(gap / n_steps, cfg.fusion.host_gap_percentile) if np.isfinite(gap / n_steps).any() else np.nan
+        per_step = (np.nanpercentile(gap / n_steps, cfg.fusion.host_gap_percentile)
+                    if np.isfinite(gap / n_steps).any() else np.nan)
         unusual = g - n_steps * per_step
         thr = (cfg.interval_ratio - 1.0) * iv["baseline_s"]
         yield inst, iv, g, excess, thr, unusual
