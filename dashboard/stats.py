@@ -2,7 +2,7 @@
 
 Everything here returns plain frames or frozen dataclasses; rendering lives in
 :mod:`mixdiag.dashboard.figures` (plotly) and the page modules (Dash components). A *diagnosis* is the object
-``mixdiag.diagnosis.pipeline.diagnose(timeline)`` returns (docs/contracts.md section 5); its
+``mixdiag.diagnosis.diagnose(timeline)`` returns (docs/contracts.md section 5); its
 ``by_cause``, ``headline``, ``last_spike``, ``mixed_share`` and ``itl`` fields are shown as they are.
 """
 from __future__ import annotations

@@ -59,7 +59,7 @@ def is_scrape_dir(path: Path) -> bool:
 
 
 def diagnose_timed(timeline: Timeline):
-    """``mixdiag.diagnosis.pipeline.diagnose(timeline)`` and the seconds it took."""
+    """``mixdiag.diagnosis.diagnose(timeline)`` and the seconds it took."""
     from mixdiag.diagnosis import diagnose
 
     t = time.perf_counter()

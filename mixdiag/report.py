@@ -1,4 +1,4 @@
-"""Human-readable rendering of a :class:`~mixdiag.diagnosis.pipeline.Diagnosis`: the verdict, a table by
+"""Human-readable rendering of a :class:`~mixdiag.diagnosis.result.Diagnosis`: the verdict, a table by
 cause and the top spikes with their evidence (what ``mixdiag analyze`` prints)."""
 from __future__ import annotations
 

@@ -162,81 +162,6 @@ SERIES_COLUMNS: tuple[Column, ...] = (
     _c("value", "float64", "-", "sample value (unit implied by the name)", required=True),
 )
 
-# The diagnosis result (``Diagnosis.spikes``, mixdiag.diagnosis.result): not a Timeline frame, but
-# documented beside it so outputs and consumers of ``analyze --json`` read one contract.
-SPIKE_COLUMNS: tuple[Column, ...] = (
-    _c("instance", "str", "-", "instance the spike was seen on", required=True),
-    _c("step", "int64", "count", "step (or interval) number of the spike row", required=True),
-    _c("t_s", "float64", "s", "when the spike ended (the row's t_end_s)", required=True),
-    _c("itl_s", "float64", "s", "measured latency: max ITL charged to the step, its latency, or the interval P99",
-       required=True),
-    _c("baseline_s", "float64", "s", "rolling baseline the latency was compared with", required=True),
-    _c("cause", "str", "-", "one cause of mixdiag.causes.CAUSES", required=True),
-    _c("confidence", "float64", "ratio", "confidence in the cause, 0..1", required=True),
-    _c("evidence", "dict", "-", "signal values behind the cause (keys: EVIDENCE_FIELDS)", required=True),
-    _c("missing_signals", "list[str]", "-", "signals the instance lacks (they lower the confidence)", required=True),
-    _c("t_start_s", "float64", "s", "start of the spike row", required=True),
-    _c("t_end_s", "float64", "s", "end of the spike row", required=True),
-    _c("granularity", "str", "-", "step | interval", required=True, choices=("step", "interval")),
-)
-
-#: Keys a spike's ``evidence`` may hold: name -> (unit, meaning). Absent keys: not measured.
-EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
-    "kind": ("-", "the row's step kind"),
-    "granularity": ("-", "step | interval"),
-    "latency_s": ("s", "the row's latency (what was compared with the baseline)"),
-    "baseline_s": ("s", "rolling baseline latency"),
-    "height_x": ("ratio", "latency_s / baseline_s"),
-    "prefill_tokens": ("tokens", "prefill tokens in the step"),
-    "prefill_reqs": ("count", "requests with prefill tokens in the step"),
-    "decode_rows": ("rows", "decode rows in the step"),
-    "decode_reqs": ("count", "decoding requests in the step"),
-    "graph_mode": ("-", "graph mode the step ran in"),
-    "graph_norm": ("-", "graph mode decode-only steps of the instance normally run in"),
-    "graph_left_full": ("bool", "the step left the FULL graph"),
-    "batch_outside_full_sizes": ("bool", "decode batch size never seen replaying FULL"),
-    "sm_active": ("ratio", "SM activity during the step"),
-    "sm_delta": ("ratio", "SM activity above decode-only neighbours"),
-    "sm_high": ("bool", "sm_delta above the mixing threshold"),
-    "periodic": ("bool", "spike near a prefill arrival, and the instance's spikes fall near arrivals far above "
-                 "chance (binomial test)"),
-    "expert_imbalance": ("ratio", "max/mean tokens per EP rank"),
-    "imbalance_rel": ("ratio", "expert_imbalance / its neighbourhood's"),
-    "kv_transfer_bytes": ("B", "KV bytes installed from a prefill instance"),
-    "kv_transfer_s": ("s", "time waiting for KV transfer"),
-    "kv_transfer_share_of_excess": ("ratio", "kv_transfer_s / latency excess"),
-    "preempted_reqs": ("count", "requests preempted or retracted"),
-    "kv_usage": ("ratio", "KV cache usage"),
-    "decodes_before": ("bool", "decodes were running when a prefill-only step left them out"),
-    "gap_before_s": ("s", "idle host time before the step"),
-    "gap_share_of_excess": ("ratio", "gap excess / latency excess"),
-    "request_stall_s": ("s", "longest wait of a request that sat out steps"),
-    "interval": ("count", "interval (scrape) row whose evidence a step spike took"),
-    "interval_expert_imbalance": ("ratio", "that interval's expert imbalance"),
-    "interval_graph_off_decode_steps": ("count", "decode-only steps that interval dispatched off the FULL graph"),
-    "interval_kv_transfer_bytes": ("B", "KV bytes that interval transferred"),
-    "interval_preempted_reqs": ("count", "preemptions that interval counted"),
-    "steps_in_interval": ("count", "steps of the step view inside an interval spike"),
-    "slow_steps_in_interval": ("count", "slow steps among them"),
-    "host_gap_unusual_s": ("s", "host time between steps beyond the usual per-step gap, per waiting request"),
-    "host_gap_per_request_s": ("s", "ITL time of an interval minus its steps' time, per waiting request"),
-    "host_gap_excess_s": ("s", "host_gap_per_request_s above its rolling median"),
-    "reason": ("-", "why the cause was chosen or none was"),
-    "signal_quality": ("-", "per signal of this row: measured | inferred | estimated | absent (estimated never "
-                       "corroborates the token allocation)"),
-    "comm_share": ("ratio", "collective/all-to-all share of the step's device time"),
-    "comm_delta": ("ratio", "comm_share above decode neighbours"),
-    "rank_skew": ("ratio", "slowest rank's compute time / median rank's"),
-    "rank_skew_high": ("bool", "rank_skew above the EP-hotspot threshold"),
-    "rank_sm_skew": ("ratio", "largest rank's SM-busy time / median rank's (graph-hidden compute)"),
-    "device_idle_before_s": ("s", "measured device idle time before the step"),
-    "arrivals": ("count", "requests that arrived / began prefill in the row"),
-    "large_step_share": ("ratio", "interval rows: share of steps with prefill work"),
-    "prefill_itl_rho": ("ratio", "interval rows: Spearman rho of prefill work vs ITL excess across intervals"),
-    "prefill_itl_p_value": ("ratio", "its one-sided permutation p-value"),
-    "llm_serving": ("bool", "False when the input has no decode-like structure (confidence capped at 0.5)"),
-}
-
 FRAMES: dict[str, tuple[Column, ...]] = {"steps": STEPS_COLUMNS, "tokens": TOKENS_COLUMNS, "series": SERIES_COLUMNS}
 # Time columns that must not go backwards within a group; groups per frame.
 _MONOTONIC = {"steps": ("t_start_s", ("instance",)), "tokens": ("t_s", ("instance", "request_id")),
@@ -251,17 +176,13 @@ def columns(frame: str) -> tuple[Column, ...]:
 
 
 def describe() -> str:
-    """The whole contract as a text table (what ``mixdiag schema`` prints)."""
+    """The Timeline contract as a text table (``mixdiag schema`` prints it, then the diagnosis result's)."""
     out = []
     for frame, cols in FRAMES.items():
         out.append(f"{frame}:")
         for c in cols:
             req = "required" if c.required else "optional"
             out.append(f"  {c.name:<20} {c.dtype:<8} {c.unit:<9} {req:<8}  {c.doc}")
-    out.append("spikes (analyze result, not a Timeline frame):")
-    out += [f"  {c.name:<20} {c.dtype:<9} {c.unit:<8} {c.doc}" for c in SPIKE_COLUMNS]
-    out.append("spike evidence keys:")
-    out += [f"  {k:<32} {u:<6} {doc}" for k, (u, doc) in EVIDENCE_FIELDS.items()]
     return "\n".join(out)
 
 

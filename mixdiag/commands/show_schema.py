@@ -8,14 +8,16 @@ def register(sub, common):
 
 
 def run(args, console):
-    from mixdiag import schema  # pandas: only when the verb runs, not for `mixdiag --help`
+    # pandas: only when the verb runs, not for `mixdiag --help`
+    from mixdiag import schema
+    from mixdiag.diagnosis import result
 
     data = {frame: [{"name": c.name, "dtype": c.dtype, "unit": c.unit, "required": c.required,
                      "choices": list(c.choices) if c.choices else None, "doc": c.doc}
                     for c in cols] for frame, cols in schema.FRAMES.items()}
     data["spikes"] = [{"name": c.name, "dtype": c.dtype, "unit": c.unit, "required": c.required,
-                       "choices": list(c.choices) if c.choices else None, "doc": c.doc} for c in schema.SPIKE_COLUMNS]
-    data["evidence"] = [{"name": k, "unit": u, "doc": d} for k, (u, d) in schema.EVIDENCE_FIELDS.items()]
+                       "choices": list(c.choices) if c.choices else None, "doc": c.doc} for c in result.SPIKE_COLUMNS]
+    data["evidence"] = [{"name": k, "unit": u, "doc": d} for k, (u, d) in result.EVIDENCE_FIELDS.items()]
     data["schema_version"] = schema.SCHEMA_VERSION
-    console.result(schema.describe(), data)
+    console.result(schema.describe() + "\n" + result.describe(), data)
     return 0

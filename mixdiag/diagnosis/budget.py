@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import CAUSES
-from mixdiag.diagnosis.spikes import itl_events, rows_of
+from mixdiag.diagnosis.detection.spikes import itl_events, rows_of
 
 #: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
 BUDGET_CAUSES = (*CAUSES, "none")

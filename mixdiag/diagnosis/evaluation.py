@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import CAUSES
-from mixdiag.diagnosis.spikes import charge_itl, itl_events, step_timing
+from mixdiag.diagnosis.detection.spikes import charge_itl, itl_events, step_timing
 
 SCORED = tuple(c for c in CAUSES if c != "unknown")
 CALIBRATION_BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 1.0))

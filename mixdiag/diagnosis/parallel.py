@@ -15,12 +15,15 @@ import os
 import pandas as pd
 
 from mixdiag.diagnosis.budget import Budget, budget_of
+from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.part import Part, diagnose_part
+from mixdiag.diagnosis.result import Diagnosis, finish, spike_frame
 from mixdiag.schema import Timeline
 
 #: Fewer instances than this: worker start-up costs more than it saves.
 MIN_INSTANCES = 16
 #: Groups per worker. One: a group of interval-only instances is diagnosed in one pass
-#: (interval_batch.py) whose cost is a fixed part plus the same small cost per instance, so equal
+#: (detection/interval_batch.py) whose cost is a fixed part plus the same small cost per instance, so equal
 #: groups take equal time and more groups would only repeat the fixed part.
 GROUPS_PER_JOB = 1
 
@@ -63,12 +66,10 @@ def groups(insts: list[str], n: int) -> list[list[str]]:
 
 
 def _work(insts: list[str]):
-    from mixdiag.diagnosis.pipeline import _spike_frame, diagnose_part
-
     tl, cfg = _STATE["timeline"], _STATE["config"]
     part = diagnose_part(tl, cfg, insts)
     steps = pd.concat(part.frames, ignore_index=True) if part.frames else None
-    budget = budget_of(tl.tokens, steps, _spike_frame(part.spikes)) if steps is not None else Budget()
+    budget = budget_of(tl.tokens, steps, spike_frame(part.spikes)) if steps is not None else Budget()
     return part, budget
 
 
@@ -83,11 +84,9 @@ def merge_budgets(budgets: list[Budget]) -> Budget:
     return Budget(instances=dict(sorted(insts.items())), units=pd.concat(units, ignore_index=True))
 
 
-def diagnose_parallel(timeline: Timeline, cfg, jobs: int):
+def diagnose_parallel(timeline: Timeline, cfg: DiagnosisConfig, jobs: int) -> Diagnosis | None:
     """The Diagnosis of ``timeline`` from ``jobs`` worker processes, or None when the input is not
     worth splitting or cannot be (the caller then runs serially)."""
-    from mixdiag.diagnosis.pipeline import Part, finish
-
     insts = timeline.instances
     if jobs <= 1 or len(insts) < MIN_INSTANCES or not splittable(timeline) \
             or "fork" not in mp.get_all_start_methods():

@@ -1,26 +1,109 @@
 """The diagnosis result, a contract (docs/contracts.md section 5, ``mixdiag schema``): the spike
-record, counts by cause, the headline numbers, the last spike, the mixed-step share and the ITL
-summary. Outputs (text and HTML reports, exporter, dashboard) read these fields; none re-counts.
+record and its evidence keys, counts by cause, the headline numbers, the last spike, the mixed-step
+share, the ITL summary and the verdict - and :func:`finish`, which makes them from a :class:`Part`.
+Outputs (text and HTML reports, exporter, dashboard) read these fields; none re-counts.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from mixdiag.causes import CAUSES
-from mixdiag.diagnosis.budget import Budget
-from mixdiag.diagnosis.spikes import itl_values
-from mixdiag.schema import SPIKE_COLUMNS as _SPIKE_SCHEMA, Timeline
+from mixdiag.causes import CAUSES, VERDICT_LEAD
+from mixdiag.diagnosis.budget import Budget, budget_of
+from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection.spikes import itl_values
+from mixdiag.diagnosis.part import Part
+from mixdiag.schema import Column, Timeline
 
-if TYPE_CHECKING:
-    from mixdiag.diagnosis.pipeline import DiagnosisConfig
+#: The spike record: the columns of ``Diagnosis.spikes`` and of ``analyze --json``'s spikes, in order.
+SPIKE_COLUMNS: tuple[Column, ...] = (
+    Column("instance", "str", "-", "instance the spike was seen on", required=True),
+    Column("step", "int64", "count", "step (or interval) number of the spike row", required=True),
+    Column("t_s", "float64", "s", "when the spike ended (the row's t_end_s)", required=True),
+    Column("itl_s", "float64", "s", "measured latency: max ITL charged to the step, its latency, or the interval P99",
+       required=True),
+    Column("baseline_s", "float64", "s", "rolling baseline the latency was compared with", required=True),
+    Column("cause", "str", "-", "one cause of mixdiag.causes.CAUSES", required=True),
+    Column("confidence", "float64", "ratio", "confidence in the cause, 0..1", required=True),
+    Column("evidence", "dict", "-", "signal values behind the cause (keys: EVIDENCE_FIELDS)", required=True),
+    Column("missing_signals", "list[str]", "-", "signals the instance lacks (they lower the confidence)", required=True),
+    Column("t_start_s", "float64", "s", "start of the spike row", required=True),
+    Column("t_end_s", "float64", "s", "end of the spike row", required=True),
+    Column("granularity", "str", "-", "step | interval", required=True, choices=("step", "interval")),
+)
 
-#: Column order of ``Diagnosis.spikes`` (documented in :data:`mixdiag.schema.SPIKE_COLUMNS`).
-SPIKE_COLUMNS = [c.name for c in _SPIKE_SCHEMA]
+#: Keys a spike's ``evidence`` may hold: name -> (unit, meaning). Absent keys: not measured.
+EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
+    "kind": ("-", "the row's step kind"),
+    "granularity": ("-", "step | interval"),
+    "latency_s": ("s", "the row's latency (what was compared with the baseline)"),
+    "baseline_s": ("s", "rolling baseline latency"),
+    "height_x": ("ratio", "latency_s / baseline_s"),
+    "prefill_tokens": ("tokens", "prefill tokens in the step"),
+    "prefill_reqs": ("count", "requests with prefill tokens in the step"),
+    "decode_rows": ("rows", "decode rows in the step"),
+    "decode_reqs": ("count", "decoding requests in the step"),
+    "graph_mode": ("-", "graph mode the step ran in"),
+    "graph_norm": ("-", "graph mode decode-only steps of the instance normally run in"),
+    "graph_left_full": ("bool", "the step left the FULL graph"),
+    "batch_outside_full_sizes": ("bool", "decode batch size never seen replaying FULL"),
+    "sm_active": ("ratio", "SM activity during the step"),
+    "sm_delta": ("ratio", "SM activity above decode-only neighbours"),
+    "sm_high": ("bool", "sm_delta above the mixing threshold"),
+    "periodic": ("bool", "spike near a prefill arrival, and the instance's spikes fall near arrivals far above "
+                 "chance (binomial test)"),
+    "expert_imbalance": ("ratio", "max/mean tokens per EP rank"),
+    "imbalance_rel": ("ratio", "expert_imbalance / its neighbourhood's"),
+    "kv_transfer_bytes": ("B", "KV bytes installed from a prefill instance"),
+    "kv_transfer_s": ("s", "time waiting for KV transfer"),
+    "kv_transfer_share_of_excess": ("ratio", "kv_transfer_s / latency excess"),
+    "preempted_reqs": ("count", "requests preempted or retracted"),
+    "kv_usage": ("ratio", "KV cache usage"),
+    "decodes_before": ("bool", "decodes were running when a prefill-only step left them out"),
+    "gap_before_s": ("s", "idle host time before the step"),
+    "gap_share_of_excess": ("ratio", "gap excess / latency excess"),
+    "request_stall_s": ("s", "longest wait of a request that sat out steps"),
+    "interval": ("count", "interval (scrape) row whose evidence a step spike took"),
+    "interval_expert_imbalance": ("ratio", "that interval's expert imbalance"),
+    "interval_graph_off_decode_steps": ("count", "decode-only steps that interval dispatched off the FULL graph"),
+    "interval_kv_transfer_bytes": ("B", "KV bytes that interval transferred"),
+    "interval_preempted_reqs": ("count", "preemptions that interval counted"),
+    "steps_in_interval": ("count", "steps of the step view inside an interval spike"),
+    "slow_steps_in_interval": ("count", "slow steps among them"),
+    "host_gap_unusual_s": ("s", "host time between steps beyond the usual per-step gap, per waiting request"),
+    "host_gap_per_request_s": ("s", "ITL time of an interval minus its steps' time, per waiting request"),
+    "host_gap_excess_s": ("s", "host_gap_per_request_s above its rolling median"),
+    "reason": ("-", "why the cause was chosen or none was"),
+    "signal_quality": ("-", "per signal of this row: measured | inferred | estimated | absent (estimated never "
+                       "corroborates the token allocation)"),
+    "comm_share": ("ratio", "collective/all-to-all share of the step's device time"),
+    "comm_delta": ("ratio", "comm_share above decode neighbours"),
+    "rank_skew": ("ratio", "slowest rank's compute time / median rank's"),
+    "rank_skew_high": ("bool", "rank_skew above the EP-hotspot threshold"),
+    "rank_sm_skew": ("ratio", "largest rank's SM-busy time / median rank's (graph-hidden compute)"),
+    "device_idle_before_s": ("s", "measured device idle time before the step"),
+    "arrivals": ("count", "requests that arrived / began prefill in the row"),
+    "large_step_share": ("ratio", "interval rows: share of steps with prefill work"),
+    "prefill_itl_rho": ("ratio", "interval rows: Spearman rho of prefill work vs ITL excess across intervals"),
+    "prefill_itl_p_value": ("ratio", "its one-sided permutation p-value"),
+    "llm_serving": ("bool", "False when the input has no decode-like structure (confidence capped at 0.5)"),
+}
+
+
+
+def describe() -> str:
+    """The spike record and its evidence keys as a text table (``mixdiag schema`` prints it after the
+    Timeline contract)."""
+    out = ["spikes (analyze result, not a Timeline frame):"]
+    out += [f"  {c.name:<20} {c.dtype:<9} {c.unit:<8} {c.doc}" for c in SPIKE_COLUMNS]
+    out.append("spike evidence keys:")
+    out += [f"  {k:<32} {u:<6} {doc}" for k, (u, doc) in EVIDENCE_FIELDS.items()]
+    return "\n".join(out)
+
+
 #: Step kinds that count as work when computing the share of mixed steps.
 WORK_KINDS = ("prefill", "decode", "mixed")
 #: ``Diagnosis.itl["source"]`` -> the headline's shorter label.
@@ -94,7 +177,7 @@ def make_headline(timeline: Timeline, verdict: str, by_cause: dict[str, int], it
 class Diagnosis:
     """The result of :func:`~mixdiag.diagnosis.pipeline.diagnose` (docs/contracts.md section 5).
 
-    ``spikes`` follows :data:`mixdiag.schema.SPIKE_COLUMNS`; ``by_cause`` has every cause as a key;
+    ``spikes`` follows :data:`SPIKE_COLUMNS`; ``by_cause`` has every cause as a key;
     ``headline``, ``last_spike``, ``mixed_share`` and ``itl`` are the numbers every output shows.
     """
 
@@ -175,3 +258,64 @@ def itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
         return {"p50_s": None, "p99_s": None, "max_s": None, "source": src}
     return {"p50_s": float(np.quantile(v, 0.5)), "p99_s": float(np.quantile(v, 0.99)), "max_s": float(v.max()),
             "source": src}
+
+
+def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = "") -> str:
+    if n_rows == 0:
+        return "No steps or intervals in the input: nothing to diagnose."
+    if n_spikes == 0:
+        p50, p99 = itl.get("p50_s"), itl.get("p99_s")
+        ratio = f" (ITL P99 is {p99 / p50:.1f}x P50)" if p50 and p99 else ""
+        return f"No TPOT spikes found in {unit}{ratio}."
+    ranked = sorted(((c, n) for c, n in by_cause.items() if n), key=lambda x: -x[1])
+    top, n_top = ranked[0]
+    rest = ", ".join(f"{n} {c}" for c, n in ranked[1:])
+    lead = VERDICT_LEAD[top]
+    if n_top * 2 <= n_spikes and len(ranked) > 1:
+        parts = ", ".join(f"{n} {c}" for c, n in ranked)
+        return f"{n_spikes} TPOT spikes in {unit} have several causes: {parts}."
+    tail = f"; the rest: {rest}" if rest else ""
+    if top == "unknown":
+        return f"{n_top} of {n_spikes} TPOT spikes in {unit} have no cause the available signals support (unknown){tail}."
+    return f"{n_top} of {n_spikes} TPOT spikes in {unit} are caused by {lead}{tail}."
+
+
+def _frames_or_empty(timeline: Timeline, frames: list) -> pd.DataFrame:
+    """``Diagnosis.steps``: the views' frames in order, or the input's (empty) rows with the columns."""
+    return pd.concat(frames, ignore_index=True) if frames else timeline.steps.assign(
+        gap_before_s=pd.Series(dtype=float), is_spike=pd.Series(dtype=bool), cause=pd.Series(dtype=object),
+        itl_max_s=pd.Series(dtype=float), latency_s=pd.Series(dtype=float), baseline_s=pd.Series(dtype=float),
+        has_decode=pd.Series(dtype=bool))
+
+
+def spike_frame(spikes: list) -> pd.DataFrame:
+    """``Diagnosis.spikes``: the records sorted by time, then instance (stable: per instance, the
+    order attribution made them)."""
+    sp = pd.DataFrame(spikes, columns=[c.name for c in SPIKE_COLUMNS])
+    if len(sp):
+        sp = sp.sort_values(["t_s", "instance"], kind="stable").reset_index(drop=True)
+    return sp
+
+
+def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) -> Diagnosis:
+    """The Diagnosis of ``timeline`` from the detection/attribution of all its instances (one
+    :class:`~mixdiag.diagnosis.part.Part`, or the parts of parallel.py merged): counts, ITL, verdict,
+    headline, and the budget (computed here unless the parts computed it)."""
+    steps = _frames_or_empty(timeline, part.frames)
+    sp = spike_frame(part.spikes)
+    by_cause = count_by_cause(sp["cause"])
+    itl = itl_summary(timeline, steps)
+    n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
+    unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
+    verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
+    not_llm, cap = part.not_llm, cfg.attribution.not_llm_cap  # the cap the rules applied (attribution.py)
+    if part.instances and len(not_llm) == len(part.instances):
+        verdict = (f"This input does not look like LLM serving (no decode-like steps: no output tokens or decode "
+                   f"rows, no repeated FULL-graph replays, no ITL); causes are named with confidence <= "
+                   f"{cap}. {verdict}")
+    elif not_llm:
+        verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cap})."
+    headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
+    return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
+                     instances=part.instances, config=cfg,
+                     budget=budget if budget is not None else budget_of(timeline.tokens, steps, sp))

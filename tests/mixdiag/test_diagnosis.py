@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis.attribution import CAUSES
-from mixdiag.diagnosis.pipeline import Diagnosis, DiagnosisConfig, diagnose
+from mixdiag.causes import CAUSES
+from mixdiag.diagnosis import Diagnosis, DiagnosisConfig, diagnose
 from mixdiag.schema import Timeline
 
 sys.path.insert(0, str(Path(__file__).parent))

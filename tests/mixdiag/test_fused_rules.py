@@ -1,9 +1,9 @@
-"""mixdiag/diagnosis/fused_rules.py: waits between steps read from an interval's ITL sum."""
+"""mixdiag/diagnosis/rules/fused_rules.py: waits between steps read from an interval's ITL sum."""
 import math
 
 import pytest
 
-from mixdiag.diagnosis.fused_rules import attribute_between_steps
+from mixdiag.diagnosis.rules.fused_rules import attribute_between_steps
 
 
 def _row(recent_stall):

@@ -8,9 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis import diagnose, groupwise as gw, interval_batch, pipeline
-from mixdiag.diagnosis.signals import average_ranks, rank_relation
-from mixdiag.diagnosis.spikes import rolling_baseline
+from mixdiag.diagnosis import DiagnosisConfig, diagnose, groupwise as gw, part
+from mixdiag.diagnosis.config import SignalConfig
+from mixdiag.diagnosis.detection import interval_batch
+from mixdiag.diagnosis.detection.signals import average_ranks, rank_relation
+from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baseline
 from mixdiag.schema import Timeline
 
 
@@ -71,7 +73,7 @@ def _plain_fleet() -> Timeline:
 def test_batch_equals_per_instance(make, monkeypatch):
     tl = make()
     a = diagnose(tl)
-    monkeypatch.setattr(pipeline, "interval_views", lambda *args: None)  # the per-instance pipeline
+    monkeypatch.setattr(part, "interval_views", lambda *args: None)  # the per-instance pipeline
     b = diagnose(tl)
     assert len(a.spikes) > 0
     pd.testing.assert_frame_equal(a.spikes, b.spikes)
@@ -83,7 +85,7 @@ def test_batch_equals_per_instance(make, monkeypatch):
 def test_batch_is_used_for_interval_only_inputs(monkeypatch):
     calls = []
     real = interval_batch.interval_views
-    monkeypatch.setattr(pipeline, "interval_views", lambda *a: calls.append(real(*a)) or calls[-1])
+    monkeypatch.setattr(part, "interval_views", lambda *a: calls.append(real(*a)) or calls[-1])
     d = diagnose(_mixed_fleet())
     assert len(calls) == 1 and calls[0] is not None and len(calls[0][2]) == 14
     assert "graph_off_decode_steps" in d.steps.columns  # graph modes of e-00, e-04, e-08 went through fusion
@@ -97,7 +99,7 @@ def test_grouped_helpers_equal_plain_ones_per_group(window):
     v = pd.Series(np.where(rng.random(len(groups)) < 0.3, np.nan, rng.random(len(groups))))
     ref = pd.Series(rng.random(len(groups)) < 0.5)
     b = gw.bounds(groups)
-    base = interval_batch.grouped_baseline(v, ref, window, 2, groups)
+    base = grouped_baseline(v, ref, window, 2, groups)
     med = gw.rolling_median(v, window, 1, groups)
     fill = gw.bfill(gw.ffill(v, groups), groups)
     sh = gw.shift(ref, 1, False, groups)
@@ -121,7 +123,7 @@ def test_rank_relation_keeps_its_draws():
     den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
     perm = (np.random.default_rng(0).permuted(np.tile(rw, (999, 1)), axis=1) * re_).sum(axis=1) / den
     rho = float((rw * re_).sum() / den)
-    out = rank_relation(pd.Series(w), pd.Series(e))
+    out = rank_relation(pd.Series(w), pd.Series(e), SignalConfig())
     assert out["rho"] == rho and out["p_value"] == float((1 + (perm >= rho).sum()) / 1000)
     assert average_ranks(np.array([2.0, 1.0, 2.0, 2.0])).tolist() == [3.0, 1.0, 3.0, 3.0]
 
@@ -130,6 +132,6 @@ def test_graph_mode_column_only_on_later_instances_runs_per_instance():
     """The column graph_off_decode_column adds would stand last in the concatenated per-instance
     frames: the batch declines and the per-instance pipeline runs."""
     tl = _mixed_fleet(modes=(4, 8))
-    assert interval_batch.interval_views(tl, pipeline.DiagnosisConfig(), tl.instances) is None
+    assert interval_batch.interval_views(tl, DiagnosisConfig(), tl.instances) is None
     d = diagnose(tl)
     assert d.steps.columns[-1] == "graph_off_decode_steps" and len(d.instances) == 14

@@ -6,8 +6,8 @@ import json
 
 import pandas as pd
 
-from mixdiag.diagnosis import diagnose, pipeline
-from mixdiag.diagnosis.interval_batch import RELATION_WORK
+from mixdiag.diagnosis import diagnose, part
+from mixdiag.diagnosis.detection.interval_batch import RELATION_WORK
 
 
 
@@ -46,7 +46,7 @@ def test_spread_column_first_and_batch_equals_per_instance(monkeypatch):
     # late counter exists it does not (the slow intervals show no prompt tokens)
     assert rel["e-00"]["rho"] > 0.5 and rel["e-00"]["p_value"] < 0.01
     assert rel["e-03"]["rho"] < 0.3
-    monkeypatch.setattr(pipeline, "interval_views", lambda *args: None)  # the per-instance pipeline
+    monkeypatch.setattr(part, "interval_views", lambda *args: None)  # the per-instance pipeline
     b = diagnose(tl)
     pd.testing.assert_frame_equal(a.spikes, b.spikes)
     pd.testing.assert_frame_equal(a.steps, b.steps)

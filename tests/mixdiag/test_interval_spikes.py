@@ -1,12 +1,12 @@
-"""mixdiag/diagnosis/interval_spikes.py and the interval rules that read it: tail, shift and
+"""mixdiag/diagnosis/detection/interval_spikes.py and the interval rules that read it: tail, shift and
 starved intervals on rows shaped like 1 s scrapes of a vLLM/SGLang server."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis.interval_spikes import interval_spikes, starved_rows
-from mixdiag.diagnosis.rule_context import off_graph_dominates
-from mixdiag.diagnosis.spikes import SpikeConfig
+from mixdiag.diagnosis.config import SpikeConfig
+from mixdiag.diagnosis.detection.interval_spikes import interval_spikes, starved_rows
+from mixdiag.diagnosis.rules.rule_context import off_graph_dominates
 
 
 def rows(p50, p99, out=None, running=None, prefill=None):
@@ -58,7 +58,7 @@ def test_starved_confirmation_looks_past_idle_intervals():
     sig = rows(np.array([0.02, N, N, 0.02]), np.array([0.03, N, N, 1.8]), out=[100.0, 0.0, 0.0, 100.0],
                prefill=[0.0, 1000.0, 0.0, 0.0])
     sig.loc[2, "running_reqs"] = 0.0  # the second interval: nothing running, nothing computed
-    assert list(starved_rows(sig, sig["itl_p99_s"].notna(), 0.8)) == [False, True, False, False]
+    assert list(starved_rows(sig, sig["itl_p99_s"].notna(), SpikeConfig().starve_confirm)) == [False, True, False, False]
 
 
 @pytest.mark.parametrize("row,want", [

@@ -9,7 +9,7 @@ import pytest
 
 from mixdiag.diagnosis import diagnose
 from mixdiag.diagnosis.parallel import MIN_INSTANCES, diagnose_parallel, groups, merge_budgets, splittable
-from mixdiag.diagnosis.pipeline import DiagnosisConfig
+from mixdiag.diagnosis import DiagnosisConfig
 from mixdiag.schema import Timeline
 
 

@@ -191,20 +191,19 @@ def test_spike_record_and_evidence_are_documented_beside_the_timeline(capsys):
     import sys
     from pathlib import Path
 
-    from mixdiag import schema
     from mixdiag.cli import main
-    from mixdiag.diagnosis import diagnose
+    from mixdiag.diagnosis import diagnose, result
     sys.path.insert(0, str(Path(__file__).parent))
     from diag_cases import build
 
     d = diagnose(build())
-    assert list(d.spikes.columns) == [c.name for c in schema.SPIKE_COLUMNS]
+    assert list(d.spikes.columns) == [c.name for c in result.SPIKE_COLUMNS]
     used = {k for ev in d.spikes["evidence"] for k in ev}
-    assert used and used <= set(schema.EVIDENCE_FIELDS)
+    assert used and used <= set(result.EVIDENCE_FIELDS)
     golden = Path(__file__).parents[1] / "fixtures" / "golden"
     for p in golden.glob("analyze_*.json"):
-        assert {k for s in json.loads(p.read_text())["spikes"] for k in s["evidence"]} <= set(schema.EVIDENCE_FIELDS)
+        assert {k for s in json.loads(p.read_text())["spikes"] for k in s["evidence"]} <= set(result.EVIDENCE_FIELDS)
     assert main(["schema", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in doc["spikes"]] == list(d.spikes.columns)
-    assert {e["name"] for e in doc["evidence"]} == set(schema.EVIDENCE_FIELDS)
+    assert {e["name"] for e in doc["evidence"]} == set(result.EVIDENCE_FIELDS)

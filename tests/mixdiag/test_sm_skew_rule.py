@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis.rule_context import InstanceContext
-from mixdiag.diagnosis.step_rules import attribute_step
+from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.rules.step_rules import attribute_step
 
 CTX = InstanceContext(quality={"graph_mode": "measured", "sm_active": "measured", "expert_imbalance": "inferred",
                                "host_time": "measured", "token_allocation": "absent"},

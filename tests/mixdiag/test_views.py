@@ -1,4 +1,4 @@
-"""Diagnosis through partial and fused views (mixdiag/diagnosis/fusion.py): log step rows, scrape intervals, both fused, request stalls."""
+"""Diagnosis through partial and fused views (mixdiag/diagnosis/evidence/fusion.py): log step rows, scrape intervals, both fused, request stalls."""
 import sys
 from pathlib import Path
 
@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis.pipeline import diagnose, engine_of
+from mixdiag.diagnosis import diagnose
+from mixdiag.diagnosis.evidence.fusion import engine_of
 from mixdiag.schema import Timeline
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -238,7 +239,8 @@ def _step_row(**kw):
 ])
 def test_attribution_turns_fused_interval_evidence_into_a_cause(fused, expect):
     """Fusion only writes fused_* columns; attribution alone decides the cause and its confidence."""
-    from mixdiag.diagnosis.attribution import Attribution, attribute_fused
+    from mixdiag.diagnosis.rules.fused_rules import attribute_fused
+    from mixdiag.diagnosis.rules.rule_context import Attribution
     own = Attribution("unknown", 0.3, {"kind": "decode"})
     got = attribute_fused(_step_row(**fused), own)
     assert got.cause == expect
@@ -246,13 +248,15 @@ def test_attribution_turns_fused_interval_evidence_into_a_cause(fused, expect):
 
 
 def test_fusion_writes_evidence_columns_not_causes():
-    from mixdiag.diagnosis.fusion import INTERVAL_EVIDENCE, STEP_EVIDENCE
+    from mixdiag.diagnosis.evidence.fusion import INTERVAL_EVIDENCE, STEP_EVIDENCE
     tl = build()
     d = diagnose(Timeline(steps=pd.concat([_log_view(tl), _scrape_view(tl)], ignore_index=True)))
     assert set(INTERVAL_EVIDENCE + STEP_EVIDENCE) <= set(d.steps.columns)
     st = d.steps[d.steps["granularity"] == "step"]
     assert st["fused_interval"].notna().any()  # log steps know the scrape interval that holds them
-    src = "".join((Path(__file__).parents[2] / "mixdiag" / "diagnosis" / f).read_text()
-                  for f in ("fusion.py", "pipeline.py", "attribution.py", "signals.py", "spikes.py"))
+    root = Path(__file__).parents[2] / "mixdiag" / "diagnosis"
+    src = "".join(p.read_text() for p in [root / "part.py", root / "pipeline.py",
+                                          *sorted(root.glob("detection/*.py")), *sorted(root.glob("evidence/*.py")),
+                                          *sorted(root.glob("rules/*.py"))])
     for name in ("mixdiag_engine", "vllm:", "sglang:", ":increase", "_total"):
         assert name not in src  # source names stop at the collectors

@@ -39,7 +39,7 @@ def _truth_of_spikes(spikes: pd.DataFrame, srv) -> pd.DataFrame:
 
 def test_client_spikes_of_a_served_mixing_fault_are_charged_to_mixing(tmp_path, mixing_server):
     from mixdiag.collectors import load
-    from mixdiag.diagnosis.pipeline import diagnose
+    from mixdiag.diagnosis import diagnose
 
     url, server, th = mixing_server(tmp_path)
     path = tmp_path / "client.jsonl"

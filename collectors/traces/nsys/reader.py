@@ -243,7 +243,7 @@ def _signals(step_source: str | None, cuda_traced: bool, sm_name: str | None, st
     out = {
         "steps": "measured" if mixdiag else ("inferred" if step_source else "absent"),
         "kind": "measured" if mixdiag else "absent",
-        "token_allocation": "measured" if mixdiag else "absent",  # mixdiag.diagnosis.signals' name for the two below
+        "token_allocation": "measured" if mixdiag else "absent",  # mixdiag.diagnosis.detection.signals' name for the two below
         "prefill_tokens": "measured" if mixdiag else "absent",
         "decode_rows": "measured" if mixdiag else "absent",
         "graph_mode": "measured" if cuda_traced else ("estimated" if mixdiag else "absent"),

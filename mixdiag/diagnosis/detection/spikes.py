@@ -18,30 +18,11 @@ its latency exceeds ``ratio x baseline`` *and* ``baseline + mad_k x sigma``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
-
-@dataclass(frozen=True)
-class SpikeConfig:
-    """Thresholds of spike detection; one setting for every workload (see docs/analyze.md)."""
-
-    ratio: float = 1.5          # spike: latency > ratio x baseline ...
-    mad_k: float = 2.0          # ... and > baseline + mad_k x robust sigma (noise guard)
-    window_steps: int = 41      # centred rolling window of the step baseline (rows)
-    window_intervals: int = 15  # centred rolling window of the interval baseline (rows)
-    min_periods: int = 3        # reference rows needed inside a window before it gives a baseline
-
-    def __post_init__(self):
-        if not self.ratio > 1.0:
-            raise ValueError(f"SpikeConfig.ratio must be > 1, got {self.ratio}")
-        if self.mad_k < 0:
-            raise ValueError(f"SpikeConfig.mad_k must be >= 0, got {self.mad_k}")
-        for name in ("window_steps", "window_intervals", "min_periods"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SpikeConfig.{name} must be >= 1")
+from mixdiag.diagnosis import groupwise as gw
+from mixdiag.diagnosis.config import SpikeConfig
 
 
 def _group_codes(s: pd.Series) -> np.ndarray:
@@ -203,6 +184,29 @@ def rolling_baseline(values: pd.Series, reference: pd.Series, window: int, min_p
     mad = dev.rolling(window, center=True, min_periods=min(min_periods, max(int(ref.sum()), 1))).median()
     sigma = (1.4826 * mad).ffill().bfill().fillna(0.0)
     return base, sigma
+
+
+def grouped_baseline(values: pd.Series, reference: pd.Series, window: int, min_periods: int,
+                     groups: np.ndarray) -> pd.Series:
+    """The baseline :func:`rolling_baseline` gives each group's rows
+    alone (its centred rolling median over reference rows, filled from the nearest ones; the
+    group's median when it has no reference row): the interval path reads only the baseline."""
+    v = values.astype("float64")
+    ref = reference.fillna(False).astype(bool) & v.notna()
+    n_ref = gw.per_group(ref.to_numpy().astype(np.int64), groups, np.add)
+    ref = ref.where(pd.Series(n_ref[groups] >= min_periods, index=v.index), v.notna())
+    n_ref = gw.per_group(ref.to_numpy().astype(np.int64), groups, np.add)
+    need = np.minimum(min_periods, np.maximum(n_ref, 1))[groups]
+    x = v.where(ref)
+    base = gw.rolling_median(x, window, 1, groups)
+    if (need > 1).any():  # rolling(min_periods=need): a window with fewer values gives no median
+        count = x.notna().astype(float).groupby(groups, sort=False).rolling(window, center=True, min_periods=1).sum()
+        base = base.where(count.to_numpy() >= need)
+    base = gw.bfill(gw.ffill(base, groups), groups)
+    lost = gw.all_(base.isna(), groups)
+    if lost.any():
+        base = base.where(~lost, gw.median(v, groups))  # NaN for a group without any value
+    return base
 
 
 def is_spike(latency: pd.Series, baseline: pd.Series, sigma: pd.Series, cfg: SpikeConfig) -> pd.Series:

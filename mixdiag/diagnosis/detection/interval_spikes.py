@@ -14,8 +14,8 @@ Three ways an interval is felt, each measured by the engine's own histogram or c
   prefill's first token is no ITL) while requests were running and prompt tokens were computed - the decodes waited
   through the whole interval. Requests counted running may all be prefilling (vLLM counts them
   running), so the wait must also be *measured*: the next interval with ITL observations records
-  an ITL P99 of at least ``starve_confirm`` x the starved stretch (a request that waited through it
-  logs that wait as one ITL when it resumes). The interval's latency is then its duration, a lower
+  an ITL P99 of at least ``SpikeConfig.starve_confirm`` x the starved stretch (a request that waited
+  through it logs that wait as one ITL when it resumes). The interval's latency is then its duration, a lower
   bound of every running decode's wait. SGLang without mixed chunk runs prefill batches alone
   while decodes wait (its ``get_new_batch_prefill`` path), which is exactly this.
 """
@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
-from mixdiag.diagnosis.spikes import SpikeConfig, rolling_baseline
+from mixdiag.diagnosis.config import SpikeConfig
+from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baseline
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,8 @@ def starved_rows(sig: pd.DataFrame, has_itl: pd.Series, confirm: float) -> pd.Se
 
 
 def _grouped_baseline(p50: pd.Series, ref: pd.Series, window: int, groups: np.ndarray) -> tuple[pd.Series, pd.Series]:
-    """What :func:`~mixdiag.diagnosis.spikes.rolling_baseline` (``min_periods`` 1) gives each
+    """What :func:`~mixdiag.diagnosis.detection.spikes.rolling_baseline` (``min_periods`` 1) gives each
     group's rows alone: the baseline, and the robust sigma of the reference rows around it."""
-    from mixdiag.diagnosis.interval_batch import grouped_baseline
     base = grouped_baseline(p50, ref, window, 1, groups)
     v = p50.astype("float64")
     r = ref.fillna(False).astype(bool) & v.notna()
@@ -96,7 +96,7 @@ def _grouped_baseline(p50: pd.Series, ref: pd.Series, window: int, groups: np.nd
 
 
 def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfig, faulty: pd.Series | None = None,
-                    starve_confirm: float = 0.8, groups: np.ndarray | None = None) -> IntervalSpikes:
+                    groups: np.ndarray | None = None) -> IntervalSpikes:
     """The three interval spike tests of the module doc over one instance's rows (sorted by time).
 
     ``faulty``: intervals whose counters or gauges measured a fault (an expert imbalance well above
@@ -118,7 +118,7 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
     ref = ref.where(~few, has_itl)
     if groups is None:
         base, sigma = rolling_baseline(p50, ref, spikes.window_intervals, 1)
-        starved = starved_rows(sig, has_itl, starve_confirm)
+        starved = starved_rows(sig, has_itl, spikes.starve_confirm)
     else:
         base, sigma = _grouped_baseline(p50, ref, spikes.window_intervals, groups)
         starved = pd.Series(False, index=sig.index)
@@ -126,7 +126,7 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
         maybe = gw.per_group((~has_itl & _num(sig, "prefill_tokens").gt(0)).to_numpy(dtype=bool), groups, np.logical_or)
         for g in np.flatnonzero(maybe):  # a fleet's steady instances have no candidate: no loop
             part = slice(b[g], b[g + 1])
-            starved.iloc[part] = starved_rows(sig.iloc[part], has_itl.iloc[part], starve_confirm).to_numpy()
+            starved.iloc[part] = starved_rows(sig.iloc[part], has_itl.iloc[part], spikes.starve_confirm).to_numpy()
     tail = has_itl & (lat > interval_ratio * base)
     shift = has_itl & ~tail & (p50 > np.maximum(spikes.ratio * base, base + spikes.mad_k * sigma))
     dur = (_num(sig, "t_end_s") - _num(sig, "t_start_s")).clip(lower=0)

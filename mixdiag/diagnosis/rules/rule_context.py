@@ -1,5 +1,4 @@
-"""What every attribution rule shares: the thresholds (:class:`AttributionConfig`), the verdict
-(:class:`Attribution`), what is known of the spike's instance (:class:`InstanceContext`), and how a
+"""What every attribution rule shares: the verdict (:class:`Attribution`) and how a
 row's signals and their quality are read (only ``measured`` or ``inferred`` signals corroborate:
 an ``estimated`` one is modelled from the token allocation and would only repeat it)."""
 from __future__ import annotations
@@ -9,33 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-
-@dataclass(frozen=True)
-class AttributionConfig:
-    """Evidence thresholds; one setting for every workload (justified in docs/analyze.md)."""
-
-    host_gap_share: float = 0.5     # host_stall: gap excess >= this share of the latency excess
-    imbalance_rel: float = 1.5      # ep_hotspot: imbalance >= this x the neighbourhood's ...
-    imbalance_abs: float = 1.5      # ... and >= this absolute max/mean ratio
-    imbalance_edge_rel: float = 1.1  # interval next to a hotspot interval: imbalance >= this x the usual
-    sm_delta: float = 0.10          # mixing: SM activity this much above decode-only neighbours
-    interval_factor: float = 0.8    # confidence scale for interval (log/scrape) rows
-    comm_delta: float = 0.10        # ep_hotspot: collective share this much above decode neighbours
-    rank_skew: float = 1.2          # ep_hotspot: slowest rank / median rank compute time
-    rank_sm_skew: float = 1.05      # ep_hotspot, graph-hidden compute: largest / median rank SM-busy time ...
-    sm_skew_delta: float = 0.03     # ... and this much above its decode neighbourhood's
-    eager_height: float = 2.5       # graph_fallback without counts: eager decode stays below this x baseline
-    relation_p: float = 0.01        # interval mixing: permutation p-value of prefill work vs ITL excess
-
-    def __post_init__(self):
-        if not 0 < self.host_gap_share <= 1:
-            raise ValueError("AttributionConfig.host_gap_share must be in (0, 1]")
-        if min(self.imbalance_rel, self.imbalance_abs, self.imbalance_edge_rel, self.rank_skew, self.rank_sm_skew) < 1:
-            raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
-        if not 0 < self.interval_factor <= 1:
-            raise ValueError("AttributionConfig.interval_factor must be in (0, 1]")
-        if not 0 < self.relation_p < 1 or self.comm_delta <= 0 or self.sm_skew_delta <= 0:
-            raise ValueError("AttributionConfig.relation_p must be in (0, 1), comm_delta and sm_skew_delta > 0")
+from mixdiag.diagnosis.detection.context import InstanceContext
 
 
 @dataclass(frozen=True)
@@ -45,18 +18,6 @@ class Attribution:
     cause: str
     confidence: float
     evidence: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class InstanceContext:
-    """What attribution needs to know about the spike's instance as a whole."""
-
-    quality: dict            # signal -> measured | estimated | inferred | absent
-    graph_norm: str          # graph mode decode-only steps normally run in
-    period: dict             # signals.periodicity(...) against arrivals (never the token counts)
-    full_batch_sizes: frozenset = frozenset()  # decode_reqs values seen replaying FULL
-    relation: dict = field(default_factory=dict)  # interval rows: signals.rank_relation(work, ITL excess)
-    llm_like: bool = True    # the input has decode-like structure (pipeline.looks_like_llm_serving)
 
 
 def num(v) -> float | None:

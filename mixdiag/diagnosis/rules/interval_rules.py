@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mixdiag.diagnosis.rule_context import (Attribution, AttributionConfig, InstanceContext, evidence_of, num,
-                                           off_graph_dominates, row_quality)
+from mixdiag.diagnosis.config import AttributionConfig
+from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.rules.rule_context import Attribution, evidence_of, num, off_graph_dominates, row_quality
 
 
 def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = AttributionConfig()) -> Attribution:

@@ -1,6 +1,6 @@
 """Fused rules: one engine seen through step rows (log lines, a trace) and interval rows
 (scrapes). A spike's own attribution is refined with the other view's evidence (the ``fused_*``
-columns of :mod:`mixdiag.diagnosis.fusion`), and interval rows that are no spike of their own are
+columns of :mod:`mixdiag.diagnosis.evidence.fusion`), and interval rows that are no spike of their own are
 judged for waits between steps and preemptions."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import math
 
 import pandas as pd
 
-from mixdiag.diagnosis.rule_context import Attribution, AttributionConfig, num
+from mixdiag.diagnosis.config import AttributionConfig
+from mixdiag.diagnosis.rules.rule_context import Attribution, num
 
 
 def _pos(v) -> bool:

@@ -1,6 +1,6 @@
 """One engine seen through several sources: step views (log lines, traces) and interval views
 (Prometheus scrapes), fused into evidence columns on each view's rows, so each spike is attributed
-once (by :mod:`mixdiag.diagnosis.attribution`, the only place causes are decided) with the best
+once (by :mod:`mixdiag.diagnosis.rules.attribution`, the only place causes are decided) with the best
 evidence either view has.
 
 Instances named ``X@source`` (how ``collectors.load`` names clashing inputs) are views of engine
@@ -12,39 +12,12 @@ of an interval expose host time between steps.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
+from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection.signals import graph_off_decode_column
 from mixdiag.schema import Timeline
-
-if TYPE_CHECKING:
-    from mixdiag.diagnosis.pipeline import DiagnosisConfig
-
-
-def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
-    """Interval rows get ``graph_off_decode_steps``: decode-only steps that left the FULL graph,
-    i.e. off-FULL dispatches (``graph_piecewise_steps + graph_none_steps``) beyond the interval's
-    prefill and mixed steps (per-kind step counts, else the large-step share of all passes). Only
-    when the rows carry per-mode counts and one of those."""
-    iv = rows["granularity"] == "interval"
-    modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
-    if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
-        return rows
-    if {"mixed_steps", "prefill_steps"} <= set(rows.columns) and rows.loc[iv, "prefill_steps"].notna().any():
-        other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
-    elif "large_step_share" in rows.columns and rows.loc[iv, "large_step_share"].notna().any():
-        # SGLang counts passes by mode (decode_/prefill_ x cuda_graph/none) and the collector merges
-        # prefill_none into the eager count: the prefill passes (large_step_share of all) come off it
-        total = rows.loc[iv, modes].fillna(0).sum(axis=1)
-        other = (rows.loc[iv, "large_step_share"].fillna(0) * total).round()
-    else:
-        return rows
-    rows = rows.copy()
-    n_off = rows.loc[iv, "graph_piecewise_steps"].fillna(0) + rows.loc[iv, "graph_none_steps"].fillna(0)
-    rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
-    return rows
 
 
 def engine_of(instance: str) -> str:
@@ -153,9 +126,10 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
         g = pd.Series(gap, index=iv.index)
         excess = g - g.rolling(cfg.spikes.window_intervals, center=True, min_periods=1).median()
         # the ordinary host time between steps grows with the steps an interval holds: what is
-        # left after the usual per-step gap x its steps is the unusual part. Usual = the lower
-        # quartile over the view's intervals, so stalls in up to 3/4 of them do not raise it.
-        per_step = np.nanpercentile(gap / n_steps, 25) if np.isfinite(gap / n_steps).any() else np.nan
+        # left after the usual per-step gap x its steps is the unusual part. Usual = a low
+        # percentile over the view's intervals (FusionConfig.host_gap_percentile).
+        per_step = (np.nanpercentile(gap / n_steps, cfg.fusion.host_gap_percentile)
+                    if np.isfinite(gap / n_steps).any() else np.nan)
         unusual = g - n_steps * per_step
         thr = (cfg.interval_ratio - 1.0) * iv["baseline_s"]
         yield inst, iv, g, excess, thr, unusual
@@ -188,7 +162,7 @@ def _time_or_count_window(st: pd.DataFrame, ab, r) -> pd.DataFrame:
 def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
     """One engine seen through step rows (log lines, a trace) and interval rows (scrapes): each
     view's rows get the other view's evidence as ``fused_*`` columns (in place); the causes are
-    :mod:`~mixdiag.diagnosis.attribution`'s. Returns whether the input has a step view at all.
+    :mod:`~mixdiag.diagnosis.rules.attribution`'s. Returns whether the input has a step view at all.
 
     Interval rows: the steps inside (``fused_steps_in_interval``), how many were slow, and the host
     gap the ITL sum leaves between steps (see :func:`_host_gaps`). An interval spike that holds a
@@ -310,14 +284,14 @@ def _fuse_steps_by_time(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -
 RANK_EVIDENCE = ("peer_prefill", "peer_graph_off")
 
 
-def couple_ranks(frames: list[pd.DataFrame], align: float = 0.1) -> None:
+def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
     """Expert-parallel ranks meet in the all-to-all every step, so a step is as slow as its slowest
     rank: a decode step on one rank waits for a peer whose same step held a prompt chunk. Step views
     (no intervals) whose rows share step numbers, exchange collectives (``comm_share`` > 0 on some
     steps) and end each shared step together (median |end difference| below ``align`` x the median
-    step duration) are ranks of one engine; each row gets ``peer_prefill`` (a peer's same step held
-    prefill tokens) and ``peer_graph_off`` (a peer's same step left the graph), in place; NaN
-    elsewhere."""
+    step duration: ``FusionConfig.rank_align``) are ranks of one engine; each row gets ``peer_prefill``
+    (a peer's same step held prefill tokens) and ``peer_graph_off`` (a peer's same step left the
+    graph), in place; NaN elsewhere."""
     for f in frames:
         for col in RANK_EVIDENCE:
             f[col] = np.nan

@@ -7,7 +7,7 @@ grouped operations whatever the number of instances (a 500-target Prometheus fle
 per-instance figures (periodicity, the rank relation, graph norm) loop over instances, on numpy
 slices. Row for row and figure for figure it gives what :func:`interval_pipeline` gives each
 instance alone (``tests/mixdiag/test_interval_batch.py`` holds the two side by side); the signal
-code is shared (:func:`~mixdiag.diagnosis.signals.step_signals` and friends take ``groups``).
+code is shared (:func:`~mixdiag.diagnosis.detection.signals.step_signals` and friends take ``groups``).
 """
 from __future__ import annotations
 
@@ -15,40 +15,17 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
-from mixdiag.diagnosis.fusion import graph_off_decode_column
-from mixdiag.diagnosis.interval_spikes import interval_spikes
-from mixdiag.diagnosis.rule_context import InstanceContext
-from mixdiag.diagnosis.signals import (SIGNAL_COLUMNS, decode_graph_norm, interval_decode_evidence, period_stats,
-                                      periodicity, prefill_events, qualities, rank_relation, row_qualities,
-                                      step_signals)
+from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
+from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
+                                                 interval_decode_evidence, period_stats, periodicity, prefill_events,
+                                                 qualities, rank_relation, row_qualities, step_signals)
 from mixdiag.schema import Timeline
 
 #: Columns whose presence per instance decides the signal qualities (signals.qualities).
 _PRESENCE = tuple(dict.fromkeys(c for cols in SIGNAL_COLUMNS.values() for c in cols))
 _MODES = ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")
-
-
-def grouped_baseline(values: pd.Series, reference: pd.Series, window: int, min_periods: int,
-                     groups: np.ndarray) -> pd.Series:
-    """The baseline :func:`~mixdiag.diagnosis.spikes.rolling_baseline` gives each group's rows
-    alone (its centred rolling median over reference rows, filled from the nearest ones; the
-    group's median when it has no reference row): the interval path reads only the baseline."""
-    v = values.astype("float64")
-    ref = reference.fillna(False).astype(bool) & v.notna()
-    n_ref = gw.per_group(ref.to_numpy().astype(np.int64), groups, np.add)
-    ref = ref.where(pd.Series(n_ref[groups] >= min_periods, index=v.index), v.notna())
-    n_ref = gw.per_group(ref.to_numpy().astype(np.int64), groups, np.add)
-    need = np.minimum(min_periods, np.maximum(n_ref, 1))[groups]
-    x = v.where(ref)
-    base = gw.rolling_median(x, window, 1, groups)
-    if (need > 1).any():  # rolling(min_periods=need): a window with fewer values gives no median
-        count = x.notna().astype(float).groupby(groups, sort=False).rolling(window, center=True, min_periods=1).sum()
-        base = base.where(count.to_numpy() >= need)
-    base = gw.bfill(gw.ffill(base, groups), groups)
-    lost = gw.all_(base.isna(), groups)
-    if lost.any():
-        base = base.where(~lost, gw.median(v, groups))  # NaN for a group without any value
-    return base
 
 
 def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +54,7 @@ def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
     return sig
 
 
-def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray | None = None):
+def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, groups: np.ndarray | None = None):
     """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
     numbered by ``groups`` (:func:`interval_views`); ``quality`` per signal, a value or one per row.
     Returns the frame, the rows with ITL, their latency and their baseline."""
@@ -100,30 +77,33 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg, groups: np.ndarray |
     return pd.concat([sig, row_qualities(sig, quality)], axis=1), has_itl, lat, base
 
 
-#: Per-interval prefill work for the rank relation, first column with 6 values on ITL rows wins.
+#: Per-interval prefill work for the rank relation, first column with ``SignalConfig.relation_min_rows``
+#: values on ITL rows wins.
 #: ``prefill_work_tokens`` (vLLM prompt tokens spread back over their prefill time) comes first:
 #: vLLM's prompt counter lands every token in the interval of the last chunk, not where the
 #: chunks ran (formats.md §1.1), so ``prefill_tokens`` misses the intervals the chunks slowed.
 RELATION_WORK = ("prefill_work_tokens", "prefill_tokens", "large_step_share", "arrivals")
 
 
-def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg):
+def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     """Detection on one instance's interval rows: its signal frame, context, periodicity, source."""
     sig = rows.sort_values("step", kind="stable").reset_index(drop=True)
     sig, has_itl, lat, base = interval_signals(sig, quality, cfg)
-    period = periodicity(sig, sig["is_spike"], prefill_events(sig, use_allocation=False), candidates=has_itl)
+    period = periodicity(sig, sig["is_spike"], cfg.signals, prefill_events(sig, use_allocation=False),
+                         candidates=has_itl)
     sig["near_prefill_event"] = period.pop("near")
     # prefill work per interval vs ITL excess across the instance's intervals (the mixing evidence)
-    work = next((sig[c] for c in RELATION_WORK
-                 if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= 6), pd.Series(np.nan, index=sig.index))
-    relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl))
+    enough = cfg.signals.relation_min_rows
+    work = next((sig[c] for c in RELATION_WORK if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= enough),
+                pd.Series(np.nan, index=sig.index))
+    relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl), cfg.signals)
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
     return sig, ctx, period, "interval_itl_quantiles"
 
 
 def _batch_frame(timeline: Timeline, insts) -> tuple[pd.DataFrame, np.ndarray, list[str]] | None:
     """The rows of ``insts`` in one frame (instance order, then step), their group codes and the
-    instances present, with the columns fusion.graph_off_decode_column adds to an instance's rows.
+    instances present, with the columns signals.graph_off_decode_column adds to an instance's rows.
     None when such a column would not stand where the concatenated per-instance frames put it (the
     first instance without it, a later one with it)."""
     st = timeline.steps
@@ -153,7 +133,7 @@ def _batch_frame(timeline: Timeline, insts) -> tuple[pd.DataFrame, np.ndarray, l
     return big, groups, present
 
 
-def interval_views(timeline: Timeline, cfg, insts):
+def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
     """Detection for interval-only ``insts``: one signal frame for all of them (instance order, then
     step) and per instance its context and the periodicity reported; None when the batch cannot
     reproduce the per-instance frames (the caller then runs them one by one)."""
@@ -192,7 +172,7 @@ def interval_views(timeline: Timeline, cfg, insts):
     sig["near_prefill_event"] = near
     t = sig["t_start_s"].to_numpy()
     ev_np, sp_np = events.to_numpy(), spikes.to_numpy()
-    # work per interval for the rank relation: the first column with 6 values on ITL rows
+    # work per interval for the rank relation: the first column with enough values on ITL rows
     work_cols = [c for c in RELATION_WORK if c in sig.columns]
     n_work = {c: add(sig[c].notna() & has_itl) for c in work_cols}
     itl_rows = has_itl.to_numpy(dtype=bool)
@@ -206,13 +186,13 @@ def interval_views(timeline: Timeline, cfg, insts):
         p0 = float(n_cand_near[g] / n_cand[g]) if n_cand[g] else float("nan")
         te = t[lo:hi][ev_np[lo:hi]] if n_ev[g] >= 3 else t[:0]
         ts = t[lo:hi][sp_np[lo:hi]] if n_sp[g] >= 3 else t[:0]
-        period = period_stats(int(n_ev[g]), int(n_sp[g]), int(n_near[g]), p0, te, ts)
-        wc = next((c for c in work_cols if n_work[c][g] >= 6), None)
+        period = period_stats(int(n_ev[g]), int(n_sp[g]), int(n_near[g]), p0, te, ts, cfg.signals)
+        wc = next((c for c in work_cols if n_work[c][g] >= cfg.signals.relation_min_rows), None)
         work = work_of[wc][lo:hi] if wc is not None else np.full(hi - lo, np.nan)
-        relation = rank_relation(work, excess[lo:hi])
+        relation = rank_relation(work, excess[lo:hi], cfg.signals)
         norm = decode_graph_norm(sig.iloc[lo:hi]) if known_mode[g] else "unknown"
-        # looks_like_llm_serving on interval rows: token events, fewer than 10 rows, or decode evidence
-        llm_like = bool(inst in tok or hi - lo < 10 or llm[g])
+        # looks_like_llm_serving on interval rows: token events, too few rows to judge, or decode evidence
+        llm_like = bool(inst in tok or hi - lo < cfg.signals.llm_min_rows or llm[g])
         out.append((inst, InstanceContext(quality=quality[g], graph_norm=norm, period=period, relation=relation,
                                           llm_like=llm_like)))
     return sig, groups, out

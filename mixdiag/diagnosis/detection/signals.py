@@ -10,25 +10,12 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from mixdiag.causes import SIGNAL_COLUMNS, SIGNALS  # noqa: F401  (SIGNALS re-exported)
 from mixdiag.diagnosis import groupwise as gw
-
-
-@dataclass(frozen=True)
-class SignalConfig:
-    """Neighbourhood sizes for the relative signals."""
-
-    neighbour_window: int = 11   # centred window (steps) for SM activity / imbalance references
-    gap_window: int = 41         # centred window (steps) for the typical inter-step gap
-
-    def __post_init__(self):
-        if self.neighbour_window < 3 or self.gap_window < 3:
-            raise ValueError("SignalConfig windows must be >= 3")
+from mixdiag.diagnosis.config import SignalConfig
 
 
 def _has_data(df: pd.DataFrame, col: str) -> bool:
@@ -121,13 +108,13 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
         ref = ref.where(gw.any_(ref, groups), full)
     s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w, groups)
     comm = s["comm_share"] if "comm_share" in s.columns else pd.Series(np.nan, index=s.index)
-    s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, 201), groups)
+    s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, cfg.wide_window), groups)
     # SM-busy skew across ranks (graph-hidden compute) above its decode neighbourhood's: balanced
     # steps already differ by their jitter, and that floor varies with the deployment
     smsk = s["rank_sm_skew"] if "rank_sm_skew" in s.columns else pd.Series(np.nan, index=s.index)
-    s["sm_skew_delta"] = smsk - _rolling_ref_median(smsk, ref, max(w, 201), groups)
+    s["sm_skew_delta"] = smsk - _rolling_ref_median(smsk, ref, max(w, cfg.wide_window), groups)
     # a wide window: hotspot windows last tens of steps and must not become their own reference
-    imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, 201), groups)
+    imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, cfg.wide_window), groups)
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
     s["preempt"] = s["preempted_reqs"].fillna(0) > 0
@@ -153,6 +140,30 @@ def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
         return (c - c.where(dec).ffill().shift(1).fillna(0)).astype(float)
 
     return since(mixed), since(stall)
+
+
+def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
+    """Interval rows get ``graph_off_decode_steps``: decode-only steps that left the FULL graph,
+    i.e. off-FULL dispatches (``graph_piecewise_steps + graph_none_steps``) beyond the interval's
+    prefill and mixed steps (per-kind step counts, else the large-step share of all passes). Only
+    when the rows carry per-mode counts and one of those."""
+    iv = rows["granularity"] == "interval"
+    modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
+    if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
+        return rows
+    if {"mixed_steps", "prefill_steps"} <= set(rows.columns) and rows.loc[iv, "prefill_steps"].notna().any():
+        other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
+    elif "large_step_share" in rows.columns and rows.loc[iv, "large_step_share"].notna().any():
+        # SGLang counts passes by mode (decode_/prefill_ x cuda_graph/none) and the collector merges
+        # prefill_none into the eager count: the prefill passes (large_step_share of all) come off it
+        total = rows.loc[iv, modes].fillna(0).sum(axis=1)
+        other = (rows.loc[iv, "large_step_share"].fillna(0) * total).round()
+    else:
+        return rows
+    rows = rows.copy()
+    n_off = rows.loc[iv, "graph_piecewise_steps"].fillna(0) + rows.loc[iv, "graph_none_steps"].fillna(0)
+    rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
+    return rows
 
 
 def decode_graph_norm(sig: pd.DataFrame) -> str:
@@ -237,8 +248,8 @@ def _binom_sf(k: int, n: int, p: float) -> float:
     return float(min(1.0, sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))))
 
 
-def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, events: pd.Series | None = None,
-                candidates: pd.Series | None = None, alpha: float = 0.01) -> dict:
+def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, cfg: SignalConfig, events: pd.Series | None = None,
+                candidates: pd.Series | None = None) -> dict:
     """Do spikes recur in step with prefill work? A binomial test, not a period ratio.
 
     ``events`` (default: :func:`prefill_events` without the allocation) marks rows where prefill
@@ -246,8 +257,8 @@ def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, events: pd.Series | No
     after. Under the null (spikes placed at random among the ``candidates`` rows - decode-visible
     rows by default), a spike is near an event with the chance rate ``p0`` = share of candidate
     rows near one; the test is P(X >= k) for X ~ Binomial(n spikes, p0). ``significant`` when
-    that p-value < ``alpha`` and at least 3 spikes are near events. Also reports the median
-    spacing of spikes and events (informational only).
+    that p-value < ``cfg.period_alpha`` and at least ``cfg.period_min_near`` spikes are near events.
+    Also reports the median spacing of spikes and events (informational only).
     """
     if events is None:
         events = prefill_events(sig, use_allocation=False)
@@ -258,37 +269,38 @@ def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, events: pd.Series | No
     n, k = int(spikes.sum()), int((spikes & near).sum())
     p0 = float(near[cand].mean()) if cand.any() else float("nan")
     t = sig["t_start_s"]
-    return period_stats(int(events.sum()), n, k, p0, t[events].to_numpy(), t[spikes].to_numpy(), alpha) | {"near": near}
+    return period_stats(int(events.sum()), n, k, p0, t[events].to_numpy(), t[spikes].to_numpy(), cfg) | {"near": near}
 
 
-def period_stats(n_events: int, n: int, k: int, p0: float, te: np.ndarray, ts: np.ndarray, alpha: float = 0.01) -> dict:
+def period_stats(n_events: int, n: int, k: int, p0: float, te: np.ndarray, ts: np.ndarray, cfg: SignalConfig) -> dict:
     """:func:`periodicity`'s figures from its counts: ``n`` spikes, ``k`` of them near an event, the
     chance rate ``p0``, event times ``te`` and spike times ``ts``."""
     p = _binom_sf(k, n, p0) if n and np.isfinite(p0) and n_events else float("nan")
     return {"events": n_events, "spikes": n, "near_share": (k / n) if n else float("nan"),
             "chance_share": p0, "p_value": p,
-            "significant": bool(np.isfinite(p) and p < alpha and k >= 3),
+            "significant": bool(np.isfinite(p) and p < cfg.period_alpha and k >= cfg.period_min_near),
             "spike_period_s": float(np.median(np.diff(ts))) if len(ts) >= 3 else float("nan"),
             "prefill_period_s": float(np.median(np.diff(te))) if len(te) >= 3 else float("nan")}
 
 
-def rank_relation(work: pd.Series, excess: pd.Series, n_perm: int = 999, seed: int = 0, min_work: int = 3) -> dict:
+def rank_relation(work: pd.Series, excess: pd.Series, cfg: SignalConfig) -> dict:
     """Spearman rank correlation of prefill work per interval with the ITL excess, and a one-sided
-    permutation p-value (seeded: the same input gives the same answer). NaN with fewer than
-    ``min_work`` intervals holding prefill work."""
+    permutation p-value (``cfg.relation_perms`` shuffles seeded by ``cfg.relation_seed``: the same input gives
+    the same answer). NaN with fewer than ``cfg.relation_min_rows`` intervals or ``cfg.relation_min_work``
+    of them holding prefill work."""
     w, e = np.asarray(work, dtype=float), np.asarray(excess, dtype=float)
     m = ~(np.isnan(w) | np.isnan(e))
     w, e = w[m], e[m]
     n_work = int((w > 0).sum())
     # one or two intervals with prefill work are a coincidence, not a relation
-    if len(w) < 6 or n_work < min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
+    if len(w) < cfg.relation_min_rows or n_work < cfg.relation_min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
         return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work}
     rw, re_ = average_ranks(w), average_ranks(e)
     rw, re_ = rw - rw.mean(), re_ - re_.mean()
     den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
     rho = float((rw * re_).sum() / den)
-    perm = (rw[_permutations(len(rw), n_perm, seed)] * re_).sum(axis=1) / den
-    p = float((1 + (perm >= rho).sum()) / (n_perm + 1))
+    perm = (rw[_permutations(len(rw), cfg.relation_perms, cfg.relation_seed)] * re_).sum(axis=1) / den
+    p = float((1 + (perm >= rho).sum()) / (cfg.relation_perms + 1))
     return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
 
 
@@ -315,13 +327,13 @@ def average_ranks(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float = 0.2, min_rows: int = 10) -> bool:
+def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, cfg: SignalConfig) -> bool:
     """Whether an instance's rows have the decode-like structure of LLM serving: output token
-    events or interval ITL; or step rows of which at least ``min_share`` held decode rows / output
+    events or interval ITL; or step rows of which at least ``cfg.llm_min_share`` held decode rows / output
     tokens; or replayed the FULL graph with one duration scale (repeated short decode steps: the
-    robust spread of their durations is within half their median). Fewer than ``min_rows`` rows:
-    True (too little to judge)."""
-    if has_tokens or len(sig) < min_rows:  # too few rows to judge: no claim either way
+    robust spread of their durations is within half their median). Fewer than ``cfg.llm_min_rows``
+    rows: True (too little to judge)."""
+    if has_tokens or len(sig) < cfg.llm_min_rows:  # too few rows to judge: no claim either way
         return True
     iv = sig["granularity"] == "interval"
     if iv.any() and interval_decode_evidence(sig[iv], np.zeros(int(iv.sum()), dtype=np.intp))[0]:
@@ -330,7 +342,7 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float
     if not len(st):
         return False
     out = st["output_tokens"].fillna(0).gt(0) if "output_tokens" in st.columns else pd.Series(False, index=st.index)
-    if float((st["has_decode"].astype(bool) | out).mean()) >= min_share:
+    if float((st["has_decode"].astype(bool) | out).mean()) >= cfg.llm_min_share:
         return True
     # a log that samples decode lines (SGLang: one per decode_log_interval forwards) between many
     # prefill lines: several rows that state a running decode batch are decode structure
@@ -338,7 +350,7 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, min_share: float
                                             & ~st["has_prefill"].astype(bool)).sum()) >= 3:
         return True
     full = st["graph_mode"].eq("FULL") & st.get("graph_replayed", pd.Series(np.nan, index=st.index)).eq(1)
-    if float(full.mean()) < min_share or full.sum() < 5:
+    if float(full.mean()) < cfg.llm_min_share or full.sum() < 5:
         return False
     d = (st["t_end_s"] - st["t_start_s"])[full]
     med = float(d.median())

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mixdiag.diagnosis.rule_context import (Attribution, AttributionConfig, InstanceContext, evidence_of, have,
-                                            corroborates, near_prefill, num, row_quality)
+from mixdiag.diagnosis.config import AttributionConfig
+from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.rules.rule_context import (Attribution, corroborates, evidence_of, have, near_prefill, num,
+                                                  row_quality)
 
 
 def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = AttributionConfig()) -> Attribution:

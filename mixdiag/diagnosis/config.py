@@ -1,0 +1,128 @@
+"""Every threshold of the diagnosis, one setting for every workload (docs/analyze.md), each with its
+basis. Stages read their part: detection :class:`SpikeConfig` and :class:`SignalConfig`, evidence
+:class:`FusionConfig`, rules :class:`AttributionConfig`; :class:`DiagnosisConfig` holds them all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SpikeConfig:
+    """Thresholds of spike detection (detection/spikes.py, detection/interval_spikes.py)."""
+
+    ratio: float = 1.5          # spike: latency > ratio x baseline ...
+    mad_k: float = 2.0          # ... and > baseline + mad_k x robust sigma (noise guard)
+    window_steps: int = 41      # centred rolling window of the step baseline (rows)
+    window_intervals: int = 15  # centred rolling window of the interval baseline (rows)
+    min_periods: int = 3        # reference rows needed inside a window before it gives a baseline
+    # a starved stretch counts when the next ITL P99 is >= this x its duration (a request that waited
+    # through it logs the wait as one ITL on resuming; below 1: slack for bucketed histogram quantiles)
+    starve_confirm: float = 0.8
+
+    def __post_init__(self):
+        if not self.ratio > 1.0:
+            raise ValueError(f"SpikeConfig.ratio must be > 1, got {self.ratio}")
+        if self.mad_k < 0:
+            raise ValueError(f"SpikeConfig.mad_k must be >= 0, got {self.mad_k}")
+        for name in ("window_steps", "window_intervals", "min_periods"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SpikeConfig.{name} must be >= 1")
+        if not 0 < self.starve_confirm <= 1:
+            raise ValueError("SpikeConfig.starve_confirm must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class SignalConfig:
+    """Neighbourhood sizes of the relative signals and the tests on them (detection/signals.py)."""
+
+    neighbour_window: int = 11   # centred window (steps) for SM activity / imbalance references
+    gap_window: int = 41         # centred window (steps) for the typical inter-step gap
+    # imbalance, collective-share and SM-skew references: hotspot windows last tens of steps and
+    # must not become their own reference
+    wide_window: int = 201
+    # periodicity: spikes near prefill events above chance at this binomial p-value ...
+    period_alpha: float = 0.01
+    period_min_near: int = 3     # ... and at least this many of them (one or two are a coincidence)
+    # prefill work vs ITL excess across intervals: seeded permutations (same input, same answer)
+    relation_perms: int = 999
+    relation_seed: int = 0
+    relation_min_rows: int = 6   # intervals with both values needed for a rank correlation
+    relation_min_work: int = 3   # intervals holding prefill work (one or two are a coincidence)
+    # LLM serving: at least this share of step rows decode (or replay FULL) ...
+    llm_min_share: float = 0.2
+    llm_min_rows: int = 10       # ... judged only with this many rows (fewer: no claim either way)
+
+    def __post_init__(self):
+        if min(self.neighbour_window, self.gap_window, self.wide_window) < 3:
+            raise ValueError("SignalConfig windows must be >= 3")
+        if not 0 < self.period_alpha < 1 or not 0 < self.llm_min_share <= 1:
+            raise ValueError("SignalConfig.period_alpha must be in (0, 1), llm_min_share in (0, 1]")
+        if min(self.period_min_near, self.relation_perms, self.relation_min_rows, self.relation_min_work,
+               self.llm_min_rows) < 1:
+            raise ValueError("SignalConfig counts must be >= 1")
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """Thresholds of fusing views of one engine (evidence/fusion.py)."""
+
+    # EP ranks are one engine when their shared steps end within this x the median step duration
+    # (they meet in the all-to-all every step; unrelated engines drift by whole steps)
+    rank_align: float = 0.1
+    # the usual host gap per step of an interval view: this percentile over its intervals, so stalls
+    # in up to 3/4 of them do not raise it
+    host_gap_percentile: float = 25.0
+
+    def __post_init__(self):
+        if not self.rank_align > 0 or not 0 <= self.host_gap_percentile <= 100:
+            raise ValueError("FusionConfig.rank_align must be > 0, host_gap_percentile in [0, 100]")
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """Evidence thresholds of the rules (rules/); justified in docs/analyze.md."""
+
+    host_gap_share: float = 0.5     # host_stall: gap excess >= this share of the latency excess
+    imbalance_rel: float = 1.5      # ep_hotspot: imbalance >= this x the neighbourhood's ...
+    imbalance_abs: float = 1.5      # ... and >= this absolute max/mean ratio
+    imbalance_edge_rel: float = 1.1  # interval next to a hotspot interval: imbalance >= this x the usual
+    sm_delta: float = 0.10          # mixing: SM activity this much above decode-only neighbours
+    interval_factor: float = 0.8    # confidence scale for interval (log/scrape) rows
+    comm_delta: float = 0.10        # ep_hotspot: collective share this much above decode neighbours
+    # ep_hotspot: slowest rank / median rank compute time (the one rank-skew threshold of the project)
+    rank_skew: float = 1.2
+    rank_sm_skew: float = 1.05      # ep_hotspot, graph-hidden compute: largest / median rank SM-busy time ...
+    sm_skew_delta: float = 0.03     # ... and this much above its decode neighbourhood's
+    eager_height: float = 2.5       # graph_fallback without counts: eager decode stays below this x baseline
+    relation_p: float = 0.01        # interval mixing: permutation p-value of prefill work vs ITL excess
+    not_llm_cap: float = 0.5        # highest confidence on an input with no decode-like structure
+
+    def __post_init__(self):
+        if not 0 < self.host_gap_share <= 1:
+            raise ValueError("AttributionConfig.host_gap_share must be in (0, 1]")
+        if min(self.imbalance_rel, self.imbalance_abs, self.imbalance_edge_rel, self.rank_skew, self.rank_sm_skew) < 1:
+            raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
+        if not 0 < self.interval_factor <= 1:
+            raise ValueError("AttributionConfig.interval_factor must be in (0, 1]")
+        if not 0 < self.relation_p < 1 or self.comm_delta <= 0 or self.sm_skew_delta <= 0:
+            raise ValueError("AttributionConfig.relation_p must be in (0, 1), comm_delta and sm_skew_delta > 0")
+        if not 0 <= self.not_llm_cap <= 1:
+            raise ValueError("AttributionConfig.not_llm_cap must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class DiagnosisConfig:
+    """All thresholds of the diagnosis, one setting for every workload (docs/analyze.md)."""
+
+    spikes: SpikeConfig = field(default_factory=SpikeConfig)
+    signals: SignalConfig = field(default_factory=SignalConfig)
+    fusion: FusionConfig = field(default_factory=FusionConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    #: interval rows: ITL P99 above this x the rolling P50 is a spike (healthy decode keeps
+    #: P99 within 2x P50, per the article; bucketed histogram quantiles add slack).
+    interval_ratio: float = 2.0
+
+    def __post_init__(self):
+        if not self.interval_ratio > 1:
+            raise ValueError("DiagnosisConfig.interval_ratio must be > 1")

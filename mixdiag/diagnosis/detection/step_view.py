@@ -1,0 +1,105 @@
+"""Detection on step rows (per-step records, profiler traces, engine log lines): the latency decodes
+felt per step - step-to-step, charged token gaps, or the step's own duration when the step clock is too
+coarse to give gaps (log timestamps in whole seconds) - its baseline over healthy decode steps, and the
+steps (and request stalls) that spike."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity, prefill_events,
+                                                 prefill_since_last_decode, row_qualities, step_signals)
+from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+
+
+def _coarse_clock(st: pd.DataFrame) -> bool:
+    """Step times too coarse for gaps: many steps start before the previous one ended or at the
+    same instant (log lines stamped in whole seconds)."""
+    if len(st) < 3:
+        return False
+    prev_end = st["t_end_s"].shift(1)
+    # back-to-back steps whose boundaries a collector placed a few microseconds apart (a trace's
+    # sync points, float rounding at unix-epoch scale) are contiguous, not overlapping
+    tol = max(1e-6, 0.01 * float((st["t_end_s"] - st["t_start_s"]).median()))
+    bad = (st["t_start_s"] < prev_end - tol) | (st["t_start_s"] == st["t_start_s"].shift(1))
+    return bool(bad.iloc[1:].mean() > 0.1)
+
+
+def window_mean_latency(meta: dict, inst: str) -> bool:
+    """Whether the instance's ``elapsed_s`` is an estimated mean over the steps since the previous
+    decode line (the collector declares it ``estimated``) rather than one step's own time."""
+    return ((meta or {}).get("signals", {}).get(inst, {}) or {}).get("elapsed_s") == "estimated"
+
+
+def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig,
+                   outside_faulty: np.ndarray | None = None, window_latency: bool = False):
+    """Detection on one instance's step rows: its signal frame (latency, baseline, spikes), context,
+    periodicity and latency source. ``outside_faulty``: rows another view of the engine saw a fault
+    in (kept out of the baseline); ``window_latency``: the rows' ``elapsed_s`` is a window mean."""
+    st = step_timing(rows).reset_index(drop=True)
+    coarse = _coarse_clock(st)
+    if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
+        st["gap_before_s"] = np.nan
+        st["latency_s"] = st["duration_s"]
+        if "elapsed_s" in st.columns and st["elapsed_s"].notna().any():
+            st["latency_s"] = pd.to_numeric(st["elapsed_s"], errors="coerce").fillna(st["duration_s"])
+        quality = quality | {"host_time": "absent"}
+    has_tokens = len(tokens) > 0
+    if has_tokens:
+        st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl_events(tokens)).to_numpy()
+    else:
+        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
+    sig = step_signals(st, cfg.signals)
+    sig = pd.concat([sig, row_qualities(sig, quality)], axis=1)
+    if coarse:
+        sig["gap_excess_s"] = np.nan
+    # A decode row whose latency is the collector's estimate of the mean step time since the
+    # previous decode row (SGLang's gen throughput) covers a window: the prefill batches logged
+    # inside it are evidence for its height (step_rules reads window_*_steps).
+    sig["window_mixed_steps"] = sig["window_stall_steps"] = np.nan
+    if coarse and window_latency and "elapsed_s" in sig.columns:
+        mixed, stall = prefill_since_last_decode(sig)
+        win = sig["decode_only"] & pd.to_numeric(sig.get("elapsed_s"), errors="coerce").notna()
+        sig["window_mixed_steps"] = mixed.where(win)
+        sig["window_stall_steps"] = stall.where(win)
+    if has_tokens:
+        visible = sig["itl_events"] > 0
+        # a request that already had tokens waited through this prefill-only step: decodes were
+        # running even if no step before held decode rows (a burst of prompts at start-up)
+        sig["decodes_before"] |= sig["has_prefill"] & ~sig["has_decode"] & visible
+    elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
+        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_before"])
+    else:
+        visible = pd.Series(True, index=sig.index)
+    # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
+    # of KV transfers) must stand out against it, not become the norm of a rolling median.
+    faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    if outside_faulty is not None and len(outside_faulty) == len(sig):
+        faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
+    ref = visible & sig["decode_only"] & ~faulty
+    if not sig["decode_only"].any():  # no token counts: every visible step, then its usual graph mode
+        ref = visible & ~faulty
+    # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
+    # stands out against it instead of becoming the norm.
+    norm = decode_graph_norm(sig)
+    if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
+        ref &= sig["graph_mode"] == norm
+    if ref.sum() < cfg.spikes.min_periods:
+        ref = visible
+    base, sigma = rolling_baseline(sig["latency_s"], ref, cfg.spikes.window_steps, cfg.spikes.min_periods)
+    sig["baseline_s"] = base
+    spike = is_spike(sig["latency_s"], base, sigma, cfg.spikes) & visible
+    # A request that sat out steps (preempted, left out) felt a spike where its wait began,
+    # even when no single step was slow.
+    stall = is_spike(sig["stall_max_s"], base, sigma, cfg.spikes) & ~spike
+    sig["request_stall"] = stall
+    spike = spike | stall
+    sig["is_spike"] = spike
+    period = periodicity(sig, spike, cfg.signals, prefill_events(sig, use_allocation=False), candidates=visible)
+    sig["near_prefill_event"] = period.pop("near")
+    full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
+    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
+                          full_batch_sizes=frozenset(float(x) for x in full.unique()))
+    return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))

@@ -1,0 +1,158 @@
+"""Detection, fusion and attribution for a group of instances: a :class:`Part` of the diagnosis
+(all instances, or a group that shares no evidence with the rest: parallel.py). Detection runs per
+instance (or in one pass over interval-only instances), fusion across the views of each engine, then
+the rules attribute each spike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from mixdiag.causes import SIGNALS
+from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection.interval_batch import interval_pipeline, interval_views
+from mixdiag.diagnosis.detection.signals import graph_off_decode_column, looks_like_llm_serving, signal_quality
+from mixdiag.diagnosis.detection.spikes import rows_of, spike_rows
+from mixdiag.diagnosis.detection.step_view import step_pipeline, window_mean_latency
+from mixdiag.diagnosis.evidence.fusion import couple_ranks, faults_seen_by_intervals, fuse_evidence
+from mixdiag.diagnosis.rules.attribution import attribute_spike
+from mixdiag.diagnosis.rules.fused_rules import attribute_between_steps, attribute_preemptions
+from mixdiag.schema import Timeline
+
+
+def _json_num(v):
+    """A plain JSON value: bools and ints as they are, non-finite floats as None."""
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return round(f, 6) if np.isfinite(f) else None
+
+
+def _spike(inst: str, row: pd.Series, itl_s, baseline_s, a, missing: list) -> dict:
+    """One spike record (mixdiag.diagnosis.result.SPIKE_COLUMNS) from its row and attribution."""
+    return {"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]), "itl_s": float(itl_s),
+            "baseline_s": float(baseline_s), "cause": a.cause, "confidence": a.confidence, "evidence": a.evidence,
+            "missing_signals": missing, "t_start_s": float(row["t_start_s"]), "t_end_s": float(row["t_end_s"]),
+            "granularity": row["granularity"]}
+
+
+@dataclass
+class Part:
+    """What detection and attribution found for some instances: their signal frames (in instance
+    order), spike records (per instance in the order attribution made them), per-instance
+    summaries, and which instances do not look like LLM serving."""
+
+    frames: list
+    spikes: list
+    instances: dict
+    not_llm: list
+
+
+def _instance_rows(steps: pd.DataFrame, insts) -> dict:
+    """instance -> its rows of ``steps`` (what ``steps[steps.instance == inst]`` holds), from one
+    factorisation instead of one full-column compare per instance."""
+    if not len(steps):
+        return {}
+    codes, names = pd.factorize(steps["instance"].to_numpy(), sort=False)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    pos = {str(n): order[bounds[i]:bounds[i + 1]] for i, n in enumerate(names)}
+    return {inst: steps.iloc[pos[inst]] for inst in insts if inst in pos}
+
+
+def _summary(ctx, source: str) -> dict:
+    """``Diagnosis.instances[inst]``: signal qualities, latency source, periodicity, relation."""
+    return {"signals": ctx.quality, "latency_source": source, "llm_serving": ctx.llm_like,
+            "periodicity": {k: _json_num(v) for k, v in ctx.period.items()},
+            **({"prefill_itl_relation": {k: _json_num(v) for k, v in ctx.relation.items()}} if ctx.relation else {})}
+
+
+def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
+    """Detection: ``[(frame, [(instance, context, latency source), ...])]`` - one frame for all interval-only
+    instances (detection/interval_batch.py), else one per instance - and ``[(instance, frame)]`` per instance
+    where frames are per instance."""
+    if not has_steps:
+        batch = interval_views(timeline, cfg, insts)
+        if batch is not None:
+            return [(batch[0], [(inst, ctx, "interval_itl_quantiles") for inst, ctx in batch[2]])], []
+    # interval-only inputs have no step view to protect from interval-seen faults
+    seen_faulty = faults_seen_by_intervals(timeline, cfg) if has_steps else {}
+    by_inst = _instance_rows(timeline.steps, insts)
+    owners, views = [], []
+    for inst in insts:  # detection, per instance
+        rows = by_inst.get(inst)
+        if rows is None or not len(rows):
+            continue
+        tokens = rows_of(timeline.tokens, inst)
+        rows = graph_off_decode_column(rows)
+        quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
+        step_rows = rows[rows["granularity"] == "step"]
+        if len(step_rows):
+            sig, ctx, period, source = step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst),
+                                                     window_mean_latency(timeline.meta, inst))
+        else:
+            sig, ctx, period, source = interval_pipeline(rows, quality, cfg)
+        sig["instance"] = inst
+        ctx = replace(ctx, llm_like=looks_like_llm_serving(sig, len(tokens) > 0, cfg.signals))
+        owners.append((sig, [(inst, ctx, source)]))
+        views.append((inst, sig))
+    return owners, views
+
+
+def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
+    """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
+    group with no evidence shared outside it: parallel.py)."""
+    spikes = []
+    has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
+    owners, views = _views(timeline, cfg, insts, has_steps)
+    instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
+    frames = [sig for sig, _ in owners]
+    has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
+    # EP ranks of one engine: each step row learns what its peers' same step held
+    couple_ranks(frames, cfg.fusion.rank_align)
+    for sig, ctxs in owners:  # attribution, per spike
+        ctx_of = {inst: (ctx, [s for s in SIGNALS if ctx.quality.get(s) == "absent"]) for inst, ctx, _ in ctxs}
+        one = ctxs[0][0] if len(ctxs) == 1 else None
+        causes = [None] * len(sig)
+        at = np.flatnonzero(sig["is_spike"].to_numpy())
+        for i, row in zip(at, spike_rows(sig, at)):  # plain rows: attribution reads each many times
+            inst = one or str(row["instance"])
+            ctx, missing = ctx_of[inst]
+            a = attribute_spike(row, ctx, cfg.attribution)
+            if row.get("request_stall", False):  # the wait of the request that sat out steps
+                itl_s = row["stall_max_s"]
+            else:
+                itl_s = row["itl_max_s"] if pd.notna(row["itl_max_s"]) else row["latency_s"]
+            causes[i] = a.cause
+            spikes.append(_spike(inst, row, itl_s, row["baseline_s"], a, missing))
+        sig["cause"] = pd.Series(causes, index=sig.index, dtype=object)
+    # interval rows that are no spike of their own but show waits between steps, then preemptions
+    for judge in ((attribute_between_steps, attribute_preemptions) if has_step_view else ()):
+        have = {(sp["instance"], sp["step"]) for sp in spikes if sp["granularity"] == "interval"}
+        for inst, sig in views:
+            iv = sig[sig["granularity"] == "interval"].sort_values("step", kind="stable")
+            for _, row in iv.iterrows():
+                if (inst, int(row["step"])) in have or (a := judge(row, cfg.attribution)) is None:
+                    continue
+                base = float(row["baseline_s"]) if pd.notna(row["baseline_s"]) else np.nan
+                lat = row["latency_s"]
+                if pd.isna(lat):
+                    lat = base + a.evidence["host_gap_excess_s"] if "host_gap_excess_s" in a.evidence else base
+                spikes.append(_spike(inst, row, lat, base, a, []))
+    # keep the steps frame in line with the spikes
+    kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in spikes if sp["granularity"] == "interval"}
+    for f in frames:
+        iv = f["granularity"] == "interval"
+        if iv.any():
+            keys = list(zip(f.loc[iv, "instance"], f.loc[iv, "step"].astype(int)))
+            f.loc[iv, "cause"] = [kept.get(k) for k in keys]
+            f.loc[iv, "is_spike"] = [k in kept for k in keys]
+    return Part(frames=frames, spikes=spikes, instances=instances,
+                not_llm=[inst for _, ctxs in owners for inst, ctx, _ in ctxs if not ctx.llm_like])
