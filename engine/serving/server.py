@@ -78,6 +78,8 @@ class ServingState:
         self.config, self.loop, self.tokenizer, self.registry = config, loop, tokenizer, registry
         mc = loop.engine.config.model
         self.vocab_size, self.max_model_len = mc.vocab_size, mc.max_model_len
+        # draft verification (greedy match / rejection sampling) does not apply penalties
+        self.spec_decode = getattr(loop.engine.config.scheduler, "num_spec_tokens", 0) > 0
         self.active = 0          # admitted and unfinished (only touched on the asyncio thread)
         self.rejected = 0        # 429s
         self.on_shutdown = list(on_shutdown)
@@ -131,6 +133,9 @@ async def _generate(request: Request, kind: str) -> Response:
         body = proto.parse_json(await request.body())
         g = proto.parse_request(body, kind, model_name=cfg.model_name, encode=st.tokenizer.encode,
                                 vocab_size=st.vocab_size, max_model_len=st.max_model_len)
+        if st.spec_decode and g.params.penalized:
+            raise proto.bad("presence_penalty / frequency_penalty are not supported with speculative decoding "
+                            "(this server's scenario sets num_spec_tokens)", "presence_penalty")
     except ApiError as e:
         return _error(e)
     if st.active >= cfg.max_queue:

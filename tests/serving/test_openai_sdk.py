@@ -175,7 +175,8 @@ def test_retry_after_is_the_shortest_remaining_request_at_the_mean_step_time():
     from mixdiag.engine.serving.server import ServerConfig, ServingState, _Open
 
     model = SimpleNamespace(vocab_size=1024, max_model_len=512)
-    loop = SimpleNamespace(engine=SimpleNamespace(config=SimpleNamespace(model=model)),
+    config = SimpleNamespace(model=model, scheduler=SimpleNamespace(num_spec_tokens=0))
+    loop = SimpleNamespace(engine=SimpleNamespace(config=config),
                            stats=LoopStats(steps=100, step_s_total=1.0))   # 10 ms a step
     st = ServingState(ServerConfig(), loop, None, None)
     assert st.retry_after_s() == 1                       # nothing open: the floor

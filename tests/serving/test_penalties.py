@@ -75,3 +75,15 @@ def test_penalties_change_the_served_output_only_when_nonzero(server):
 def test_out_of_range_penalty_gets_openai_400(server, key):
     r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "hi", key: 2.5}, timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == key
+
+
+def test_penalties_are_refused_where_speculative_decoding_would_ignore_them(server):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "presence_penalty": 1.0}
+    server.state.spec_decode = True   # as a scenario with num_spec_tokens > 0 sets it
+    try:
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=10)
+        plain = httpx.post(server.url + "/v1/completions", json={**body, "presence_penalty": 0}, timeout=30)
+    finally:
+        server.state.spec_decode = False
+    assert r.status_code == 400 and "speculative" in r.json()["error"]["message"]
+    assert plain.status_code == 200
