@@ -1,7 +1,7 @@
 """A streaming load generator for OpenAI-compatible servers (``mixdiag load``), recording what clients see.
 
-Requests arrive as a Poisson process (exponential gaps, mean 1/rate) or at a constant rate for
-``duration_s``; at most ``max_concurrency`` are open at once (a later arrival waits for a slot,
+Requests arrive as a Poisson process (exponential gaps, mean 1/rate) or at a constant rate (the
+first at once, ``rate x duration_s`` in all) for ``duration_s``; at most ``max_concurrency`` are open at once (a later arrival waits for a slot,
 and its record keeps both its scheduled and its actual start; one whose slot frees only after
 ``duration_s`` is not sent and recorded as ``not_sent``, so a run ends by ``duration_s`` plus the
 longest request). Each request streams
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -102,11 +103,20 @@ class LoadConfig:
             raise UserError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
 
     def arrivals(self) -> list[float]:
-        """Send offsets (s from start) of every request, fixed by the seed."""
+        """Send offsets (s from start) of every request, fixed by the seed.
+
+        Constant: exactly ``floor(rate x duration)`` requests at ``i / rate``, i = 0.. (each time from
+        its integer index: summing 1/rate drifts, and the last send then lands on ``duration_s``
+        itself and is dropped as not sent).
+        """
+        if self.arrival == "constant":
+            # the epsilon absorbs the product's rounding (0.29 x 100 = 28.999999999999996)
+            n = math.floor(self.rate * self.duration_s + 1e-9)
+            return [i / self.rate for i in range(n)]
         rng = random.Random(self.seed)
         out, t = [], 0.0
         while True:
-            t += rng.expovariate(self.rate) if self.arrival == "poisson" else 1.0 / self.rate
+            t += rng.expovariate(self.rate)
             if t >= self.duration_s:
                 return out
             out.append(t)

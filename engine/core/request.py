@@ -31,7 +31,11 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; else temperature + top-p sampling from a per-request seeded generator."""
+    """temperature 0 = greedy; else temperature + top-p sampling from a per-request seeded generator.
+
+    ``presence_penalty``/``frequency_penalty`` (OpenAI's, in [-2, 2]) lower the logits of tokens the
+    request already generated: ``logits -= presence * [count > 0] + frequency * count``.
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -39,6 +43,8 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: bool = False      # SGLang's mix_with_running refuses batches with logprob requests
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
@@ -47,12 +53,20 @@ class SamplingParams:
             raise InvalidRequest(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not _finite(self.top_p) or not 0 < self.top_p <= 1:
             raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _finite(v) or not -2.0 <= v <= 2.0:
+                raise InvalidRequest(f"{name} must be a number in [-2, 2], got {v!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise InvalidRequest(f"seed must be an integer or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 def _finite(x) -> bool:

@@ -1,5 +1,8 @@
 """Token sampling: greedy, or temperature + top-p from a per-request seeded generator.
 
+Presence and frequency penalties (OpenAI's semantics) apply first, to the logits of the tokens
+the request generated so far (not its prompt), so greedy requests are penalised too.
+
 Each random draw uses a generator seeded from (request seed, output index), so a request's
 samples do not depend on which other requests share the batch, nor on preemption.
 """
@@ -24,9 +27,14 @@ def sample(logits: torch.Tensor, requests) -> list[int]:
     out = torch.argmax(logits, dim=-1).tolist()
     for i, req in enumerate(requests):
         p = req.params
+        row = logits[i]
+        if p.penalized and req.output_token_ids:
+            row = penalize(row, req.output_token_ids, p.presence_penalty, p.frequency_penalty)
+            if p.greedy:
+                out[i] = int(torch.argmax(row))
         if p.greedy:
             continue
-        probs = torch.softmax(logits[i].float() / p.temperature, dim=-1)
+        probs = torch.softmax(row.float() / p.temperature, dim=-1)
         if p.top_p < 1.0:
             sp, si = torch.sort(probs, descending=True)
             keep = torch.cumsum(sp, 0) - sp < p.top_p       # smallest prefix reaching top_p
@@ -34,3 +42,11 @@ def sample(logits: torch.Tensor, requests) -> list[int]:
         g = torch.Generator(device=probs.device).manual_seed(_draw_seed(req.sampling_seed, req.num_output_tokens))
         out[i] = int(torch.multinomial(probs, 1, generator=g))
     return out
+
+
+def penalize(row: torch.Tensor, generated: list[int], presence: float, frequency: float) -> torch.Tensor:
+    """``row`` [V] minus ``presence * [count > 0] + frequency * count`` over the ``generated`` ids."""
+    vocab = row.shape[0]
+    ids = torch.tensor([t for t in generated if 0 <= t < vocab], dtype=torch.long, device=row.device)
+    counts = torch.bincount(ids, minlength=vocab).to(torch.float32)
+    return row.float() - presence * (counts > 0).to(torch.float32) - frequency * counts

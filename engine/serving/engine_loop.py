@@ -54,9 +54,15 @@ class LoopStats:
 class EngineLoop:
     """Run ``engine`` in a daemon thread; ``submit``/``abort`` are safe to call from any thread."""
 
-    def __init__(self, engine, submit: Callable | None = None, *, idle_poll_s: float = 0.05):
+    def __init__(self, engine, submit: Callable | None = None, *, idle_poll_s: float = 0.05,
+                 on_abort: Callable[[object], None] | None = None):
         self.engine = engine
         self._submit = submit or engine.add_request
+        # Called with the engine on the loop thread after requests were aborted between steps: the
+        # step observers (the /metrics gauges) saw the state before the abort and see no step until
+        # the next request comes, so they must be told the state now (a server left idle by aborts
+        # would otherwise show running > 0 and KV in use while /health says nothing is in flight).
+        self._on_abort = on_abort
         self.inbox: queue.Queue = queue.Queue()
         self._sinks: dict[str, _Sink] = {}
         self._stop = threading.Event()
@@ -104,12 +110,15 @@ class EngineLoop:
                 cmd = self.inbox.get(timeout=self._idle_poll_s) if not busy else self.inbox.get_nowait()
             except queue.Empty:
                 cmd = None
+            aborted0 = self.stats.aborted
             while cmd is not None:
                 self._handle(cmd)
                 try:
                     cmd = self.inbox.get_nowait()
                 except queue.Empty:
                     cmd = None
+            if self.stats.aborted != aborted0:
+                self._state_changed()
             if self._stop.is_set() or not eng.has_unfinished():
                 continue
             try:
@@ -122,6 +131,7 @@ class EngineLoop:
                 for rid, sink in list(self._sinks.items()):
                     sink.put(("error", 500, f"engine step failed: {self.stats.last_error}"))
                     self._forget(rid, abort=True)
+                self._state_changed()
                 continue
             self.stats.steps += 1
             self.stats.step_s_total += rec.t_end_s - rec.t_start_s
@@ -149,6 +159,15 @@ class EngineLoop:
                 out.put((True, fn(self.engine)))
             except Exception as e:
                 out.put((False, e))
+
+    def _state_changed(self) -> None:
+        self.stats.kv_free_blocks = self.engine.kv_manager.num_free_blocks
+        if self._on_abort is None:
+            return
+        try:
+            self._on_abort(self.engine)
+        except Exception:   # a metrics refresh must never stop the engine thread
+            log.exception("refreshing the metrics after an abort failed")
 
     def _deliver(self, rec) -> None:
         eng = self.engine

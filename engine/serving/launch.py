@@ -72,7 +72,8 @@ def build_state(opts: ServeOptions, server_cfg, icfg):
     # the server's truth (as ``mixdiag run``): which cause shaped each step, and when each step ran on
     # the wall clock, so client-seen stalls can be checked against it (evaluation only)
     truth = ServerTruth(engine, injector, out) if out is not None else None
-    loop = EngineLoop(engine, injector.add_request if injector else None)
+    loop = EngineLoop(engine, injector.add_request if injector else None,
+                      on_abort=lambda eng: refresh_gauges(inst.metrics, eng))
 
     def close():
         inst.close(linger_s=0.0)
@@ -85,6 +86,27 @@ def build_state(opts: ServeOptions, server_cfg, icfg):
     state.scenario = sc
     state.faults = faults.active
     return state
+
+
+# The state gauges each metrics dialect keeps, by attribute: (running, waiting, KV usage).
+_GAUGE_ATTRS = (("running", "waiting", "kv_usage"),      # mixdiag's own and vLLM's
+                ("running", "queued", "token_usage"))    # SGLang's
+
+
+def refresh_gauges(metrics, engine) -> None:
+    """Set the running / waiting / KV-usage gauges of ``metrics`` (any dialect) to ``engine``'s state now.
+
+    Step observers set them from each step's record; aborts happen between steps, so without this a
+    server that went idle by aborts keeps the last step's values (running > 0, KV in use) forever.
+    """
+    for names in _GAUGE_ATTRS:
+        gauges = [getattr(metrics, n, None) for n in names]
+        if all(g is not None for g in gauges):
+            sched = engine.scheduler
+            for g, v in zip(gauges, (sched.num_running, sched.num_waiting, engine.kv_manager.usage)):
+                g.set(v)
+            return
+    raise TypeError(f"{type(metrics).__name__} has no running/waiting/KV-usage gauges")
 
 
 class ServerTruth:

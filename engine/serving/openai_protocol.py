@@ -2,7 +2,8 @@
 
 Only what the reference engine can honour is accepted: ``prompt`` (a string, a list of token ids,
 or a one-element list of either), ``messages`` (chat, flattened by :func:`chat_prompt`),
-``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed``, ``stream``,
+``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``presence_penalty``,
+``frequency_penalty``, ``seed``, ``stream``,
 ``stream_options.include_usage``, ``n`` = 1, and vLLM's ``ignore_eos`` extension (benchmark
 clients send it to fix output lengths). Anything else that would change the output (``stop``,
 ``logprobs``, ``n`` > 1, ``best_of``) is refused with a 400 rather than silently ignored.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from mixdiag.engine.core.request import InvalidRequest, SamplingParams
 
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 _UNSUPPORTED = ("stop", "logprobs", "top_logprobs", "best_of", "suffix", "echo", "tools", "functions",
                 "response_format", "logit_bias")
 
@@ -67,6 +69,8 @@ def chat_prompt(messages) -> str:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad(f"messages[{i}] must be an object with a 'role'", "messages")
+        if m["role"] not in CHAT_ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(CHAT_ROLES)}, got {m['role']!r}", "messages")
         content = m.get("content", "")
         if isinstance(content, list):   # content parts: keep the text ones
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
@@ -127,13 +131,18 @@ def parse_request(body: dict, kind: str, *, model_name: str, encode, vocab_size:
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise bad("'stream_options' must be an object", "stream_options")
+    def opt(key: str, default: float):
+        return default if body.get(key) is None else body[key]
+
     try:
-        params = SamplingParams(max_tokens=max_tokens,
-                                temperature=1.0 if body.get("temperature") is None else body["temperature"],
-                                top_p=1.0 if body.get("top_p") is None else body["top_p"],
+        params = SamplingParams(max_tokens=max_tokens, temperature=opt("temperature", 1.0), top_p=opt("top_p", 1.0),
+                                presence_penalty=opt("presence_penalty", 0.0),
+                                frequency_penalty=opt("frequency_penalty", 0.0),
                                 seed=body.get("seed"), ignore_eos=bool(body.get("ignore_eos", False)))
     except InvalidRequest as e:
-        raise bad(str(e)) from None
+        param = next((k for k in ("presence_penalty", "frequency_penalty", "temperature", "top_p", "seed")
+                      if str(e).startswith(k)), None)
+        raise bad(str(e), param) from None
     return GenerationRequest(kind, model, tuple(ids), params, stream, bool(opts.get("include_usage", False)))
 
 

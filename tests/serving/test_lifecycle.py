@@ -95,3 +95,46 @@ def test_help_does_not_import_torch_or_starlette():
             "print(any(m in sys.modules for m in ('torch', 'starlette', 'uvicorn', 'httpx')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_expired_drain_ends_each_stream_with_an_error_event_and_one_log_line(tmp_path):
+    # --drain-timeout 0: every stream still open at SIGTERM outlives the drain (500 tokens to go)
+    proc = subprocess.Popen([sys.executable, "-m", "mixdiag", "serve", "--scenario", str(write_scenario(tmp_path)),
+                             "--port", "0", "--no-nvtx", "--drain-timeout", "0"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    n = 4
+    try:
+        url = re.search(r"listening on (http://\S+)", proc.stderr.readline()).group(1)
+        body = {"model": "mixdiag-tiny", "prompt": [7] * 8, "max_tokens": 500, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        got: list[list[str]] = [[] for _ in range(n)]
+        started = [threading.Event() for _ in range(n)]
+
+        def consume(i):
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                for ln in r.iter_lines():
+                    if ln.startswith("data: "):
+                        got[i].append(ln[6:])
+                        started[i].set()
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(n)]
+        for th in threads:
+            th.start()
+        assert all(ev.wait(30) for ev in started)
+        proc.send_signal(signal.SIGTERM)
+        for th in threads:
+            th.join(60)
+        assert proc.wait(60) == 0
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    for events in got:
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])["error"]
+        assert "--drain-timeout" in last["message"] and last["type"] == "server_error"
+        assert all("choices" in json.loads(e) for e in events[:-2])   # tokens until the cut
+    cut = [ln for ln in err.splitlines() if "cut by --drain-timeout" in ln]
+    assert len(cut) == n and len({ln.split()[2] for ln in cut}) == n, err
+    assert "Traceback" not in err and "Cancel" not in err, err

@@ -57,13 +57,27 @@ def test_dist_rejects_bad_input(text):
         Dist.parse(text)
 
 
-@pytest.mark.parametrize("arrival, n", [("constant", 19), ("poisson", None)])
+@pytest.mark.parametrize("arrival, n", [("constant", 20), ("poisson", None)])
 def test_arrivals_are_bounded_and_seeded(arrival, n):
     cfg = LoadConfig(url="http://127.0.0.1:1", rate=2.0, duration_s=10.0, arrival=arrival, seed=1)
     a = cfg.arrivals()
-    assert a == cfg.arrivals() and all(0 < t < 10 for t in a) and a == sorted(a)
+    assert a == cfg.arrivals() and all(0 <= t < 10 for t in a) and a == sorted(a)
     if n is not None:
         assert len(a) == n
+
+
+@pytest.mark.parametrize("rate, duration, n", [(8.0, 60.0, 480), (3.0, 7.0, 21), (0.29, 100.0, 29), (0.1, 30.0, 3),
+                                               (10.0, 0.95, 9), (7.0, 1 / 7, 1)])
+def test_constant_arrivals_are_exactly_rate_times_duration(rate, duration, n):
+    a = LoadConfig(url="http://127.0.0.1:1", rate=rate, duration_s=duration, arrival="constant").arrivals()
+    assert len(a) == n and a[0] == 0.0 and a[-1] < duration
+    assert a == [i / rate for i in range(n)]   # from the index, never a running sum
+
+
+def test_constant_load_sends_every_planned_request(server, tmp_path):
+    recs, summary = _load(server, tmp_path / "c.jsonl", rate=5.0, duration_s=2.0, arrival="constant",
+                          output_len=Dist.parse("4"))
+    assert recs[0]["planned_requests"] == 10 and summary["statuses"] == {"ok": 10}
 
 
 def _vllm_result(start_times=True):
@@ -128,4 +142,4 @@ def test_arrivals_without_a_slot_before_the_window_ends_are_not_sent(server, tmp
                           arrival="constant")
     reqs = [r for r in recs if r["type"] == "request"]
     assert [r["status"] for r in reqs].count("ok") == 1
-    assert summary["statuses"] == {"ok": 1, "not_sent": len(reqs) - 1} and len(reqs) == 3
+    assert summary["statuses"] == {"ok": 1, "not_sent": len(reqs) - 1} and len(reqs) == 4

@@ -96,6 +96,27 @@ def test_sdk_raises_bad_request_for_unknown_model(server):
     assert e.value.body["code"] == "model_not_found"
 
 
+def test_sdk_retrieves_the_model_and_gets_404_for_others(server):
+    c = client(server)
+    m = c.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found" and e.value.body["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("role, status", [("wizard", 400), ("", 400), ("User", 400), ("system", 200),
+                                          ("developer", 200), ("tool", 200), ("assistant", 200)])
+def test_chat_roles_are_validated(server, role, status):
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": role, "content": "hi"},
+                                                          {"role": "user", "content": "go on"}]}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == status, r.text
+    if status == 400:
+        err = r.json()["error"]
+        assert err["param"] == "messages" and "messages[0].role" in err["message"]
+
+
 def test_models_health_metrics(server):
     m = client(server).models.list()
     assert [x.id for x in m.data] == [MODEL]
@@ -125,6 +146,8 @@ def test_queue_full_gets_429_json(tmp_path):
             assert first.result().status_code == 200
         assert second.status_code == 429
         assert second.json()["error"]["code"] == "rate_limit_exceeded"
+        # whole seconds (RFC 9110 delay-seconds), at least 1: when the one open request will be done
+        assert int(second.headers["Retry-After"]) >= 1
         assert run.health()["rejected_429"] == 1
     finally:
         run.stop()
@@ -143,3 +166,22 @@ def test_disconnect_frees_kv_blocks(server):
     # the client went away: the handler aborts, the engine frees the blocks before its next step
     assert _wait(lambda: (h := server.health())["in_flight"] == 0 and h["kv_free_blocks"] == total)
     assert server.health()["aborted"] == aborted0 + 1
+
+
+def test_retry_after_is_the_shortest_remaining_request_at_the_mean_step_time():
+    from types import SimpleNamespace
+
+    from mixdiag.engine.serving.engine_loop import LoopStats
+    from mixdiag.engine.serving.server import ServerConfig, ServingState, _Open
+
+    model = SimpleNamespace(vocab_size=1024, max_model_len=512)
+    config = SimpleNamespace(model=model, scheduler=SimpleNamespace(num_spec_tokens=0))
+    loop = SimpleNamespace(engine=SimpleNamespace(config=config),
+                           stats=LoopStats(steps=100, step_s_total=1.0))   # 10 ms a step
+    st = ServingState(ServerConfig(), loop, None, None)
+    assert st.retry_after_s() == 1                       # nothing open: the floor
+    st.open["a"] = _Open(None, max_tokens=400, n_out=100)
+    st.open["b"] = _Open(None, max_tokens=300, n_out=50)
+    assert st.retry_after_s() == 3                       # b: 250 tokens x 10 ms = 2.5 s, rounded up
+    loop.stats = LoopStats()
+    assert st.retry_after_s() == 1                       # no step measured yet
