@@ -2,4 +2,4 @@
 vLLM/SGLang-style log lines, NVTX / record_function ranges, the Kineto profiler, SM activity.
 
 May import: the engine's core and model rooms, mixdiag.wire (formats shared with the collectors),
-mixdiag.collectors.gpu.probe (the NVML probe function only). Never the diagnosis or dashboard."""
+mixdiag.gpu_probe (the NVML probe function only). Never the diagnosis or dashboard."""

@@ -29,7 +29,7 @@ import gc
 import time
 from dataclasses import dataclass, field
 
-from mixdiag.engine.core.config import ConfigError, EngineConfig
+from mixdiag.engine.config import ConfigError, EngineConfig
 from mixdiag.engine.model.graph_dispatch import plan_graph
 from mixdiag.engine.testbed.expert_parallel import EPConfig, ExpertParallel, hotspot_bias, imbalance
 from mixdiag.engine.testbed.pd_transfer import PDConfig, PDTransfer, install_kv

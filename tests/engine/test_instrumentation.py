@@ -8,9 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.prometheus_server import free_port
 
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
-from mixdiag.engine.core.hooks import NULL_TRACER
+from mixdiag.engine.hooks import NULL_TRACER
 from mixdiag.engine.telemetry.instrumentation import (Instrumentation, InstrumentationConfig, add_arguments, cli_args,
                                             config_from_args)
 from mixdiag.engine.telemetry.metrics import EngineMetrics
