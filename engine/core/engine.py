@@ -69,7 +69,7 @@ class Engine:
         self.tracer = tracer or NULL_TRACER
         self.observers: list[Callable[[StepRecord], None]] = []   # each gets every StepRecord
         self.before_step: list[Callable[[int], None]] = []        # each gets the step number first
-        self.kv_connector = None   # PD split: receives remote-prefilled KV (engine/testbed/faults.py PDConnector)
+        self.kv_connector = None   # PD split: receives remote-prefilled KV (engine/testbed/pd_connector.py PDConnector)
         self.step_no = 0
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}
