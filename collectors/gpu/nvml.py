@@ -29,7 +29,7 @@ import pandas as pd
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.gpu_probe import GPM_METRIC_SM_UTIL, METRICS, choose_source, gpm_sm_util, load_nvml
+from mixdiag.gpu_probe import METRICS, choose_source, gpm_sm_util, load_nvml
 from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
 
 __all__ = ["FORMAT", "HEADER", "sniff", "sample", "read"]
