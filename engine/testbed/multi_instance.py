@@ -1,9 +1,9 @@
 """Multi-instance runs: several engines (``engine0``, ``engine1``, ...) side by side, one Timeline.
 
 A scenario with ``instances = N`` runs N engine *processes* at once, started with ``multiprocessing``
-(spawn context: a fresh interpreter each, so no torch state or threads are inherited); each calls
-the ``run_child`` function :mod:`.session` hands in (its ``run_scenario``, so this module never imports
-the session) for instance ``engineI`` with seed ``SEED+I``,
+(spawn context: a fresh interpreter each, so no torch state or threads are inherited); each runs
+the ``run_child`` function :mod:`.session` hands in (``run_scenario`` for one instance; handed in so
+this module never imports the session) for instance ``engineI`` with seed ``SEED+I``,
 so every engine gets its own traffic and they compete for the same cores, as data-parallel engines
 on one host do. Each writes a full run directory under ``OUT/instances/engineI/`` (its own
 instrumentation files included); the parent merges their Timelines
