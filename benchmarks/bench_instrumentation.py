@@ -30,9 +30,9 @@ import threading
 import time
 import urllib.request
 
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
-from mixdiag.engine.core.hooks import NULL_TRACER, RecordingTracer
+from mixdiag.engine.hooks import NULL_TRACER, RecordingTracer
 from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
 from mixdiag.engine.core.request import SamplingParams
 

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.testbed.runner import run_workload, summarize
 from mixdiag.engine.testbed.workload import LengthDist, RequestGroup, Workload, generate

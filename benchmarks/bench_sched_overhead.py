@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 
-from mixdiag.engine.core.config import EngineConfig, SchedulerConfig
+from mixdiag.engine.config import EngineConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.core.request import SamplingParams
 

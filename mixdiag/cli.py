@@ -16,6 +16,7 @@ import sys
 import traceback
 
 import mixdiag
+from mixdiag.commands.flags import common_parser
 from mixdiag.console import Console
 from mixdiag.errors import UserError
 
@@ -27,19 +28,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see '{self.prog} --help')\n")
 
 
-def _common() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
-    g = p.add_argument_group("output")
-    g.add_argument("--json", action="store_true", help="print one JSON document on stdout and nothing else")
-    g.add_argument("-v", "--verbose", action="count", default=0, help="more detail (repeatable)")
-    g.add_argument("-q", "--quiet", action="store_true", help="no progress bars or notes")
-    g.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
-    return p
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every verb found in mixdiag.commands registered."""
-    common = _common()
+    common = common_parser()
     parser = _Parser(prog="mixdiag", parents=[common],
                      description="Tell why time-per-output-token spiked: mixed batching, EP hotspots, "
                                  "PD KV transfer, CUDA-graph fallback, KV pressure, host stalls.")

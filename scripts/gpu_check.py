@@ -82,7 +82,7 @@ def check_kernel(device) -> dict:
 
 # ---- shared model / batch setup ------------------------------------------------------------------
 def _model_and_cache(device, dtype: str, num_blocks: int):
-    from mixdiag.engine.core.config import CacheConfig, ModelConfig
+    from mixdiag.engine.config import CacheConfig, ModelConfig
     from mixdiag.engine.core.kv_cache import allocate_kv_cache
     from mixdiag.engine.model.model import build_model
 
@@ -168,7 +168,7 @@ def check_runner_modes(device) -> dict:
 
 def check_engine_modes(device) -> dict:
     """The engine end to end under each cudagraph_mode: identical greedy outputs, replays counted."""
-    from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from mixdiag.engine.core.engine import Engine
     from mixdiag.engine.core.request import SamplingParams
 

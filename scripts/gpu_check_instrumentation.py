@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device", file=sys.stderr)
         return 2
-    from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig
+    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig
     from mixdiag.engine.core.engine import Engine
     from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
     from mixdiag.engine.core.request import SamplingParams

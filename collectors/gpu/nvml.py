@@ -29,11 +29,10 @@ import pandas as pd
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.gpu.probe import GPM_METRIC_SM_UTIL, METRICS, choose_source, gpm_sm_util, load_nvml
+from mixdiag.gpu_probe import METRICS, choose_source, gpm_sm_util, load_nvml
 from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
 
-__all__ = ["FORMAT", "HEADER", "METRICS", "GPM_METRIC_SM_UTIL", "sniff", "load_nvml", "choose_source", "gpm_sm_util",
-           "sample", "read"]
+__all__ = ["FORMAT", "HEADER", "sniff", "sample", "read"]
 
 FORMAT = "nvml-csv"
 HEADER = ("t_s", "gpu_index", "gpu_uuid", "metric", "value")
@@ -45,7 +44,7 @@ def sniff(head: bytes, name: str) -> bool:
     return first == ",".join(HEADER)
 
 
-# ---- live sampling (GPU machines; NVML access lives in .probe) ----------------------------------
+# ---- live sampling (GPU machines; NVML access lives in mixdiag.gpu_probe) ----------------------------------
 def sample(out: str | os.PathLike, *, device_index: int = 0, interval_s: float = 0.1, duration_s: float = 10.0,
            source: str = "auto", nvml: Any = None, clock=time.time, sleep=time.sleep,
            on_sample=None) -> Path:

@@ -24,13 +24,12 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from mixdiag.engine.model import microbatch
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.model.cuda_graphs import build_runner, graphs_enabled
 from mixdiag.engine.model.drafter import DrafterConfig, NgramDrafter
 from mixdiag.engine.model.graph_dispatch import plan_graph
-from mixdiag.engine.core.hooks import NULL_TRACER, Tracer
+from mixdiag.engine.hooks import NULL_TRACER, Tracer, step_stats_message
 from mixdiag.engine.core.input_batch import prepare_inputs
-from mixdiag.engine.telemetry.nvtx_tracer import step_stats_message
 from mixdiag import wire
 from mixdiag.wire import format_step
 from mixdiag.engine.core.kv_cache import KVCacheManager, allocate_kv_cache
@@ -70,7 +69,7 @@ class Engine:
         self.tracer = tracer or NULL_TRACER
         self.observers: list[Callable[[StepRecord], None]] = []   # each gets every StepRecord
         self.before_step: list[Callable[[int], None]] = []        # each gets the step number first
-        self.kv_connector = None   # PD split: receives remote-prefilled KV (engine/testbed/faults.py PDConnector)
+        self.kv_connector = None   # PD split: receives remote-prefilled KV (engine/testbed/pd_connector.py PDConnector)
         self.step_no = 0
         self._ids = itertools.count()
         self._finished: dict[str, Request] = {}

@@ -12,7 +12,7 @@ from collections import deque
 
 import torch
 
-from mixdiag.engine.core.config import CacheConfig, ModelConfig
+from mixdiag.engine.config import CacheConfig, ModelConfig
 
 
 class OutOfBlocks(RuntimeError):

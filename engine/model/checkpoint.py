@@ -13,7 +13,7 @@ import torch
 
 from mixdiag.errors import UserError
 
-from mixdiag.engine.core.config import ConfigError, ModelConfig
+from mixdiag.engine.config import ConfigError, ModelConfig
 from mixdiag.engine.model.model import Model
 
 SUPPORTED = ("llama", "qwen2", "mistral")

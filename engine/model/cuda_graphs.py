@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from mixdiag.engine.core.hooks import NULL_TRACER
+from mixdiag.engine.hooks import NULL_TRACER
 
 MODES = ("FULL", "PIECEWISE", "NONE")
 

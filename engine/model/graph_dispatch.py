@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from mixdiag.engine.core.config import SchedulerConfig
+from mixdiag.engine.config import SchedulerConfig
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from mixdiag.engine.model.attention import paged_attention_ref
-from mixdiag.engine.core.config import ModelConfig
-from mixdiag.engine.core.hooks import NULL_TRACER, Tracer
+from mixdiag.engine.config import ModelConfig
+from mixdiag.engine.hooks import NULL_TRACER, Tracer
 from mixdiag.engine.model.moe import MoE, SwiGLU
 from mixdiag.wire import ATTN, MOE, layer_range
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.config import ModelConfig
 
 
 class SwiGLU(nn.Module):

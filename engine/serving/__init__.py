@@ -7,4 +7,7 @@ validation into engine inputs, OpenAI response/chunk/error bodies, SSE framing),
 queues), ``server.py`` (the Starlette app and uvicorn runner: ``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/metrics``). docs/serving.md has the tour.
 Nothing in the engine's other rooms imports from here.
+
+May import: the engine's other rooms (core, model, telemetry, testbed), mixdiag.engine.config and the
+base layer (mixdiag.errors). Never the collectors, diagnosis, dashboard or commands.
 """

@@ -30,17 +30,14 @@ with the first transfer, as a PD connector registers them. Standard library + pr
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from mixdiag.engine.telemetry.metrics import BatchHistogram, _num
+from mixdiag.engine.telemetry.dialect_base import Dialect, labelled_histogram
+from mixdiag.engine.telemetry.metrics import _num
+from mixdiag.engine.telemetry.sglang_dialect import SglangMetrics
 
-
-def _labelled(name: str, documentation: str, buckets, labels: dict[str, str],
-              registry: CollectorRegistry) -> BatchHistogram:
-    """A batch-fed histogram with the dialect's one fixed label set."""
-    return BatchHistogram(name, documentation, buckets, registry, labels=labels)
 
 DIALECTS = ("mixdiag", "vllm", "sglang")
 
@@ -73,52 +70,7 @@ VLLM_NIXL_XFER_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1
 VLLM_NIXL_BYTES = tuple(float(2 ** (10 + i)) for i in range(1, 25, 2))
 
 
-class _Dialect:
-    """Shared plumbing: registry, per-request last-output times, arrival lookup."""
-
-    def __init__(self, registry: CollectorRegistry | None, arrival_s: Callable[[Any], float | None] | None,
-                 prompt_len: Callable[[Any], int | None] | None):
-        self.registry = registry if registry is not None else CollectorRegistry()
-        self._arrival_s = arrival_s
-        self._prompt_len = prompt_len
-        self._last_token_s: dict[Any, float] = {}
-        self._scheduled_prompt: dict[Any, float] = {}  # prompt tokens scheduled so far, per request
-        self.steps_seen = 0
-
-    def __call__(self, record: Any) -> None:
-        self.observe_step(record)
-
-    def _latencies(self, events, per_token: bool):
-        """(ttft values, itl values, itl sum, first-output request ids) of a step's output events."""
-        ttft, itl, itl_sum, firsts = [], [], 0.0, []
-        for ev in events:
-            rid, t = ev.request_id, ev.t_s
-            prev = None if ev.is_first else self._last_token_s.get(rid)
-            if prev is None:
-                firsts.append(rid)
-                arrival = self._arrival_s(rid) if self._arrival_s is not None else None
-                if arrival is not None and t >= arrival:
-                    ttft.append(t - arrival)
-            elif t >= prev:
-                gap = t - prev
-                n = max(int(getattr(ev, "n_tokens", 1) or 1), 1) if per_token else 1
-                itl.extend([gap / n] * n)
-                itl_sum += gap
-            self._last_token_s[rid] = t
-        return ttft, itl, itl_sum, firsts
-
-    def _prompt_tokens(self, rid) -> float:
-        """A request's whole prompt (what vLLM adds at its first output); scheduled chunks as fallback."""
-        n = self._prompt_len(rid) if self._prompt_len is not None else None
-        seen = self._scheduled_prompt.pop(rid, 0.0)
-        return float(n) if n is not None else seen
-
-    def finish_request(self, request_id: Any) -> None:
-        self._last_token_s.pop(request_id, None)
-        self._scheduled_prompt.pop(request_id, None)
-
-
-class VllmMetrics(_Dialect):
+class VllmMetrics(Dialect):
     """vLLM V1 ``PrometheusStatLogger`` series (labels ``model_name``, ``engine``) from step records."""
 
     def __init__(self, registry: CollectorRegistry | None = None, arrival_s=None, prompt_len=None, *,
@@ -148,11 +100,11 @@ class VllmMetrics(_Dialect):
         self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
         self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
         self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
-        self.iteration_tokens = _labelled("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+        self.iteration_tokens = labelled_histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
                                                   VLLM_ITERATION_TOKENS, self._lv, r)
-        self.ttft = _labelled("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+        self.ttft = labelled_histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                                       VLLM_TTFT_S, self._lv, r)
-        self.itl = _labelled("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+        self.itl = labelled_histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                                      VLLM_ITL_S, self._lv, r)
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           ln + ["finished_reason"], registry=r)
@@ -160,7 +112,7 @@ class VllmMetrics(_Dialect):
                                 for reason in VLLM_FINISH_REASONS}
 
         def hist(name, doc, buckets):
-            return _labelled(name, doc, buckets, self._lv, r)
+            return labelled_histogram(name, doc, buckets, self._lv, r)
 
         lat = VLLM_REQUEST_LATENCY_S
         tok = build_1_2_5_buckets(max_model_len)
@@ -229,9 +181,9 @@ class VllmMetrics(_Dialect):
     def _nixl_metrics(self):
         if self._nixl is None:  # the NIXL connector registers its family when it exists
             r = self.registry
-            self._nixl = (_labelled("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+            self._nixl = (labelled_histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
                                             VLLM_NIXL_XFER_S, self._lv, r),
-                          _labelled("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                          labelled_histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
                                             VLLM_NIXL_BYTES, self._lv, r))
         return self._nixl
 
@@ -291,7 +243,6 @@ def make_dialect_metrics(dialect: str, *, arrival_s=None, prompt_len=None, model
         return VllmMetrics(registry, arrival_s, prompt_len, model_name=model_name, engine=rank,
                            request_end=request_end, max_model_len=max_model_len)
     if dialect == "sglang":
-        from mixdiag.engine.telemetry.sglang_dialect import SglangMetrics
         return SglangMetrics(registry, arrival_s, prompt_len, model_name=model_name, dp_rank=rank,
                              decode_log_interval=decode_log_interval)
     raise ValueError(f"metrics dialect must be one of {', '.join(DIALECTS[1:])}, got {dialect!r}")

@@ -32,12 +32,11 @@ from prometheus_client import CollectorRegistry
 
 from mixdiag.errors import UserError
 
-from mixdiag.engine.telemetry.loglines import LogLineConfig, LogLineWriter, parse_formats
+from mixdiag.engine.telemetry.loglines import LogLineConfig, LogLineWriter
 from mixdiag.engine.telemetry.metrics import EngineMetrics
 from mixdiag.engine.telemetry.metrics_server import MetricsServer
 from mixdiag.engine.telemetry.nvtx_tracer import NvtxTracer
-from mixdiag.engine.telemetry.profiler import ProfileWindow, parse_window
-from mixdiag.engine.telemetry.run_flags import add_arguments  # noqa: F401  (re-export)
+from mixdiag.engine.telemetry.profiler import ProfileWindow
 from mixdiag.engine.telemetry.scrape_writer import ScrapeWriter
 from mixdiag.engine.telemetry.sm_activity import DeviceModel, make_sm_source
 
@@ -226,42 +225,3 @@ class Instrumentation:
 
     def __exit__(self, *exc) -> None:
         self.close(linger_s=0.0 if exc[0] is not None else None)
-
-
-# ---- CLI glue (used by ``mixdiag run``; the flags themselves live in run_flags, torch-free) -------
-def config_from_args(args) -> InstrumentationConfig:
-    """The :class:`InstrumentationConfig` for parsed ``add_arguments`` flags (UserError on bad values)."""
-    return InstrumentationConfig(
-        nvtx=bool(getattr(args, "nvtx", True)),
-        serve_port=getattr(args, "serve", None),
-        linger_s=float(getattr(args, "linger", 0.0) or 0.0),
-        log_formats=parse_formats(args.log_format) if getattr(args, "log_format", None) else (),
-        decode_log_interval=int(getattr(args, "decode_log_interval", 40)),
-        profile=parse_window(args.profile) if getattr(args, "profile", None) else None,
-        profile_ops=not getattr(args, "profile_light", False),
-        scrape_interval_s=getattr(args, "scrape_interval", None),
-        metrics_dialect=getattr(args, "metrics_dialect", None) or "mixdiag",
-    )
-
-
-def cli_args(config: InstrumentationConfig) -> list[str]:
-    """The ``mixdiag run`` flags that reproduce ``config`` (for child processes of multi-instance runs)."""
-    out: list[str] = [] if config.nvtx else ["--no-nvtx"]
-    if config.serve_port is not None:
-        out += ["--serve", str(config.serve_port)]
-    if config.linger_s:
-        out += ["--linger", repr(config.linger_s)]
-    if config.log_formats:
-        out += ["--log-format", "both" if len(config.log_formats) > 1 else config.log_formats[0]]
-    if config.decode_log_interval != 40:
-        out += ["--decode-log-interval", str(config.decode_log_interval)]
-    if config.profile is not None:
-        start, stop = config.profile
-        out += ["--profile", f"{start}:{'' if stop is None else stop}"]
-    if not config.profile_ops:
-        out += ["--profile-light"]
-    if config.scrape_interval_s is not None:
-        out += ["--scrape-interval", repr(config.scrape_interval_s)]
-    if config.metrics_dialect != "mixdiag":
-        out += ["--metrics-dialect", config.metrics_dialect]
-    return out

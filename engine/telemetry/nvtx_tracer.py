@@ -62,15 +62,6 @@ def step_message(step: int, kind: str, prefill_tokens: int, decode_reqs: int, de
     return wire.format_step(step, kind, prefill_tokens, decode_reqs, decode_rows, graph, **extra)
 
 
-def step_stats_message(rec) -> str:
-    """The ``step_stats`` range message of contracts §2 for a finished :class:`StepRecord`.
-
-    ``expert_imbalance``/``per_rank_tokens`` only when the step measured them (EP active).
-    """
-    return wire.format_step_stats(rec.step, rec.preempted_reqs, rec.kv_transfer_bytes,
-                                  rec.expert_imbalance, rec.per_rank_tokens)
-
-
 class _NvtxRange:
     """push on enter, pop on exit (and the mirrored record_function when Kineto records)."""
 

@@ -1,10 +1,10 @@
 """SGLang's ``--enable-metrics`` series in the engine's ``/metrics`` (``mixdiag run --metrics-dialect
-sglang``); the shared plumbing and the traps are described in :mod:`.dialects`."""
+sglang``); the shared plumbing is :mod:`.dialect_base`, the traps are described in :mod:`.dialects`."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary
 
-from mixdiag.engine.telemetry.dialects import _Dialect, _labelled
+from mixdiag.engine.telemetry.dialect_base import Dialect, labelled_histogram
 from mixdiag.engine.telemetry.metrics import _num
 
 # SGLang (python/sglang/srt/observability/collector.py) default buckets.
@@ -15,7 +15,7 @@ SGLANG_KV_LATENCY_MS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000)
 SGLANG_KV_MB = (0.1, 0.5, 1, 5, 10, 50, 100, 500, 1000, 5000)  # UNVERIFIED ladder; bounds come from `le`
 
 
-class SglangMetrics(_Dialect):
+class SglangMetrics(Dialect):
     """SGLang ``--enable-metrics`` series (scheduler + tokenizer collectors) from step records."""
 
     def __init__(self, registry: CollectorRegistry | None = None, arrival_s=None, prompt_len=None, *,
@@ -44,9 +44,9 @@ class SglangMetrics(_Dialect):
         self.realtime = Counter("sglang:realtime_tokens", "Number of tokens processed in real time.", s + ["mode"], registry=r)
         self.graph_passes = Counter("sglang:cuda_graph_passes", "Forward passes by CUDA-graph use.", s + ["mode"], registry=r)
         self.retracted = Counter("sglang:num_retracted_requests", "Number of retracted requests.", s, registry=r).labels(**self._sched)
-        self.itl = _labelled("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+        self.itl = labelled_histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
                                      SGLANG_ITL_S, self._req, r)
-        self.ttft = _labelled("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+        self.ttft = labelled_histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
                                       SGLANG_TTFT_S, self._req, r)
         self._modes = {m: self.realtime.labels(**self._sched, mode=m) for m in ("prefill_compute", "prefill_cache", "decode")}
         self._passes = {m: self.graph_passes.labels(**self._sched, mode=m)
@@ -100,9 +100,9 @@ class SglangMetrics(_Dialect):
         kv_s, kv_b = _num(record, "kv_transfer_s"), _num(record, "kv_transfer_bytes")
         if kv_s or kv_b:
             if self._kv is None:
-                self._kv = (_labelled("sglang:kv_transfer_latency_ms", "KV transfer latency (ms).",
+                self._kv = (labelled_histogram("sglang:kv_transfer_latency_ms", "KV transfer latency (ms).",
                                               SGLANG_KV_LATENCY_MS, self._sched, self.registry),
-                            _labelled("sglang:kv_transfer_total_mb", "KV transfer size (MB).",
+                            labelled_histogram("sglang:kv_transfer_total_mb", "KV transfer size (MB).",
                                               SGLANG_KV_MB, self._sched, self.registry))
             if kv_s:
                 self._kv[0].observe_many([kv_s * 1e3])

@@ -15,7 +15,7 @@ to ``StepRecord.sm_active`` with ``sm_active_source = "estimated"``; the run's
 ``meta["signals"][instance]["sm_active"]`` says ``estimated`` and the Prometheus gauge carries
 ``source="estimated"``. It is never reported as measured.
 
-On CUDA, :class:`NvmlSmSampler` reads NVML through ``mixdiag.collectors.gpu.probe.open_sm_probe``: GPM ``SM_UTIL``
+On CUDA, :class:`NvmlSmSampler` reads NVML through ``mixdiag.gpu_probe.open_sm_probe``: GPM ``SM_UTIL``
 on Hopper and newer (``measured``), else device utilization (the share of time any kernel ran,
 a weaker signal: ``estimated``, as the NVML collector marks it).
 """
@@ -129,8 +129,8 @@ class SmEstimator:
 
 
 class NvmlSmSampler:
-    """SM activity from NVML between consecutive step ends (CUDA only), via the GPU collectors' public
-    probe (:func:`mixdiag.collectors.gpu.probe.open_sm_probe`), never a collector's reader.
+    """SM activity from NVML between consecutive step ends (CUDA only), via the base-layer probe
+    (:func:`mixdiag.gpu_probe.open_sm_probe`), never a collector.
 
     GPM ``SM_UTIL`` (Hopper+): quality ``measured``. Otherwise ``nvmlDeviceGetUtilizationRates``
     (the share of time any kernel ran, not SM activity): quality ``estimated``, as the NVML
@@ -138,7 +138,7 @@ class NvmlSmSampler:
     """
 
     def __init__(self, device_index: int = 0, nvml: Any = None):
-        from mixdiag.collectors.gpu.probe import open_sm_probe
+        from mixdiag.gpu_probe import open_sm_probe
 
         self._probe = open_sm_probe(device_index, nvml=nvml)
         self.source = self._probe.quality

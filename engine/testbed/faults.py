@@ -29,10 +29,11 @@ import gc
 import time
 from dataclasses import dataclass, field
 
-from mixdiag.engine.core.config import ConfigError, EngineConfig
+from mixdiag.engine.config import ConfigError, EngineConfig
 from mixdiag.engine.model.graph_dispatch import plan_graph
 from mixdiag.engine.testbed.expert_parallel import EPConfig, ExpertParallel, hotspot_bias, imbalance
-from mixdiag.engine.testbed.pd_transfer import PDConfig, PDTransfer, install_kv
+from mixdiag.engine.testbed.pd_connector import PDConnector
+from mixdiag.engine.testbed.pd_transfer import PDConfig
 
 Window = tuple[int, int]
 
@@ -89,9 +90,13 @@ class PDFault:
         _need(isinstance(self.every, int) and self.every >= 1, f"faults.pd_transfer.every must be >= 1, got {self.every!r}")
         _need(self.min_prompt_tokens >= 2, "faults.pd_transfer.min_prompt_tokens must be >= 2")
         try:
-            PDConfig(mode=self.mode, link_bytes_per_s=self.link_bytes_per_s)
+            self.transfer_config()
         except ValueError as e:
             raise ConfigError(f"faults.{e}") from None
+
+    def transfer_config(self) -> PDConfig:
+        """The :class:`PDConfig` of the transfer this fault runs."""
+        return PDConfig(mode=self.mode, link_bytes_per_s=self.link_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -202,65 +207,6 @@ class FaultsConfig:
         return config
 
 
-class PDConnector:
-    """The engine's ``kv_connector``: remote prefill requests wait here until their KV is installed."""
-
-    def __init__(self, engine, fault: PDFault):
-        self.engine = engine
-        self.transfer = PDTransfer(engine.config.model, PDConfig(mode=fault.mode,
-                                                                 link_bytes_per_s=fault.link_bytes_per_s),
-                                   engine.config.cache.block_size)
-        self.waiting: dict[str, object] = {}      # request id -> Request, KV not yet installed
-        self.installed_last_step: list[str] = []
-        self._ready: list = []                     # read while the engine idled, installed next step
-        self.total_bytes = 0
-        self.transferred_prompt_lens: list[int] = []
-
-    def submit(self, req) -> None:
-        self.transfer.submit(req.request_id, req.prompt_token_ids)
-        self.waiting[req.request_id] = req
-
-    def has_pending(self) -> bool:
-        return bool(self.waiting)
-
-    def wait_if_idle(self, step: int) -> None:
-        """before_step hook: with nothing else to run, wait (outside the step) for a transfer."""
-        if self.waiting and not self.engine.scheduler.has_unfinished():
-            self._ready = self.transfer.poll(wait=True, timeout_s=120)
-        else:
-            self._ready = []
-
-    def receive(self) -> tuple[int, float]:
-        """In the step: read (sync) or take (overlap) arrived KV, install it, queue the requests.
-
-        Returns (bytes, seconds) the step spent on the transfer.
-        """
-        t0 = time.perf_counter()
-        got = self._ready + self.transfer.poll()
-        self._ready = []
-        eng = self.engine
-        nbytes = 0
-        self.installed_last_step = []
-        for item in got:
-            req = self.waiting.pop(item.request_id)
-            if not eng.kv_manager.allocate_slots(req, item.n_tokens):
-                # No room for the transferred KV: fall back to computing the prompt here.
-                eng.scheduler.add_request(req)
-                continue
-            install_kv(eng.kv_cache, eng.kv_manager.get_block_ids(req.request_id), item.kv)
-            req.num_computed_tokens = item.n_tokens
-            eng.scheduler.add_request(req)
-            nbytes += item.nbytes
-            self.total_bytes += item.nbytes
-            self.transferred_prompt_lens.append(req.num_prompt_tokens)
-            self.installed_last_step.append(req.request_id)
-        # sync: reading the bytes happened here, inside the step; overlap: only the install did
-        return nbytes, (time.perf_counter() - t0 if got else 0.0)
-
-    def close(self) -> None:
-        self.transfer.close()
-
-
 class _LaunchCost:
     """Host pause per eager module call, by the step's planned graph mode (see module doc)."""
 
@@ -338,7 +284,7 @@ class FaultInjector:
                 engine.before_step.append(self._ep_before)
                 engine.observers.insert(0, self._ep_fill)
             if faults.pd_transfer is not None:
-                self.pd = PDConnector(engine, faults.pd_transfer)
+                self.pd = PDConnector(engine, faults.pd_transfer.transfer_config())
                 engine.kv_connector = self.pd
                 engine.before_step.append(self.pd.wait_if_idle)
             if faults.graph_miss is not None and engine.device.type != "cuda":

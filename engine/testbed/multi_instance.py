@@ -1,8 +1,9 @@
 """Multi-instance runs: several engines (``engine0``, ``engine1``, ...) side by side, one Timeline.
 
 A scenario with ``instances = N`` runs N engine *processes* at once, started with ``multiprocessing``
-(spawn context: a fresh interpreter each, so no torch state or threads are inherited); each calls
-:func:`~mixdiag.engine.testbed.session.run_scenario` for instance ``engineI`` with seed ``SEED+I``,
+(spawn context: a fresh interpreter each, so no torch state or threads are inherited); each runs
+the ``run_child`` function :mod:`.session` hands in (``run_scenario`` for one instance; handed in so
+this module never imports the session) for instance ``engineI`` with seed ``SEED+I``,
 so every engine gets its own traffic and they compete for the same cores, as data-parallel engines
 on one host do. Each writes a full run directory under ``OUT/instances/engineI/`` (its own
 instrumentation files included); the parent merges their Timelines
@@ -18,28 +19,23 @@ import json
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from mixdiag.errors import UserError
 
-if TYPE_CHECKING:
-    from mixdiag.engine.testbed.session import RunRequest
-
 
 def instance_names(n: int) -> list[str]:
+    """The instance names of an ``n``-engine run: ``engine0`` .. ``engine<n-1>``."""
     return [f"engine{i}" for i in range(n)]
 
 
-def _run_instance(request: "RunRequest") -> dict:
-    """One instance, in its own process: its run directory written, its summary as strict JSON data."""
-    from mixdiag.engine.testbed.session import plain, run_scenario
-
-    return plain(run_scenario(request).summary)
-
-
-def run_instances(request: "RunRequest", n: int, *, seed: int, note: Callable[[str], None] | None = None) -> dict:
+def run_instances(request: Any, n: int, *, seed: int, run_child: Callable[[Any], dict],
+                  note: Callable[[str], None] | None = None) -> dict:
     """Run ``n`` engines on ``request.scenario`` concurrently, merge their run directories into ``request.out``.
 
+    ``request`` is a :class:`~.session.RunRequest`; each child gets a copy with its own ``out``,
+    ``instance`` and ``seed``. ``run_child(child_request)`` runs in a spawned process and returns that
+    instance's summary as strict JSON data, so it must be a module-level (picklable) function.
     Returns the merged summary (also written to ``out/summary.json``).
     """
     from mixdiag.schema import Timeline
@@ -52,7 +48,7 @@ def run_instances(request: "RunRequest", n: int, *, seed: int, note: Callable[[s
     children = {name: dataclasses.replace(request, out=sub, instance=name, seed=seed + i)
                 for i, (name, sub) in enumerate(subs.items())}
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {name: pool.submit(_run_instance, child) for name, child in children.items()}
+        futures = {name: pool.submit(run_child, child) for name, child in children.items()}
         if note is not None:
             note(f"running {n} engine instances of {request.scenario} (instances/engine0..engine{n - 1})")
         summaries, failed = {}, []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mixdiag.errors import UserError
 
-from mixdiag.engine.core.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, ConfigError, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.testbed.workload import LengthDist, RequestGroup, Workload
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"

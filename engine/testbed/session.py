@@ -26,6 +26,7 @@ from typing import Any, Callable, ContextManager
 from mixdiag.errors import UserError
 
 from mixdiag.engine.telemetry.instrumentation import InstrumentationConfig
+from mixdiag.engine.testbed.multi_instance import run_instances
 
 #: ``note(msg)``: a side remark for the operator (the serving URL, the instances started).
 Note = Callable[[str], None]
@@ -94,11 +95,15 @@ def run_scenario(request: RunRequest, *, progress: Progress | None = None, note:
         sc = sc.with_seed(request.seed)
     check_out(request.out)
     if sc.instances > 1 and request.instance is None:   # several engines at once, merged (.multi_instance)
-        from mixdiag.engine.testbed.multi_instance import run_instances
-
-        summary = run_instances(request, sc.instances, seed=sc.seed, note=note)
+        summary = run_instances(request, sc.instances, seed=sc.seed, run_child=_run_instance, note=note)
         return RunResult(request.out, sc.name, sc.seed, tuple(summary["instances"]), summary)
     return _run_one(request, sc, progress or _no_progress, note or (lambda msg: None))
+
+
+def _run_instance(request: RunRequest) -> dict:
+    """One instance of a multi-instance run, in its own process: its run directory written, its summary
+    as strict JSON data (module level, so the spawned child can unpickle it)."""
+    return plain(run_scenario(request).summary)
 
 
 def _run_one(request: RunRequest, sc, progress: Progress, note: Note) -> RunResult:

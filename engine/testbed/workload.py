@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mixdiag.engine.core.config import ConfigError
+from mixdiag.engine.config import ConfigError
 from mixdiag.engine.core.request import InvalidRequest, SamplingParams
 
 DISTS = ("fixed", "uniform", "lognormal")

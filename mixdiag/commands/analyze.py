@@ -25,9 +25,8 @@ def register(sub, common):
     h.add_argument("--model-config", metavar="FILE", help="ledger model config file (JSON/TOML) instead of --model")
     h.add_argument("--device", default="h200", help="device model (h200, h100, a100; default h200)")
     h.add_argument("--context-len", type=int, default=4096, metavar="C", help="decode context length assumed (default 4096)")
-    from mixdiag.commands.trace_flags import add_step_flags
+    from mixdiag.commands.flags import add_source_flags, add_step_flags
     add_step_flags(p)
-    from mixdiag.commands.ingest import add_source_flags
     add_source_flags(p)
     p.set_defaults(func=run)
 
@@ -65,8 +64,7 @@ def run(args, console):
         raise UserError("--jobs must be >= 1")
     if args.html and Path(args.html).exists():
         raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
-    from mixdiag.commands.trace_flags import step_options
-    from mixdiag.commands.ingest import source_options
+    from mixdiag.commands.flags import source_options, step_options
     tl = load_inputs(args.inputs, args.format, **step_options(args), **source_options(args))
     console.note(f"loaded {tl!r}", level=1)
     from mixdiag.diagnosis.parallel import default_jobs

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from mixdiag.commands.serve_dashboard import add_serve_flags
+from mixdiag.commands.flags import add_serve_flags
 from mixdiag.errors import UserError
 
 DEFAULT_SCENARIO = "demo-mix"

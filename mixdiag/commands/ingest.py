@@ -28,35 +28,10 @@ def register(sub, common):
     p.add_argument("--out", metavar="DIR|FILE.csv",
                    help="write the Timeline to DIR (Parquet + meta.json) or the steps to FILE.csv; never overwrites")
     p.add_argument("--instance", help="name of the instance (single input only)")
-    from mixdiag.commands.trace_flags import add_step_flags
+    from mixdiag.commands.flags import add_source_flags, add_step_flags
     add_step_flags(p)
     add_source_flags(p)
     p.set_defaults(func=run)
-
-
-def add_source_flags(p) -> None:
-    """Flags of live sources and GPU mapping, shared by ingest and analyze."""
-    g = p.add_argument_group("live /metrics URL and GPU mapping")
-    g.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="sample an engine's /metrics URL for S seconds (default 60; 0 = one dump, since-start summary)")
-    g.add_argument("--interval", type=float, default=None, metavar="S",
-                   help="scrape the /metrics URL every S seconds (default 1)")
-    g.add_argument("--gpu-map", metavar="INST=GPU,...",
-                   help="which GPUs serve which instance for DCGM sm_active, e.g. vllm-0:8000=0,vllm-0:8000=1")
-
-
-def source_options(args) -> dict:
-    """``load`` options from :func:`add_source_flags` (only those given)."""
-    from mixdiag.collectors.gpu.dcgm import parse_gpu_map
-
-    out = {}
-    if getattr(args, "duration", None) is not None:
-        out["duration_s"] = args.duration
-    if getattr(args, "interval", None) is not None:
-        out["interval_s"] = args.interval
-    if getattr(args, "gpu_map", None):
-        out["gpu_map"] = parse_gpu_map(args.gpu_map)
-    return out
 
 
 def _check_out(out: str) -> Path:
@@ -155,10 +130,11 @@ def run(args, console):
     from mixdiag.collectors import load
 
     out = _check_out(args.out) if args.out else None
+    from mixdiag.commands.flags import source_options, step_options
+
     options = source_options(args)
     if args.instance:
         options["instance"] = args.instance
-    from mixdiag.commands.trace_flags import step_options
     options.update(step_options(args))
     console.note(f"reading {len(args.inputs)} input(s)", level=1)
     tl = load(args.inputs, format=args.format, **options)

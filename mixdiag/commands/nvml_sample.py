@@ -28,9 +28,10 @@ def register(sub, common):
 def run(args, console):
     if not (args.interval > 0 and args.duration > 0 and math.isfinite(args.interval + args.duration)):
         raise UserError("--interval and --duration must be positive seconds")
+    from mixdiag import gpu_probe
     from mixdiag.collectors.gpu import nvml  # pandas: imported when sampling, not for --help
 
-    nv = nvml.load_nvml()  # fail (one line) before any progress bar is drawn
+    nv = gpu_probe.load_nvml()  # fail (one line) before any progress bar is drawn
     n = max(1, int(round(args.duration / args.interval)))
     values: list[float] = []
     used: list[str] = []
@@ -44,7 +45,7 @@ def run(args, console):
                            source=args.source, nvml=nv, on_sample=on_sample)
     ok = [v for v in values if not math.isnan(v)]
     data = {"out": str(path), "samples": len(values), "metric": used[0] if used else None,
-            "quality": nvml.METRICS.get(used[0]) if used else None,
+            "quality": gpu_probe.METRICS.get(used[0]) if used else None,
             "mean": sum(ok) / len(ok) if ok else None, "max": max(ok) if ok else None}
     mean = f"{data['mean']:.3f}" if ok else "-"
     console.result(f"{path}: {len(values)} samples of {data['metric']} ({data['quality']}), mean {mean}", data)

@@ -13,7 +13,7 @@ from mixdiag.fmt import ms
 
 
 def register(sub, common):
-    from mixdiag.engine.telemetry.run_flags import add_arguments  # torch-free: --help stays fast
+    from mixdiag.commands.flags import add_instrumentation_flags  # torch-free: --help stays fast
 
     p = sub.add_parser("run", parents=[common], help="run the reference engine on a scenario, write a run directory",
                        description="Run the reference mixed-batch engine on a scenario (a shipped name or a TOML "
@@ -26,17 +26,17 @@ def register(sub, common):
     p.add_argument("--out", required=True, metavar="DIR", help="run directory to create (must be new or empty)")
     p.add_argument("--instance", default=None, metavar="NAME",
                    help="run only this engine instance (engine0, engine1, ...; default: all the scenario has)")
-    add_arguments(p)
+    add_instrumentation_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args, console):
     """Build a :class:`RunRequest` from the flags, run it (engine/testbed/session.py), print the summary."""
-    from mixdiag.engine.telemetry.instrumentation import config_from_args
+    from mixdiag.commands.flags import instrumentation_config
     from mixdiag.engine.testbed.session import RunRequest, run_scenario
 
     request = RunRequest(scenario=args.scenario, out=Path(args.out), seed=args.seed, max_steps=args.max_steps,
-                         instance=args.instance, instrumentation=config_from_args(args))
+                         instance=args.instance, instrumentation=instrumentation_config(args))
     result = run_scenario(request, progress=console.progress, note=console.note)
     summary, out = result.summary, result.out
     if result.merged:

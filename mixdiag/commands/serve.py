@@ -49,11 +49,11 @@ def register(sub, common):
 def run(args, console):
     from mixdiag.engine.serving.launch import ServeOptions, serve
     from mixdiag.engine.serving.server import ServerConfig
-    from mixdiag.engine.telemetry.instrumentation import config_from_args
+    from mixdiag.commands.flags import instrumentation_config
 
     opts = ServeOptions(scenario=args.scenario, seed=args.seed, policy=args.scheduler, chunk_size=args.chunk_size,
                         out_dir=args.out)
     scfg = ServerConfig(host=args.host, port=args.port, model_name=args.model_name, max_queue=args.max_queue,
                         request_timeout_s=args.request_timeout, drain_timeout_s=args.drain_timeout)
-    icfg = config_from_args(args)
+    icfg = instrumentation_config(args)
     return serve(opts, scfg, icfg)   # the "listening on URL" line always goes to stderr (scripts wait for it)

@@ -1,15 +1,8 @@
 """``mixdiag dashboard``: serve the Dash dashboard (and the diagnosis' ``/metrics``) on one port."""
 from __future__ import annotations
 
+from mixdiag.commands.flags import add_serve_flags
 from mixdiag.errors import UserError
-
-
-def add_serve_flags(p, port: int = 8050) -> None:
-    """--host/--port shared by the verbs that serve (dashboard, demo, watch)."""
-    g = p.add_argument_group("serving")
-    g.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
-    g.add_argument("--port", type=int, default=port, help=f"port (default {port})")
 
 
 def register(sub, common):

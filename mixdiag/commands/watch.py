@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 
-from mixdiag.commands.serve_dashboard import add_serve_flags
+from mixdiag.commands.flags import add_serve_flags
 from mixdiag.errors import UserError
 
 

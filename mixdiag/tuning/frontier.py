@@ -1,6 +1,6 @@
 """The knob sweep: replay every setting, keep the Pareto frontier, recommend one under the SLOs.
 
-Knobs (``--knob NAME=V1,V2``) map onto :class:`~mixdiag.engine.core.config.SchedulerConfig`:
+Knobs (``--knob NAME=V1,V2``) map onto :class:`~mixdiag.engine.config.SchedulerConfig`:
 ``chunk_size`` (the per-step token budget: vLLM's max_num_batched_tokens and SGLang's
 chunked_prefill_size), ``max_batched_tokens``, ``long_prefill_threshold``, ``max_running``
 (max_num_seqs), ``mixed_chunk`` (SGLang's enable_mixed_chunk) and ``policy``. Several knobs sweep

@@ -18,7 +18,7 @@ LARGE_POOL_BLOCKS = 1 << 18
 
 def base_config(tl, rows, current: dict, notes: list[str]):
     """(SchedulerConfig, CacheConfig, max_model_len) of the current setting."""
-    from mixdiag.engine.core.config import CacheConfig, SchedulerConfig
+    from mixdiag.engine.config import CacheConfig, SchedulerConfig
 
     meta = tl.meta or {}
     sched, cache, mml = meta.get("scheduler"), meta.get("cache"), int(meta.get("max_model_len") or 0)

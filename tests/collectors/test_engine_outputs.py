@@ -5,7 +5,7 @@ import pytest
 from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.logs import sglang_log
 from mixdiag.collectors.logs import vllm_log
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
 from mixdiag.engine.core.request import SamplingParams

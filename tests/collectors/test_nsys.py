@@ -348,7 +348,7 @@ def test_progress_bar_on_stderr_only_when_asked_or_long_on_a_terminal(capsys, pr
     and by default only for >= PROGRESS_MIN_ROWS rows on a terminal (pytest's stderr is not one)."""
     from argparse import Namespace
 
-    from mixdiag.commands.trace_flags import step_options
+    from mixdiag.commands.flags import step_options
 
     nsys.read(FIX / "h100_2gpu_1s.sqlite", progress=progress)
     out = capsys.readouterr()

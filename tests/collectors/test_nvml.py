@@ -10,6 +10,7 @@ import types
 import pandas as pd
 import pytest
 
+from mixdiag import gpu_probe
 from mixdiag.collectors.gpu import nvml
 from mixdiag.errors import UserError
 
@@ -94,7 +95,7 @@ class FakeNVML(types.SimpleNamespace):
         return types.SimpleNamespace(metrics=[types.SimpleNamespace(metricId=0, value=0.0, nvmlReturn=0)])
 
     def nvmlGpmMetricsGet(self, mg):
-        assert mg.metrics[0].metricId == nvml.GPM_METRIC_SM_UTIL and mg.sample1 is not mg.sample2
+        assert mg.metrics[0].metricId == gpu_probe.GPM_METRIC_SM_UTIL and mg.sample1 is not mg.sample2
         mg.metrics[0].value = self.sm_util.pop(0)
 
     def nvmlDeviceGetUtilizationRates(self, h):
@@ -104,7 +105,7 @@ class FakeNVML(types.SimpleNamespace):
 @pytest.mark.parametrize("gpm,want", [(True, "gpm_sm_util"), (False, "gpu_util"), ("raise", "gpu_util"),
                                       (None, "gpu_util")])
 def test_choose_source(gpm, want):
-    assert nvml.choose_source(FakeNVML(gpm), ("handle", 0)) == want
+    assert gpu_probe.choose_source(FakeNVML(gpm), ("handle", 0)) == want
 
 
 @pytest.mark.parametrize("gpm,metric,values", [(True, "gpm_sm_util", [0.4, 0.6]), (False, "gpu_util", [0.3, 0.5])])
@@ -129,13 +130,13 @@ def test_gpm_error_value_is_nan():
         mg.metrics[0].nvmlReturn = 3
         mg_holder["mg"] = mg
     fake.nvmlGpmMetricsGet = failing
-    assert math.isnan(nvml.gpm_sm_util(fake, object(), object()))
+    assert math.isnan(gpu_probe.gpm_sm_util(fake, object(), object()))
 
 
 @pytest.mark.parametrize("gpm,metric,quality,values", [(True, "gpm_sm_util", "measured", [0.4, 0.6]),
                                                       (False, "gpu_util", "estimated", [0.3, 0.5])])
 def test_sm_probe_reads_window_by_window_and_frees_on_close(gpm, metric, quality, values):
-    from mixdiag.collectors.gpu.probe import open_sm_probe
+    from mixdiag.gpu_probe import open_sm_probe
 
     fake = FakeNVML(gpm, util=(30, 50))
     fake.shutdown = 0
@@ -148,7 +149,7 @@ def test_sm_probe_reads_window_by_window_and_frees_on_close(gpm, metric, quality
 
 
 def test_sm_probe_without_nvidia_ml_py_is_a_one_line_error(monkeypatch):
-    from mixdiag.collectors.gpu.probe import open_sm_probe
+    from mixdiag.gpu_probe import open_sm_probe
 
     monkeypatch.setitem(sys.modules, "pynvml", None)
     with pytest.raises(UserError, match="nvidia-ml-py"):

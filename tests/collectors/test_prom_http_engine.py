@@ -7,7 +7,7 @@ import pytest
 
 from helpers.prometheus_server import free_port
 from mixdiag.collectors.prometheus import server_reader
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
 from mixdiag.engine.core.request import SamplingParams

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mixdiag.engine.model.attention import paged_attention_ref
-from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.config import ModelConfig
 from mixdiag.engine.model.cuda_graphs import CudaGraphRunner, StaticInputs, dense_experts
 from mixdiag.engine.core.input_batch import ForwardBatch
 from mixdiag.engine.model.model import build_model

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
-from mixdiag.engine.core.hooks import RecordingTracer
+from mixdiag.engine.hooks import RecordingTracer
 from mixdiag.engine.model.model import build_model
 from mixdiag.engine.core.request import InvalidRequest, SamplingParams, Status
 from mixdiag.errors import UserError

@@ -64,7 +64,7 @@ def test_imbalance(counts, expected):
 
 def test_attach_routes_model_moe_through_ranks():
     """A real model's MoE layers give the same output through EP as in-process, and detach cleanly."""
-    from mixdiag.engine.core.config import ModelConfig
+    from mixdiag.engine.config import ModelConfig
     from mixdiag.engine.model.model import build_model
 
     cfg = ModelConfig(hidden_size=32, num_layers=3, first_k_dense=1, num_heads=4, num_kv_heads=2, head_dim=8,

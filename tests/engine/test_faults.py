@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from mixdiag.engine.core.config import ConfigError, EngineConfig, ModelConfig
+from mixdiag.engine.config import ConfigError, EngineConfig, ModelConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.testbed.faults import FaultInjector, FaultsConfig
 from mixdiag.engine.core.request import SamplingParams

@@ -1,7 +1,7 @@
 """Graph-mode planning as vLLM decides it (uniform decode -> FULL, else PIECEWISE, above max -> NONE)."""
 import pytest
 
-from mixdiag.engine.core.config import SchedulerConfig
+from mixdiag.engine.config import SchedulerConfig
 from mixdiag.engine.model.graph_dispatch import plan_graph
 
 SIZES = (1, 2, 4, 8, 16)
@@ -44,6 +44,6 @@ def test_plan_follows_cudagraph_mode(cg_mode, nst, all_decode, mode, bucket):
 
 
 def test_cudagraph_mode_validated():
-    from mixdiag.engine.core.config import ConfigError
+    from mixdiag.engine.config import ConfigError
     with pytest.raises(ConfigError, match="cudagraph_mode"):
         SchedulerConfig(cudagraph_mode="SOMETIMES")

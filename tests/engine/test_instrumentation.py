@@ -1,5 +1,4 @@
-"""Instrumentation on a real engine: files of the run directory, observer order, detach, flags, multi-instance."""
-import argparse
+"""Instrumentation on a real engine: files of the run directory, observer order, detach, multi-instance."""
 import io
 import json
 
@@ -8,11 +7,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.prometheus_server import free_port
 
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
-from mixdiag.engine.core.hooks import NULL_TRACER
-from mixdiag.engine.telemetry.instrumentation import (Instrumentation, InstrumentationConfig, add_arguments, cli_args,
-                                            config_from_args)
+from mixdiag.engine.hooks import NULL_TRACER
+from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
 from mixdiag.engine.telemetry.metrics import EngineMetrics
 from mixdiag.engine.telemetry.nvtx_tracer import NvtxTracer
 from mixdiag.engine.core.request import SamplingParams
@@ -124,19 +122,6 @@ def test_outputs_need_a_directory():
         Instrumentation(InstrumentationConfig(log_formats=("vllm",)), small_engine(n=1))
 
 
-def test_cli_flags():
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    cfg = config_from_args(p.parse_args(["--serve", "9400", "--linger", "2", "--log-format", "both",
-                                         "--profile", "20:60", "--scrape-interval", "0.5", "--no-nvtx",
-                                         "--profile-light"]))
-    assert cfg == InstrumentationConfig(nvtx=False, serve_port=9400, linger_s=2.0, log_formats=("vllm", "sglang"),
-                                        profile=(20, 60), profile_ops=False, scrape_interval_s=0.5)
-    assert config_from_args(p.parse_args([])) == InstrumentationConfig()
-    with pytest.raises(UserError):
-        config_from_args(p.parse_args(["--profile", "60:20"]))
-
-
 def test_own_directory_instance_keeps_contract_names_and_offsets_the_port(tmp_path):
     eng = small_engine(instance="engine1", n=1, max_tokens=2)
     inst = Instrumentation(InstrumentationConfig(serve_port=0, log_formats=("vllm",), profile=(0, 1)), eng, tmp_path)
@@ -149,15 +134,3 @@ def test_own_directory_instance_keeps_contract_names_and_offsets_the_port(tmp_pa
     probe = small_engine(instance="engine3", n=1, max_tokens=1)
     with Instrumentation(InstrumentationConfig(serve_port=port - 3), probe) as i3:
         assert i3.server.port == port
-
-
-@pytest.mark.parametrize("cfg", [
-    InstrumentationConfig(),
-    InstrumentationConfig(nvtx=False, serve_port=9400, linger_s=2.5, log_formats=("vllm", "sglang"),
-                          decode_log_interval=7, profile=(20, None), profile_ops=False, scrape_interval_s=0.25),
-    InstrumentationConfig(log_formats=("sglang",), profile=(0, 60)),
-])
-def test_cli_args_round_trip(cfg):
-    p = argparse.ArgumentParser()
-    add_arguments(p)
-    assert config_from_args(p.parse_args(cli_args(cfg))) == cfg

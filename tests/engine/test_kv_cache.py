@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mixdiag.engine.core.config import CacheConfig
+from mixdiag.engine.config import CacheConfig
 from mixdiag.engine.core.kv_cache import BlockPool, KVCacheManager, OutOfBlocks
 
 

@@ -164,7 +164,7 @@ def test_writer_file_and_errors(tmp_path):
     ("prefill_first", dict(enforce_eager=True), False, 512, "None"),
 ])
 def test_sglang_server_args_line_tells_readers_about_mixing(policy, extra, mixed, chunk, max_bs):
-    from mixdiag.engine.core.config import SchedulerConfig
+    from mixdiag.engine.config import SchedulerConfig
 
     out = io.StringIO()
     w = LogLineWriter(out, LogLineConfig(formats=("sglang",), decode_log_interval=7))

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from mixdiag.engine.model.checkpoint import load_checkpoint
-from mixdiag.engine.core.config import CacheConfig, ModelConfig
-from mixdiag.engine.core.hooks import RecordingTracer
+from mixdiag.engine.config import CacheConfig, ModelConfig
+from mixdiag.engine.hooks import RecordingTracer
 from mixdiag.engine.core.input_batch import ForwardBatch
 from mixdiag.engine.core.kv_cache import allocate_kv_cache
 from mixdiag.engine.model.model import build_model

@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 
 ENGINE_RUN = """
 import json
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.telemetry.nvtx_tracer import NvtxTracer
 from mixdiag.engine.core.request import SamplingParams

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mixdiag.engine.telemetry import nvtx_tracer
-from mixdiag.engine.core.hooks import Tracer
-from mixdiag.engine.telemetry.nvtx_tracer import CATEGORIES, NvtxTracer, step_message, step_stats_message
+from mixdiag.engine.hooks import Tracer, step_stats_message
+from mixdiag.engine.telemetry.nvtx_tracer import CATEGORIES, NvtxTracer, step_message
 from mixdiag.engine.core.records import StepRecord
 
 STEP_RE = re.compile(r"^step (?P<n>\d+) kind=(?P<kind>prefill|decode|mixed|idle) prefill_tokens=(?P<p>\d+) "

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.config import ModelConfig
 from mixdiag.engine.model.model import build_model
 from mixdiag.engine.testbed.pd_transfer import (PDConfig, PDTransfer, compute_prompt_kv, expected_transfer_bytes, install_kv,
                                         kv_nbytes)

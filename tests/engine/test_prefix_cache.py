@@ -158,7 +158,7 @@ def test_register_duplicate_key_and_recycled_block():
 
 
 # ---- the prefix-caching KV manager -----------------------------------------------------------
-from mixdiag.engine.core.config import CacheConfig  # noqa: E402
+from mixdiag.engine.config import CacheConfig  # noqa: E402
 from mixdiag.engine.core.prefix_cache import PrefixCachingKVManager  # noqa: E402
 from mixdiag.engine.core.request import Request, SamplingParams  # noqa: E402
 

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from mixdiag.engine.core.config import EngineConfig
+from mixdiag.engine.config import EngineConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.telemetry.instrumentation import Instrumentation, InstrumentationConfig
 from mixdiag.engine.core.request import SamplingParams

@@ -1,5 +1,5 @@
 """run_workload: arrivals on the step clock, jumps over idle gaps, the submit seam; summarize."""
-from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.model.model import build_model
 from mixdiag.engine.testbed.runner import run_workload, summarize

@@ -1,7 +1,7 @@
 """Policy-specific behaviour of the three schedulers."""
 import pytest
 
-from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.model.model import build_model
 from mixdiag.engine.core.request import SamplingParams

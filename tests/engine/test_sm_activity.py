@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from mixdiag.engine.core.config import ModelConfig
+from mixdiag.engine.config import ModelConfig
 from mixdiag.engine.core.records import StepRecord
 from mixdiag.engine.telemetry.sm_activity import DeviceModel, NvmlSmSampler, SmEstimator, make_sm_source
 from mixdiag.errors import UserError

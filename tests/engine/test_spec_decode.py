@@ -116,7 +116,7 @@ def test_drafter_pads_to_k_like_an_mtp_head():
 
 def test_engine_step_draft_counts_mark_prefill_rows_minus_one():
     """In a mixed step with k = 2: the chunked prefill is -1, decodes with drafts are 2."""
-    from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from mixdiag.engine.core.engine import Engine
     from mixdiag.engine.core.request import SamplingParams
     from mixdiag.engine.model.spec_decode import SpecDecoder

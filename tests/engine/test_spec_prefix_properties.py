@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.model.model import build_model
 from mixdiag.engine.core.request import SamplingParams

@@ -136,7 +136,7 @@ def test_rejects_bad_head_ratio(results):
 
 ENGINE_SCRIPT = r"""
 import json, sys
-from mixdiag.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.model.attention import paged_attention_ref
 from mixdiag.engine.core.request import SamplingParams

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from mixdiag.engine.core.config import EngineConfig, ModelConfig, SchedulerConfig
+from mixdiag.engine.config import EngineConfig, ModelConfig, SchedulerConfig
 from mixdiag.engine.core.engine import Engine
 from mixdiag.engine.core.request import SamplingParams
 from mixdiag.engine.testbed.truth import CAUSES, TruthRecorder, read_truth, write_truth

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mixdiag.engine.core.config import ConfigError
+from mixdiag.engine.config import ConfigError
 from mixdiag.engine.testbed.workload import LengthDist, RequestGroup, Workload, generate
 
 

@@ -140,7 +140,7 @@ def test_parse_knob_refuses(text):
 
 
 def test_apply_maps_chunk_size_onto_both_budgets_and_validates():
-    from mixdiag.engine.core.config import SchedulerConfig
+    from mixdiag.engine.config import SchedulerConfig
 
     cfg = frontier.apply(SchedulerConfig(), {"chunk_size": 1024})
     assert (cfg.max_num_batched_tokens, cfg.chunked_prefill_size) == (1024, 1024)

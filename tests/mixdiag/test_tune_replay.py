@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.engine.core.config import CacheConfig, SchedulerConfig
+from mixdiag.engine.config import CacheConfig, SchedulerConfig
 from mixdiag.engine.testbed.session import RunRequest, run_scenario
 from mixdiag.schema import Timeline
 from mixdiag.tuning import cost_model, sweep, traffic

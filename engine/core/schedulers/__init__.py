@@ -1,7 +1,7 @@
 """Scheduling policies behind one interface (:class:`~.base.Scheduler`); :func:`make_scheduler` picks one."""
 from __future__ import annotations
 
-from mixdiag.engine.core.config import SchedulerConfig
+from mixdiag.engine.config import SchedulerConfig
 from mixdiag.engine.core.schedulers.base import ForwardMode, Scheduler, SchedulerOutput, UpdateResult
 from mixdiag.engine.core.schedulers.mix_running import MixRunningScheduler
 from mixdiag.engine.core.schedulers.prefill_first import PrefillFirstScheduler

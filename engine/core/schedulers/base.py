@@ -13,7 +13,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
-from mixdiag.engine.core.config import SchedulerConfig
+from mixdiag.engine.config import SchedulerConfig
 from mixdiag.engine.core.request import Request, Status
 
 

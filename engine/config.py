@@ -2,6 +2,9 @@
 
 Invalid values raise :class:`ConfigError` (a :class:`~mixdiag.errors.UserError`), so a bad scenario
 file ends in a one-line ``error: ...`` from the CLI.
+
+An engine-level module: core, model, testbed, telemetry and serving all read it, so it sits beside
+them rather than in one of them, and imports none of them. May import: the standard library, mixdiag.errors.
 """
 from __future__ import annotations
 

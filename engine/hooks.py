@@ -3,12 +3,18 @@
 The engine opens ``schedule``, ``prepare_inputs``, ``forward``, ``sample`` and ``step`` ranges and the
 model opens ``attn L<i>`` / ``moe L<i>`` per layer (names as docs/contracts.md §2). A tracer that
 records nothing must cost next to nothing: :class:`NullTracer` hands back one shared
-``nullcontext``.
+``nullcontext``. :func:`step_stats_message` builds the ``step_stats`` range text here, so the core
+reaches telemetry only through this seam.
+
+An engine-level module (beside :mod:`mixdiag.engine.config`): core and model both import it, it imports
+neither. May import: the standard library, mixdiag.wire.
 """
 from __future__ import annotations
 
 import contextlib
 from typing import Any, ContextManager, Protocol, runtime_checkable
+
+from mixdiag import wire
 
 _NULL = contextlib.nullcontext()
 
@@ -49,3 +55,12 @@ class RecordingTracer:
 
 
 NULL_TRACER = NullTracer()
+
+
+def step_stats_message(rec) -> str:
+    """The ``step_stats`` range message of contracts §2 for a finished :class:`StepRecord`.
+
+    ``expert_imbalance``/``per_rank_tokens`` only when the step measured them (EP active).
+    """
+    return wire.format_step_stats(rec.step, rec.preempted_reqs, rec.kv_transfer_bytes,
+                                  rec.expert_imbalance, rec.per_rank_tokens)

@@ -1,8 +1,9 @@
 """Live NVML access for one GPU: load NVML, pick the SM-activity metric, read it window by window.
 
-The only part of the GPU collectors the engine may use (its SM-activity observer opens a probe
-through :func:`open_sm_probe`); the CSV sampler and reader in :mod:`.nvml` build on the same helpers.
-Imports nothing beyond :mod:`mixdiag.errors`; ``pynvml`` (the ``gpu`` extra) only when a probe opens.
+Base layer, shared by two rooms that must not import each other: the engine's SM-activity observer
+opens a probe through :func:`open_sm_probe`, and the CSV sampler in :mod:`mixdiag.collectors.gpu.nvml`
+builds on the same helpers. Imports nothing beyond :mod:`mixdiag.errors`; ``pynvml`` (the ``gpu``
+extra) only when NVML is loaded.
 """
 from __future__ import annotations
 
