@@ -11,7 +11,7 @@ import pytest
 
 from mixdiag.collectors.traces.kineto import reader as kineto
 from mixdiag.collectors.traces.nsys import reader as nsys
-from mixdiag.diagnosis.pipeline import DiagnosisConfig
+from mixdiag.diagnosis import DiagnosisConfig
 from tests.helpers.foreign_trace import simulate
 
 CASES = [(e, nvtx, gt, seed) for e, seed in (("vllm", 7), ("sglang", 11), ("ep2", 13))
