@@ -72,3 +72,30 @@ def test_capture_rows_get_the_inferred_column_only_with_the_prefill_histogram(wi
     assert tl.meta["signals"]["v"]["prefill_work_tokens"] == "inferred"
     assert tl.meta["metric_sources"]["v"]["prefill_work_tokens"].startswith("vllm:request_prefill_time_seconds")
     assert not any(math.isnan(v) for v in st["prefill_work_tokens"])
+
+
+def _epoch_capture(start_s: float, n: int = 600, seed: int = 3) -> list[tuple[float, str]]:
+    """``n`` s of 1 s scrapes with bursts of prompts finishing (seeded); stamps start at ``start_s``."""
+    rng = np.random.default_rng(seed)
+    prompt, pre_n, pre_sum, out = 0, 0, 0.0, []
+    for i in range(n + 1):
+        out.append((start_s + i + float(rng.uniform(0, 0.05)), _scrape(prompt, pre_n, round(pre_sum, 6))))
+        if rng.random() < 0.4:  # requests reaching their first token in the next interval
+            k = int(rng.integers(1, 8))
+            prompt += k * int(rng.choice([512, 2048, 8000, 30000]))
+            pre_n += k
+            pre_sum += k * float(rng.uniform(0.01, 3.0))
+    return out
+
+
+def test_epoch_stamps_give_no_negative_work_and_the_same_spread():
+    # Regression (issue 22): 10 min of 1 s vLLM scrapes stamped in Unix time failed with
+    # "column 'prefill_work_tokens' has negative values (min -4.0)": the prefix sums multiplied
+    # epoch seconds (~1.76e9) by token rates and cancelled. The same capture stamped from 0 is the
+    # reference: only the stamps' own float64 resolution (~2e-7 s at 1.76e9) may differ.
+    epoch = scrape_reader.read_scrapes(_epoch_capture(1.76e9), instance="v").steps.sort_values("step")
+    zero = scrape_reader.read_scrapes(_epoch_capture(0.0), instance="v").steps.sort_values("step")
+    w_epoch, w_zero = epoch["prefill_work_tokens"].to_numpy(), zero["prefill_work_tokens"].to_numpy()
+    assert len(w_epoch) == 600 and (w_epoch >= 0).all() and (w_zero >= 0).all()
+    assert w_epoch == pytest.approx(w_zero, abs=0.5)
+    assert w_epoch.sum() == pytest.approx(w_zero.sum(), rel=1e-9, abs=1.0)
