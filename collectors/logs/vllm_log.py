@@ -232,9 +232,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             events.append((r["key"], r["t"], "preempted_reqs", r["fields"]["preemptions"], "sum"))
     for r in out.steps:
         r["step_source"] = "log"
-    for e in events:
-        if e[1] is None:
-            events[events.index(e)] = (e[0], first_t or 0.0) + e[2:]
+    events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
     # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
     events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
     orphans = attach_events(out.steps, events)
