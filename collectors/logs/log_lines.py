@@ -46,15 +46,22 @@ def strip_container_prefix(line: str) -> tuple[str, float | None]:
     return line, t
 
 
-@functools.lru_cache(maxsize=4096)  # log lines share their second
 def naive_to_unix(year: int, month: int, day: int, hms: str, frac: str | None = None) -> float | None:
     """A log's naive wall time read as UTC (servers rarely print a zone); None if impossible."""
+    base = _second_to_unix(year, month, day, hms)
+    if base is None:
+        return None
+    return base + (float("0." + frac) if frac else 0.0)
+
+
+@functools.lru_cache(maxsize=4096)  # log lines share their second; sub-seconds stay out of the key
+def _second_to_unix(year: int, month: int, day: int, hms: str) -> float | None:
     try:
         h, m, s = (int(x) for x in hms.split(":"))
         dt = datetime(year, month, day, h, m, s, tzinfo=timezone.utc)
     except ValueError:
         return None
-    return dt.timestamp() + (float("0." + frac) if frac else 0.0)
+    return dt.timestamp()
 
 
 def parse_number(text: str) -> float | None:
@@ -111,10 +118,11 @@ class LogRows:
             if inst in last_t and t0 < last_t[inst]:
                 # a line logged with an earlier time than the previous one (clock step, reordering)
                 shift = last_t[inst] - t0
-                r = dict(r, t_start_s=t0 + shift, t_end_s=r["t_end_s"] + shift)
+                r["t_start_s"], r["t_end_s"] = t0 + shift, r["t_end_s"] + shift
                 clamped += 1
             last_t[inst] = r["t_start_s"]
-            r = dict(r, step=counter.get(inst, 0))
+            # in place: the rows are this reader's own, and a million copies would double the memory
+            r["step"] = counter.get(inst, 0)
             counter[inst] = r["step"] + 1
             rows.append(r)
         if clamped:
