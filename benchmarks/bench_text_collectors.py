@@ -3,9 +3,14 @@
 Builds large inputs by repeating real fixture lines (tests/fixtures/logs) and times each reader
 (``read`` into a validated Timeline) next to a bare scan: split the text into lines and run one
 regex search per line. The ratio reader/bare says what the honest, by-key parsing costs over
-merely touching every line. No targets are set by the issue; this records where we stand.
+merely touching every line.
 
-    python benchmarks/bench_text_collectors.py [--lines N] [--json]
+Then the speed cliff of issue 22: a generated 10-minute vLLM log with iteration details (1 M
+lines by default, with a stats line every 10 s and EPLB / KV-transfer lines every second) goes
+through ``mixdiag analyze`` in a child process; its wall time and peak RSS are printed beside the
+targets (<= 10 s, <= 1 GB).
+
+    python benchmarks/bench_text_collectors.py [--lines N] [--cliff-lines N] [--json]
 """
 from __future__ import annotations
 
@@ -13,6 +18,10 @@ import argparse
 import io
 import json
 import re
+import resource
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,6 +30,9 @@ from mixdiag.collectors.logs import sglang_log
 from mixdiag.collectors.logs import vllm_log
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "logs"
+#: issue 22's targets for the iteration-details log: read and diagnosed
+CLIFF_TARGET_S, CLIFF_TARGET_RSS_MB = 10.0, 1024.0
+CLIFF_MINUTES = 10
 
 
 def _body(name: str) -> list[str]:
@@ -50,6 +62,55 @@ def vllm_text(n: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def iteration_log(path: Path, n: int) -> None:
+    """A 10-minute DP-engine log: ``n`` Iteration lines, a stats line every 10 s, EPLB and NIXL
+    KV-transfer lines every second; every 50th step mixes a prefill chunk, a few steps stall."""
+    prefix = "(EngineCore_DP0 pid=2010410) INFO 12-22 {hms}.{ms:03d} [core.py:349] "
+    per_s = n / (CLIFF_MINUTES * 60)
+    with open(path, "w") as f:
+        last_s = -1
+        for i in range(n):
+            t = i / per_s
+            s = int(t)
+            hms = f"21:{44 + s // 60:02d}:{s % 60:02d}" if s < 16 * 60 else f"22:{(s // 60) - 16:02d}:{s % 60:02d}"
+            head = prefix.format(hms=hms, ms=int((t - s) * 1000))
+            ctx = 2048 if i % 50 == 0 else 0
+            ms = 40.0 if ctx else (95.0 if i % 997 == 0 else 11.0)
+            f.write(f"{head}Iteration({i}): {1 if ctx else 0} context requests, {ctx} context tokens, "
+                    f"32 generation requests, 32 generation tokens, iteration elapsed time: {ms:.2f} ms\n")
+            if s != last_s:
+                last_s = s
+                f.write(f"{head}EPLB step: avg_tokens=1024.00, max_tokens={1900 if s % 37 == 0 else 1200}, "
+                        "balancedness=0.8000\n")
+                f.write(f"{head}KV Transfer metrics: Num successful transfers=4, Avg xfer time (ms)=3.5, "
+                        "Avg MB per transfer=12.0\n")
+                if s % 10 == 9:
+                    f.write(f"{head}Engine 000: Avg prompt throughput: 2048.0 tokens/s, Avg generation throughput: "
+                            f"2900.0 tokens/s, Running: 32 reqs, Waiting: 0 reqs, "
+                            f"{'Preemptions: 2, ' if s % 60 == 59 else ''}GPU KV cache usage: 41.0%, "
+                            "Prefix cache hit rate: 0.0%\n")
+
+
+def cliff(n: int) -> dict:
+    """``mixdiag analyze --json`` of the iteration log in a child: wall seconds and peak RSS."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "engine_dp0.log"
+        iteration_log(path, n)
+        lines = sum(1 for _ in open(path, "rb"))
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-m", "mixdiag", "analyze", "--json", "--jobs", "1", str(path)],
+                           capture_output=True, text=True)
+        wall = time.perf_counter() - t
+    if r.returncode != 0:
+        raise SystemExit(f"analyze failed ({r.returncode}): {r.stderr.strip().splitlines()[-1:]}")
+    rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # kB on Linux
+    doc = json.loads(r.stdout)
+    return {"lines": lines, "analyze_s": round(wall, 2), "peak_rss_mb": round(rss_mb),
+            "steps": doc["steps"]["total"], "spikes": len(doc["spikes"]),
+            "target_s": CLIFF_TARGET_S, "target_rss_mb": CLIFF_TARGET_RSS_MB,
+            "met": wall <= CLIFF_TARGET_S and rss_mb <= CLIFF_TARGET_RSS_MB}
+
+
 def prom_texts(n_lines: int) -> list[tuple[float, str]]:
     one = (FIX / "sglang_metrics_docs.txt").read_text()
     per = one.count("\n")
@@ -73,6 +134,8 @@ def timed(fn) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lines", type=int, default=100_000, help="lines per input (default 100000)")
+    ap.add_argument("--cliff-lines", type=int, default=1_000_000,
+                    help="Iteration lines of the 10-minute log analysed end to end (default 1000000; 0: skip)")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     args = ap.parse_args()
     n = args.lines
@@ -93,6 +156,11 @@ def main() -> None:
                          "bare_scan_s": round(t_bare, 4), "ratio_to_bare": round(t_read / t_bare, 1)}
         print(f"{name:18s} {lines:>8d} lines  read {t_read:7.2f} s  {lines / t_read:>9,.0f} lines/s  "
               f"bare scan {t_bare:6.3f} s  ratio {t_read / t_bare:5.1f}")
+    if args.cliff_lines:
+        c = results["vllm iteration log analyze"] = cliff(args.cliff_lines)
+        print(f"vllm iteration log {c['lines']:>8d} lines  analyze {c['analyze_s']:6.2f} s (target <= "
+              f"{CLIFF_TARGET_S:g} s)  peak RSS {c['peak_rss_mb']} MB (target <= {CLIFF_TARGET_RSS_MB:g} MB)  "
+              f"{c['steps']} steps, {c['spikes']} spikes  {'met' if c['met'] else 'NOT met'}")
     if args.json:
         print(json.dumps(results))
 

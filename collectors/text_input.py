@@ -8,6 +8,11 @@ Every text collector reads through :func:`read_lines` and accounts for every lin
              binary garbage); a few are kept as examples;
 * ignored  - a line of another kind (a comment, a uvicorn access line, a blank line).
 
+Bytes that are not UTF-8 (a latin-1 model name, a stray byte from a terminal) are replaced and
+counted (``bytes_replaced``); on a line that is otherwise text each becomes a space, so the
+line's readable fields still parse - one foreign byte must never cost a whole stats line. A line
+made mostly of undecodable bytes is binary garbage and is skipped as such.
+
 ``to_meta()`` gives the ``meta["sources"]`` entry of docs/contracts.md §4.
 """
 from __future__ import annotations
@@ -24,6 +29,11 @@ from mixdiag.errors import UserError
 
 MAX_EXAMPLES = 5
 _EXAMPLE_CHARS = 200
+#: Distinct skip reasons counted per source; more (reasons naming a value) go under "other".
+MAX_REASONS = 20
+#: A line whose share of undecodable characters is at least this is binary, not text.
+GARBAGE_SHARE = 0.25
+_REPLACEMENT = "\ufffd"
 
 
 @dataclass
@@ -39,6 +49,11 @@ class LineStats:
     skipped_examples: list[str] = field(default_factory=list)
     partial: bool = False
     notes: list[str] = field(default_factory=list)
+    #: reason -> count of skipped lines (the first MAX_REASONS reasons; the rest under "other")
+    skipped_reasons: dict[str, int] = field(default_factory=dict)
+    #: why the source is partial beyond its skipped lines (a cut exposition, a file not read)
+    partial_reasons: list[str] = field(default_factory=list)
+    bytes_replaced: int = 0
 
     def parsed(self) -> None:
         self.lines_parsed += 1
@@ -49,9 +64,18 @@ class LineStats:
     def skipped(self, line: str, reason: str) -> None:
         """Count an unreadable line; keep the first few (shortened) with the reason."""
         self.lines_skipped += 1
+        key = reason if reason in self.skipped_reasons or len(self.skipped_reasons) < MAX_REASONS else "other"
+        self.skipped_reasons[key] = self.skipped_reasons.get(key, 0) + 1
         if len(self.skipped_examples) < MAX_EXAMPLES:
             text = line if len(line) <= _EXAMPLE_CHARS else line[:_EXAMPLE_CHARS] + "..."
             self.skipped_examples.append(f"{reason}: {text!r}")
+
+    def incomplete(self, reason: str) -> None:
+        """Mark the source partial for a reason no single line shows (e.g. an exposition cut mid-family)."""
+        self.partial = True
+        if reason not in self.partial_reasons:
+            self.partial_reasons.append(reason)
+        self.note(reason)
 
     def note(self, msg: str) -> None:
         if msg not in self.notes:
@@ -63,7 +87,9 @@ class LineStats:
         return {"format": self.format, "path": self.path, "lines_total": self.lines_total,
                 "lines_parsed": self.lines_parsed, "lines_skipped": self.lines_skipped,
                 "lines_ignored": self.lines_ignored, "skipped_examples": list(self.skipped_examples),
-                "partial": bool(self.partial or self.lines_skipped > 0), "notes": list(self.notes)}
+                "partial": bool(self.partial or self.lines_skipped > 0), "notes": list(self.notes),
+                "skipped_reasons": dict(self.skipped_reasons), "partial_reasons": list(self.partial_reasons),
+                "bytes_replaced": int(self.bytes_replaced)}
 
 
 def source_name(source) -> str:
@@ -78,6 +104,12 @@ def read_text(source) -> tuple[str, str]:
 
     A missing or unreadable path raises :class:`UserError` (one line), never a traceback.
     """
+    name, text, _ = _read_counted(source)
+    return name, text
+
+
+def _read_counted(source) -> tuple[str, str, int]:
+    """``(name, text, undecodable byte sequences replaced)``; paths are opened read-only."""
     name = source_name(source)
     if isinstance(source, (str, os.PathLike)):
         p = Path(source)
@@ -96,8 +128,29 @@ def read_text(source) -> tuple[str, str]:
     else:
         raise UserError(f"cannot read a {type(source).__name__}: expected a path or a file object")
     if isinstance(data, (bytes, bytearray)):
-        data = bytes(data).decode("utf-8", errors="replace")
-    return name, data
+        return (name,) + decode(bytes(data))
+    return name, data, 0
+
+
+def decode(data: bytes) -> tuple[str, int]:
+    """UTF-8 with every undecodable sequence replaced by U+FFFD; ``(text, replacements)``."""
+    text = data.decode("utf-8", errors="replace")
+    n = text.count(_REPLACEMENT)
+    if n:
+        n -= data.count(_REPLACEMENT.encode())  # a U+FFFD the file itself held is not a replacement
+    return text, n
+
+
+def clean_replaced(line: str) -> str:
+    """A line with a few undecodable characters, each as a space (its fields still parse); a line
+    mostly of them is left as is, for :func:`is_garbage` to reject."""
+    n = line.count(_REPLACEMENT)
+    if not n:
+        return line
+    visible = sum(1 for c in line if not c.isspace())
+    if n >= GARBAGE_SHARE * max(visible, 1):
+        return line
+    return line.replace(_REPLACEMENT, " ")
 
 
 def split_lines(text: str) -> tuple[list[str], bool]:
@@ -127,9 +180,14 @@ def is_garbage(line: str) -> bool:
 
 def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
     """Read ``source`` into lines with a fresh :class:`LineStats` (``lines_total`` set)."""
-    name, text = read_text(source)
+    name, text, replaced = _read_counted(source)
     lines, ends = split_lines(text)
     stats = LineStats(format=fmt, path=name, lines_total=len(lines))
+    if replaced:
+        lines = [clean_replaced(ln) if _REPLACEMENT in ln else ln for ln in lines]
+        stats.bytes_replaced = replaced
+        stats.note(f"{replaced} undecodable byte sequence(s) (not UTF-8) replaced; lines otherwise text "
+                   "were still read")
     if not lines:
         stats.partial = True
         stats.note("empty input")

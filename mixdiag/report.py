@@ -62,8 +62,84 @@ def budget_lines(d) -> list[str]:
     return out
 
 
-def render(d, top: int = 10) -> str:
-    """The human report of ``analyze``."""
+#: ignored input files named one per warning line; the rest are counted in one more line
+MAX_IGNORED_LINES = 10
+#: a warning line quotes this much of the first unreadable line
+EXAMPLE_CHARS = 120
+
+
+def _reasons(src: dict) -> dict[str, int]:
+    """Skip reasons with counts; older entries (no ``skipped_reasons``) give one lump."""
+    reasons = dict(src.get("skipped_reasons") or {})
+    n = int(src.get("lines_skipped") or 0)
+    if n and not reasons:
+        reasons = {"unreadable": n}
+    return reasons
+
+
+def skipped_by_source(meta: dict) -> list[dict]:
+    """Per input source what could not be read (the ``sources`` list of ``analyze --json``)."""
+    out = []
+    for s in meta.get("sources", []):
+        n = int(s.get("lines_skipped") or 0)
+        out.append({"path": s.get("path"), "format": s.get("format"), "lines_total": s.get("lines_total"),
+                    "lines_parsed": s.get("lines_parsed"), "partial": bool(s.get("partial") or n),
+                    "skipped": {"count": n, "reasons": _reasons(s)},
+                    "partial_reasons": list(s.get("partial_reasons") or []),
+                    "bytes_replaced": int(s.get("bytes_replaced") or 0)})
+    return out
+
+
+def source_warnings(meta: dict) -> list[str]:
+    """One ``warning: PATH: ...`` line per input source that was not read whole, and per input file
+    that was not read at all (no known format)."""
+    out = []
+    for s in skipped_by_source(meta):
+        parts = []
+        n = s["skipped"]["count"]
+        if n:
+            raw = next(iter(meta_examples(meta, s["path"])), None)
+            if raw and len(raw) > EXAMPLE_CHARS:
+                raw = raw[:EXAMPLE_CHARS] + "..."
+            parts.append(f"{n} of {s['lines_total']} lines unreadable" + (f" (first: {raw})" if raw else ""))
+        parts += s["partial_reasons"]
+        if s["bytes_replaced"]:
+            parts.append(f"{s['bytes_replaced']} undecodable byte sequence(s) replaced")
+        if s["partial"] and not parts:
+            parts.append("read only in part")
+        if parts:
+            out.append(f"warning: {s['path']}: " + "; ".join(parts))
+    ignored = list(meta.get("inputs_ignored") or [])
+    for path in ignored[:MAX_IGNORED_LINES]:
+        out.append(f"warning: {path}: not read (no known format)")
+    if len(ignored) > MAX_IGNORED_LINES:
+        out.append(f"warning: {len(ignored) - MAX_IGNORED_LINES} more file(s) not read (no known format)")
+    return out
+
+
+def meta_examples(meta: dict, path) -> list[str]:
+    """The kept examples of skipped lines of source ``path``."""
+    for s in meta.get("sources", []):
+        if s.get("path") == path:
+            return [str(e) for e in s.get("skipped_examples") or []]
+    return []
+
+
+def strict_failure(meta: dict) -> str | None:
+    """The one-line ``--strict`` error when any input was skipped or read in part, else None."""
+    bad = [s for s in skipped_by_source(meta) if s["partial"]]
+    ignored = list(meta.get("inputs_ignored") or [])
+    if not bad and not ignored:
+        return None
+    first = (f"{bad[0]['path']}: {bad[0]['skipped']['count']} of {bad[0]['lines_total']} lines unreadable"
+             if bad else f"{ignored[0]}: not read")
+    return (f"--strict: {len(bad)} input source(s) read in part and {len(ignored)} not read "
+            f"(first: {first}); drop --strict to analyse what was readable")
+
+
+def render(d, top: int = 10, warnings: list[str] | tuple = ()) -> str:
+    """The human report of ``analyze``; ``warnings`` (:func:`source_warnings`) end it in a section
+    of their own, so a report on partly read input says so where it is read."""
     out = [d.verdict, ""]
     itl = d.itl
     out.append(f"ITL ({itl.get('source')}): p50 {ms(itl.get('p50_s'))}, p99 {ms(itl.get('p99_s'))}, "
@@ -100,7 +176,16 @@ def render(d, top: int = 10) -> str:
         if est:
             note += f"; estimated/inferred: {', '.join(est)}"
         out.append(note)
+    out += warnings_section(warnings)
     return "\n".join(out)
+
+
+def warnings_section(warnings) -> list[str]:
+    """The report's input-warnings section (empty when every input was read whole)."""
+    if not warnings:
+        return []
+    return ["", "input not read whole (results use only what was readable):"] + \
+        ["  " + w.removeprefix("warning: ") for w in warnings]
 
 
 def spikes_table(d) -> pd.DataFrame:

@@ -48,12 +48,16 @@ _ARG = {"enable_mixed_chunk": re.compile(r"\benable_mixed_chunk=(True|False)"),
         "chunked_prefill_size": re.compile(r"\bchunked_prefill_size=(-?\d+|None)"),
         "decode_log_interval": re.compile(r"\bdecode_log_interval=(\d+)"),
         "cuda_graph_max_bs": re.compile(r"\bcuda_graph_max_bs=(\d+|None)")}
-_SNIFF = re.compile(rb"(?:Prefill|Decode) batch(?: ?\[\d+\])?[.,] #|Decode out of memory happened|server_args=ServerArgs\(")
+# A DP/EP rank's log may hold only EPLB balancedness or DEBUG lines: the rank-tagged prefix
+# (``[2026-01-02 03:04:05 DP1 TP0 EP1]``) is SGLang's own and says so too.
+_SNIFF = re.compile(rb"(?:Prefill|Decode) batch(?: ?\[\d+\])?[.,] #|Decode out of memory happened|server_args=ServerArgs\(|"
+                    rb"\[Expert Balancedness\]|^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?(?: (?:DP|TP|EP|PP)\d+)+\] ", re.M)
 _GRAPH_KEYS = ("cuda graph", "npu graph", "cpu graph")
 
 
 def sniff(head: bytes, name: str) -> bool:
-    """True when the head holds an SGLang scheduler line."""
+    """True when the head holds an SGLang scheduler, retraction or EP-balancedness line, or a line
+    with SGLang's rank-tagged prefix."""
     return _SNIFF.search(head) is not None  # the registry bounds how far it reads
 
 

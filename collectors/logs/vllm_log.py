@@ -47,15 +47,20 @@ _EPLB = re.compile(r"EPLB step: (.*)$")
 _CG_STATS = re.compile(r"\*\*CUDAGraph Stats:\*\*")
 _CG_SETTING = re.compile(r"^\s*-\s*(Mode|Capture sizes):\s*(.*)$")
 _CG_MODE = re.compile(r"^(?:CUDAGraphMode\.)?(NONE|PIECEWISE|FULL)$")
+_REMOTE_KVS = re.compile(r"(\S+) is still in WAITING_FOR_REMOTE_KVS state")
+# A DP engine's DEBUG log may hold only EPLB / KV-transfer lines, or only the process-tagged
+# prefix vLLM gives every line of an engine core or API server: any of these says vLLM.
 _SNIFF = re.compile(rb"Avg prompt throughput: |Iteration\(\d+\): |SchedulerIterationDetails\(|SpecDecoding metrics: |"
-                    rb"KV Transfer metrics: |\*\*CUDAGraph Stats:\*\*")
+                    rb"KV Transfer metrics: |\*\*CUDAGraph Stats:\*\*|EPLB step: |WAITING_FOR_REMOTE_KVS state|"
+                    rb"\((?:EngineCore|APIServer)[\w-]* pid=\d+\) +[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d")
 _VALUE_UNIT = re.compile(r"^([-+]?\d+(?:\.\d+)?)\s*(tokens/s|reqs|%|tokens)?$")
 _STAT_COLS = {"running": "running_reqs", "waiting": "waiting_reqs", "pending": "waiting_reqs",
               "preemptions": "preempted_reqs"}
 
 
 def sniff(head: bytes, name: str) -> bool:
-    """True when the head holds a vLLM stats, iteration, spec-decode, KV-transfer or graph-table line."""
+    """True when the head holds a vLLM stats, iteration, spec-decode, KV-transfer, EPLB, remote-KV wait
+    or graph-table line, or a line with vLLM's engine-core / API-server prefix."""
     return _SNIFF.search(head) is not None  # the registry bounds how far it reads
 
 
@@ -122,6 +127,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     table: dict | None = None            # the CUDA-graph table being read
     events: list[tuple] = []             # (key, t, column, value, how) folded into rows at the end
     cg_settings: dict[str, str] = {}
+    remote_waits: dict[tuple, set[str]] = {}  # (engine, t) -> requests still waiting for remote KV
     for raw in lines:
         if is_garbage(raw):
             st.skipped(raw, "not text")
@@ -198,6 +204,11 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
                 st.note(f"stats field(s) in an unknown shape left out, e.g. {bad[0][:80]!r}")
             stats_rows.append({"key": key, "t": t_row, "fields": fields})
             continue
+        rk = _REMOTE_KVS.search(body)
+        if rk:  # PD decode, DEBUG: a request waiting for its KV from the prefill instance
+            remote_waits.setdefault((key, t_row), set()).add(rk.group(1))
+            st.parsed()
+            continue
         for rx, name in ((_SPEC, "spec_decode"), (_KV, "kv_transfer"), (_EPLB, "eplb")):
             m = rx.search(body)
             if m:
@@ -205,6 +216,8 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
                 break
         else:
             st.ignored()
+    for (key, t), reqs in remote_waits.items():
+        out.add_series(key, "vllm_log:waiting_for_remote_kvs_reqs", t, float(len(reqs)))
     # Lines before the first timestamp (or in a log without any) take the first known time.
     known = [r["t"] for r in stats_rows] + [r["t_start_s"] for r in out.steps] + [x["t_s"] for x in out.series]
     first_t = next((t for t in known if t is not None), None)
@@ -219,13 +232,13 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             events.append((r["key"], r["t"], "preempted_reqs", r["fields"]["preemptions"], "sum"))
     for r in out.steps:
         r["step_source"] = "log"
-    for e in events:
-        if e[1] is None:
-            events[events.index(e)] = (e[0], first_t or 0.0) + e[2:]
+    events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
     # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
     events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
     orphans = attach_events(out.steps, events)
-    if orphans:
+    if orphans and not out.steps:
+        st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
+    elif orphans:
         st.note(f"{orphans} EPLB/KV-transfer/CUDA-graph/preemption value(s) logged before any row of "
                 "their engine: kept as series only")
     _qualities(out, events, iterating)

@@ -157,7 +157,36 @@ def parse_lines(lines: Sequence[str], ends_with_newline: bool, stats: LineStats)
             continue
         stats.parsed()
     _normalise_counter_names(scrape)
+    cut = incomplete_histograms(scrape)
+    if cut:
+        stats.incomplete(f"exposition cut? {len(cut)} histogram series without their +Inf bucket or _count, "
+                         f"e.g. {cut[0]}: its quantiles and counts are not used as whole")
     return scrape
+
+
+def incomplete_histograms(scrape: Scrape) -> list[str]:
+    """Histogram series (``family{labels}``) missing their ``+Inf`` bucket or their ``_count``.
+
+    Every histogram series ends with ``le="+Inf"`` and ``_count`` (client libraries always write
+    both), so a series without them is the sign of an exposition cut mid-family at a line end,
+    where no half line shows the cut.
+    """
+    out = []
+    for name, series in scrape.samples.items():
+        if not name.endswith("_bucket"):
+            continue
+        fam = name[: -len("_bucket")]
+        counts = scrape.samples.get(fam + "_count", {})
+        groups: dict[LabelKey, bool] = {}
+        for labels in series:
+            rest = tuple((k, v) for k, v in labels if k != "le")
+            has_inf = any(k == "le" and v.strip().lower() in ("+inf", "inf") for k, v in labels)
+            groups[rest] = groups.get(rest, False) or has_inf
+        for rest, has_inf in groups.items():
+            if not has_inf or rest not in counts:
+                lab = ",".join(f'{k}="{v}"' for k, v in rest)
+                out.append(f"{fam}{{{lab}}}" if lab else fam)
+    return out
 
 
 def _normalise_counter_names(scrape: Scrape) -> None:

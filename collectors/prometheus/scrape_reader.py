@@ -108,19 +108,32 @@ def _read_dir(d: Path, base: str) -> Timeline:
         if by_mtime:
             timed[0].stats.note(f"{by_mtime} scrape file name(s) carry no time: timed by file modification "
                                 "time (unix clock; as exact as the copy that kept it)")
+        unplaced = [n for n in rest if (d / n).is_file() and n.lower().endswith(SCRAPE_EXTENSIONS)]
+        rest = [n for n in rest if n not in unplaced]
         if rest:
             timed[0].stats.note(f"{len(rest)} other file(s) in the directory not read, e.g. {rest[0]}")
         timed.sort(key=lambda s: s.t_s)
         origin = creation_scrape(timed)
         if origin is not None:
             timed.insert(0, origin)
-        parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT))
+        parts.insert(0, build_timeline(timed, base, clock="unix", fmt=FORMAT,
+                                       sources=[_unplaced_entry(d / n) for n in unplaced]))
     if len(parts) == 1:
         return parts[0]
     tl = Timeline.concat(parts)
     tl.meta["metric_sources"] = {k: v for p in parts for k, v in p.meta.get("metric_sources", {}).items()}
     tl.meta["notes"] = [n for p in parts for n in p.meta.get("notes", [])]
     return tl
+
+
+def _unplaced_entry(path: Path) -> dict:
+    """The sources entry of a scrape-named file that could not be placed in time: every line skipped."""
+    lines, _, stats = read_lines(path, FORMAT)
+    for line in lines:
+        stats.skipped(line, "scrape file whose name carries no time: not placed among the scrapes")
+    if not lines:
+        stats.incomplete("empty scrape file whose name carries no time")
+    return stats.to_meta()
 
 
 def read(source, *, instance: str | None = None, t_s: float | None = None, **options) -> Timeline:

@@ -18,6 +18,9 @@ def register(sub, common):
     p.add_argument("--format", default="auto", help="input format for every INPUT (default: auto-detect)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="spikes listed in the human report (default 10)")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (never overwrites)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 when any input line or file could not be read (default: warn on stderr and "
+                        "analyse what was readable)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes diagnosing a fleet's instances (default: the CPUs other work leaves idle; 1: serial)")
     h = p.add_argument_group("predicted spike height (HTML report)")
@@ -67,6 +70,12 @@ def run(args, console):
     from mixdiag.commands.flags import source_options, step_options
     tl = load_inputs(args.inputs, args.format, **step_options(args), **source_options(args))
     console.note(f"loaded {tl!r}", level=1)
+    from mixdiag.report import skipped_by_source, source_warnings, strict_failure
+    if args.strict and (failure := strict_failure(tl.meta)):
+        raise UserError(failure)
+    warnings = source_warnings(tl.meta)
+    for w in warnings:  # stderr, so --json's stdout stays one document
+        console.note(w)
     from mixdiag.diagnosis.parallel import default_jobs
     d = diagnose(tl, jobs=args.jobs or default_jobs())
     if args.html:
@@ -77,11 +86,13 @@ def run(args, console):
         write_html(d, args.html, model=resolve(args.model, args.model_config), device=device(args.device),
                    context_len=args.context_len, title=f"mixdiag analyze {' '.join(args.inputs)}")
         console.note(f"wrote {args.html}")
-    human, doc = render(d, top=args.top), d.to_json()
+    human = render(d, top=args.top, warnings=warnings)
+    doc = {**d.to_json(), "sources": skipped_by_source(tl.meta), "inputs_ignored": list(tl.meta.get("inputs_ignored", []))}
     if tl.meta.get("since_start"):  # one dump: the run's totals since process start, not spikes
+        from mixdiag.report import warnings_section
         from mixdiag.report_since_start import summary_lines, summary_rows
-        human = "\n".join(summary_lines(tl)) + "\n(one scrape has no time axis: sample the URL with " \
-            "--duration S, or give a directory of timed scrapes, to locate spikes)"
+        human = "\n".join(summary_lines(tl) + warnings_section(warnings)) + "\n(one scrape has no time axis: " \
+            "sample the URL with --duration S, or give a directory of timed scrapes, to locate spikes)"
         doc = {**doc, "since_start": summary_rows(tl)}
     console.result(human, doc)
     return 0

@@ -27,6 +27,8 @@ def register(sub, common):
                    help="read every input as this format (default: detect)")
     p.add_argument("--out", metavar="DIR|FILE.csv",
                    help="write the Timeline to DIR (Parquet + meta.json) or the steps to FILE.csv; never overwrites")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 when any input line or file could not be read (default: warn and go on)")
     p.add_argument("--instance", help="name of the instance (single input only)")
     from mixdiag.commands.flags import add_source_flags, add_step_flags
     add_step_flags(p)
@@ -88,7 +90,8 @@ def summarize(tl: Timeline) -> dict:
         "partial": bool(tl.meta.get("partial")) or any(s.get("partial") for s in sources),
         "inputs_ignored": tl.meta.get("inputs_ignored", []),
         "sources": [{k: s.get(k) for k in ("format", "path", "lines_total", "lines_parsed", "lines_skipped",
-                                           "skipped_examples", "partial", "notes", "step_source")
+                                           "skipped_examples", "skipped_reasons", "partial", "partial_reasons",
+                                           "bytes_replaced", "notes", "step_source")
                      if k in s} for s in sources],
     }
 
@@ -138,6 +141,11 @@ def run(args, console):
     options.update(step_options(args))
     console.note(f"reading {len(args.inputs)} input(s)", level=1)
     tl = load(args.inputs, format=args.format, **options)
+    from mixdiag.report import source_warnings, strict_failure
+    if args.strict and (failure := strict_failure(tl.meta)):
+        raise UserError(failure)
+    for w in source_warnings(tl.meta):
+        console.note(w)
     summary = summarize(tl)
     if out is not None:
         if out.suffix.lower() == ".csv":

@@ -30,6 +30,13 @@ def pid_of(global_id: int) -> int:
     return (int(global_id) >> 24) & 0xFFFFFF
 
 
+def read_only_uri(path: Path) -> str:
+    """The SQLite URI that can never write the export: ``mode=ro`` refuses writes, and
+    ``immutable=1`` also takes no lock and creates no ``-journal``/``-wal``/``-shm`` beside it (a
+    finished export does not change while it is read)."""
+    return f"file:{quote(str(path.resolve()))}?mode=ro&immutable=1"
+
+
 class NsysDb:
     """A read-only connection to one export plus what it holds (tables, columns, clock)."""
 
@@ -37,7 +44,7 @@ class NsysDb:
         self.path = Path(path)
         _check_file(self.path)
         try:
-            self.conn = sqlite3.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro", uri=True)
+            self.conn = sqlite3.connect(read_only_uri(self.path), uri=True)
             rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # corrupt names decode as garbage
             # sqlite quotes the broken schema text, newlines included: keep the error one line
@@ -55,7 +62,7 @@ class NsysDb:
                 self._arrow = False
             else:
                 try:
-                    self._arrow = adbc.connect(f"file:{quote(str(self.path.resolve()))}?mode=ro")
+                    self._arrow = adbc.connect(read_only_uri(self.path))
                 except Exception:  # noqa: BLE001  no fast path; sqlite3 still reads the file
                     self._arrow = False
         return self._arrow or None
