@@ -1,5 +1,7 @@
 """``mixdiag tune`` end to end on a recorded run: frontier + one recommendation, --html, refusals; the Tune page."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -42,6 +44,19 @@ def test_tune_html_writes_the_plot_and_never_overwrites(run_dir, tmp_path, capsy
     assert "Set chunk_size=" in capsys.readouterr().out or "No recommendation" in text
     assert main(["tune", str(run_dir), "--knob", "chunk_size=64", "--html", str(out)]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_tune_runs_without_importing_torch(run_dir):
+    """The replay needs only the engine's schedulers and block pool (pure Python): a fresh interpreter
+    runs the whole command - load, fit, replay, frontier - and torch never loads (issue 22 item 8)."""
+    probe = ("import sys\nfrom mixdiag.cli import main\n"
+             f"rc = main(['tune', {str(run_dir)!r}, '--knob', 'chunk_size=64,128', '--json', '-q', '--jobs', '1'])\n"
+             "print('RESULT', rc, 'torch' in sys.modules, 'mixdiag.engine.core.kv_cache' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    # rc 0, no torch, and the block pool really was used (the path that used to pull torch ran)
+    assert last == "RESULT 0 False True", (last, out.stderr[-2000:])
 
 
 @pytest.mark.parametrize("args,msg", [
