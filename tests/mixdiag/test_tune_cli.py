@@ -99,3 +99,60 @@ def test_tune_page_is_linked_and_sweeps_the_loaded_run(run_dir):
     assert head.startswith(("Set chunk_size=", "No recommendation")) and fig.data[0].name == "settings"
     head, fig = page.on_sweep(app.mixdiag_store, {"id": ds.id}, "bogus=1", None, None)
     assert head.startswith("error: --knob") and fig == {}
+
+
+def test_tune_page_opens_on_a_default_sweep_then_on_the_last_one(run_dir):
+    """First open: a sweep of the default knob (no empty axis); after a Sweep, reopening shows that
+    sweep with its inputs, without sweeping again; another revision of the data is swept afresh."""
+    from mixdiag.dashboard.app import create_app
+    from mixdiag.dashboard.pages import frontier as page
+    from mixdiag.dashboard.settings import DashboardConfig
+
+    store = create_app(DashboardConfig.from_data_path(run_dir)).mixdiag_store
+    key = {"id": store.get(None).id, "rev": 0}
+    memory = page.SweepMemory()
+    head, fig, knob, ttft, itl = page.on_open(store, key, memory)
+    assert knob == page.DEFAULT_KNOB and (ttft, itl) == (None, None)
+    assert head.startswith(("Set chunk_size=", "No recommendation")) and fig.data[0].name == "settings"
+    # a point per default setting, plus the run's own chunk size (128) that the sweep always adds
+    assert len(fig.data[0].x) == len(page.DEFAULT_KNOB.split(",")) + 1
+    head2, fig2 = page.on_sweep(store, key, "chunk_size=64,128", 2.0, None, memory)
+    assert page.on_open(store, key, memory) == (head2, fig2, "chunk_size=64,128", 2.0, None)
+    assert memory.get({**key, "rev": 1}) is None
+    # a failed sweep says why and leaves the last good one in place
+    assert page.on_sweep(store, key, "bogus=1", None, None, memory)[0].startswith("error:")
+    assert page.on_open(store, key, memory)[2] == "chunk_size=64,128"
+
+
+def test_tune_page_mount_sweeps_and_the_button_sweeps_the_inputs(run_dir):
+    """Through Dash's own dispatch: the callback's initial call (the page's mount) fills the figure;
+    a click on Sweep runs the knob in the input and leaves the inputs alone."""
+    from mixdiag.dashboard.app import create_app
+    from mixdiag.dashboard.settings import DashboardConfig
+
+    app = create_app(DashboardConfig.from_data_path(run_dir))
+    c = app.server.test_client()
+    c.get("/")
+    key = {"id": app.mixdiag_store.get(None).id, "rev": 0}
+    outs = [("tune-headline", "children"), ("tune-frontier-graph", "figure"), ("tune-knob", "value"),
+            ("tune-slo-ttft", "value"), ("tune-slo-itl", "value")]
+
+    def call(changed, knob):
+        body = {"output": ".." + "...".join(f"{i}.{p}" for i, p in outs) + "..",
+                "outputs": [{"id": i, "property": p} for i, p in outs],
+                "inputs": [{"id": "tune-run-btn", "property": "n_clicks", "value": 1 if changed else 0},
+                           {"id": "app-dataset-key", "property": "data", "value": key}],
+                "state": [{"id": "tune-knob", "property": "value", "value": knob},
+                          {"id": "tune-slo-ttft", "property": "value", "value": None},
+                          {"id": "tune-slo-itl", "property": "value", "value": None}],
+                "changedPropIds": ["tune-run-btn.n_clicks"] if changed else []}
+        r = c.post("/_dash-update-component", json=body)
+        assert r.status_code == 200, r.get_data(as_text=True)[:300]
+        return r.get_json()["response"]
+
+    mount = call(False, "chunk_size=64")  # the page's initial call: the default sweep, whatever the input says
+    assert mount["tune-knob"]["value"] == "chunk_size=256,512,1024,2048"
+    assert len(mount["tune-frontier-graph"]["figure"]["data"][0]["x"]) == 5  # 4 + the current 128
+    click = call(True, "chunk_size=64,128")
+    assert "tune-knob" not in click  # the inputs stay as the user typed them
+    assert len(click["tune-frontier-graph"]["figure"]["data"][0]["x"]) == 2
