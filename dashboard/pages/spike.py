@@ -1,7 +1,8 @@
 """Spike page: one spike's cause, measured and predicted height, evidence and neighbouring steps.
 
 Owns its page data (:func:`spike_detail`, the ledger's predicted height), its layout and its
-callbacks. A spike clicked on the Timeline page arrives through the frame's ``app-spike-choice``.
+callbacks. A spike clicked on the Timeline page arrives through the frame's ``app-spike-choice``;
+with none clicked the page opens on the largest spike (:func:`largest_spike`), not on an empty page.
 """
 from __future__ import annotations
 
@@ -143,23 +144,44 @@ def layout(**_query) -> html.Div:
     ], style=PAGE)
 
 
+def _by_size(sp: pd.DataFrame) -> pd.DataFrame:
+    """Spikes largest first: by ITL excess over their baseline, so an instance whose every step is
+    slow does not outrank a real spike elsewhere; ITL itself where no baseline is known; then by ITL."""
+    itl = pd.to_numeric(sp["itl_s"], errors="coerce")
+    base = pd.to_numeric(sp["baseline_s"], errors="coerce")
+    excess = (itl - base).where(np.isfinite(base), itl)
+    order = np.lexsort((-itl.fillna(-np.inf).to_numpy(), -excess.fillna(-np.inf).to_numpy()))
+    return sp.iloc[order]
+
+
 def spike_options(ds) -> list[dict]:
-    """The dropdown's spikes of ``ds``, largest ITL first."""
+    """The dropdown's spikes of ``ds``, largest first (ITL excess over baseline)."""
     sp = ds.diagnosis.spikes
     if sp is None or not len(sp):
         return []
-    top = sp.sort_values("itl_s", ascending=False).head(SPIKE_CHOICES)
+    top = _by_size(sp).head(SPIKE_CHOICES)
     return [{"label": f"{r.instance} step {int(r.step)}: {r.cause}, ITL {duration(float(r.itl_s))}",
              "value": f"{r.instance}|{int(r.step)}"} for r in top.itertuples(index=False)]
 
 
+def largest_spike(diagnosis) -> str | None:
+    """'instance|step' of the largest spike (the first dropdown option), or None without spikes."""
+    sp = diagnosis.spikes
+    if sp is None or not len(sp):
+        return None
+    r = _by_size(sp).iloc[0]
+    return f"{r['instance']}|{int(r['step'])}"
+
+
 def on_choices(store: DataStore, key: dict | None, clicked: dict | None):
-    """Dropdown options and value: the spike clicked on the Timeline when it belongs to this dataset."""
+    """Dropdown options and value: the spike clicked on the Timeline when it belongs to this dataset,
+    else the largest spike (a page that opens empty tells the user nothing)."""
     ds = store.get(key["id"]) if key else None
     if ds is None:
         return [], None
-    value = clicked["spike"] if isinstance(clicked, dict) and clicked.get("key") == key else None
-    return spike_options(ds), value
+    if isinstance(clicked, dict) and clicked.get("key") == key:
+        return spike_options(ds), clicked["spike"]
+    return spike_options(ds), largest_spike(ds.diagnosis)
 
 
 def on_spike(store: DataStore, key: dict | None, choice: str | None, ledger: LedgerChoice | None = LedgerChoice()):

@@ -5,14 +5,20 @@ table lists its blocks in position order; position ``p`` lives at slot
 ``table[p // block_size] * block_size + p % block_size``. Reference counts let several requests
 share a block (a prefix cache plugs in here); a block returns to the free list when its count
 drops to zero.
+
+The block pool and the block tables are pure Python: ``mixdiag tune`` replays schedulers on them
+without the engine, so torch is imported only where the tensor pool is made
+(:func:`allocate_kv_cache`), not when this module loads (tests/mixdiag/test_tune_cli.py).
 """
 from __future__ import annotations
 
 from collections import deque
-
-import torch
+from typing import TYPE_CHECKING
 
 from mixdiag.engine.config import CacheConfig, ModelConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 class OutOfBlocks(RuntimeError):
@@ -117,5 +123,7 @@ class KVCacheManager:
 
 def allocate_kv_cache(model: ModelConfig, cache: CacheConfig, device: str | torch.device = "cpu") -> torch.Tensor:
     """The KV pool tensor [num_layers, 2 (K,V), num_blocks, block_size, num_kv_heads, head_dim], zeroed."""
+    import torch  # here, not at module level: the block pool above must load without torch
+
     return torch.zeros(model.num_layers, 2, cache.num_blocks, cache.block_size, model.num_kv_heads, model.head_dim,
                        dtype=getattr(torch, model.dtype), device=device)

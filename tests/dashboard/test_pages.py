@@ -97,7 +97,8 @@ def test_timeline_zooms_only_when_a_zoom_alone_fired(store, key, triggers, relay
 def test_click_on_a_spike_opens_the_spike_page_on_it(store, key):
     ds = store.get(key["id"])
     options, value = spike.on_choices(store, key, None)
-    assert len(options) == len(ds.diagnosis.spikes) and value is None
+    # nothing clicked yet: the page opens on the largest spike, the dropdown's first option
+    assert len(options) == len(ds.diagnosis.spikes) and value == options[0]["value"] == spike.largest_spike(ds.diagnosis)
     sp = ds.diagnosis.spikes.iloc[2]
     want = {"key": key, "spike": f"engine0|{int(sp['step'])}"}
     click = {"points": [{"curveNumber": 2, "customdata": ["engine0", int(sp["step"])]}]}
@@ -109,7 +110,7 @@ def test_click_on_a_spike_opens_the_spike_page_on_it(store, key):
         (want, spike.PATH)
     # the Spike page opens on the clicked spike; once another dataset (or revision) shows, it does not
     assert spike.on_choices(store, key, want)[1] == want["spike"]
-    assert spike.on_choices(store, {**key, "rev": key["rev"] + 1}, want)[1] is None
+    assert spike.on_choices(store, {**key, "rev": key["rev"] + 1}, want)[1] == value
     summary, fig, evidence, neighbours = spike.on_spike(store, key, want["spike"])
     assert sp["cause"] in str(summary) and "predicted height" in str(summary)
     assert evidence.id == "spike-evidence-table" and neighbours.id == "spike-neighbours-table"
@@ -119,6 +120,33 @@ def test_click_on_a_spike_opens_the_spike_page_on_it(store, key):
 def test_spike_page_without_a_choice_explains_what_to_do(store, key):
     summary, *_ = spike.on_spike(store, key, None)
     assert "Click a spike marker" in str(summary)
+
+
+def test_the_spike_page_opens_on_the_largest_spike(store, key):
+    """Largest = most ITL above its own baseline (a slow instance's every step does not outrank a
+    real spike); ITL itself where the baseline is unknown."""
+    import math
+    import types
+
+    import pandas as pd
+
+    sp = pd.DataFrame({"instance": ["slow", "fast", "nobase"], "step": [3, 8, 5], "itl_s": [1.0, 0.5, 0.3],
+                       "baseline_s": [0.9, 0.1, math.nan]})
+    assert spike.largest_spike(types.SimpleNamespace(spikes=sp)) == "fast|8"
+    sp.loc[2, "itl_s"] = 0.45  # no baseline: its whole ITL counts, 0.45 > 0.4
+    assert spike.largest_spike(types.SimpleNamespace(spikes=sp)) == "nobase|5"
+    assert spike.largest_spike(types.SimpleNamespace(spikes=sp.iloc[:0])) is None
+    # on a loaded run the first render already shows a spike's cause, evidence and neighbours
+    ds = store.get(key["id"])
+    _, value = spike.on_choices(store, key, None)
+    summary, fig, evidence, neighbours = spike.on_spike(store, key, value)
+    inst, step = value.split("|")
+    top = ds.diagnosis.spikes
+    top = top[(top["instance"] == inst) & (top["step"] == int(step))].iloc[0]
+    assert top["cause"] in str(summary) and f"step {step}" in str(summary)
+    assert evidence.id == "spike-evidence-table" and neighbours.id == "spike-neighbours-table"
+    excess = ds.diagnosis.spikes["itl_s"] - ds.diagnosis.spikes["baseline_s"]
+    assert top["itl_s"] - top["baseline_s"] == excess.max()
 
 
 def test_live_toggle_validates_input():

@@ -1,11 +1,11 @@
 """The scenario suite: each fault scenario runs through ``mixdiag run`` and its truth.csv names the
 causes it injected; EP imbalance and PD bytes are checked against what the run really did.
 
-Fast tests truncate runs with ``--max-steps`` just past the first fault window; the full runs (each
-<= 90 s on 2 CPU cores) are marked slow.
+Fast tests truncate runs with ``--max-steps`` just past the first fault window; the full runs are
+marked slow. How long a run takes is the machine's business, not a test's (a loaded machine is slower):
+run times are measured in ``benchmarks/``, never asserted here.
 """
 import json
-import time
 
 import numpy as np
 import pandas as pd
@@ -39,9 +39,7 @@ def _run(name, out, max_steps=None):
     args = ["run", "--scenario", name, "--out", str(out), "-q", "--json"]
     if max_steps:
         args += ["--max-steps", str(max_steps)]
-    t0 = time.perf_counter()
     assert main(args) == 0
-    return time.perf_counter() - t0
 
 
 def _causes(out):
@@ -116,9 +114,8 @@ def test_core_scenario_truth(name, tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(set(EXPECTED) - set(CORE_STEPS)))
 def test_full_run_names_every_injected_cause(name, tmp_path, capsys):
-    took = _run(name, tmp_path)
+    _run(name, tmp_path)
     summary = json.loads(capsys.readouterr().out)
-    assert took <= 90 or pytest.fail(f"{name} took {took:.0f} s (> 90 s)")
     got = _causes(tmp_path)
     for inst, causes in EXPECTED[name].items():
         assert causes <= got.get(inst, set()), (inst, got)

@@ -1,5 +1,7 @@
 """``mixdiag tune`` end to end on a recorded run: frontier + one recommendation, --html, refusals; the Tune page."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -44,6 +46,19 @@ def test_tune_html_writes_the_plot_and_never_overwrites(run_dir, tmp_path, capsy
     assert "exists" in capsys.readouterr().err
 
 
+def test_tune_runs_without_importing_torch(run_dir):
+    """The replay needs only the engine's schedulers and block pool (pure Python): a fresh interpreter
+    runs the whole command - load, fit, replay, frontier - and torch never loads (issue 22 item 8)."""
+    probe = ("import sys\nfrom mixdiag.cli import main\n"
+             f"rc = main(['tune', {str(run_dir)!r}, '--knob', 'chunk_size=64,128', '--json', '-q', '--jobs', '1'])\n"
+             "print('RESULT', rc, 'torch' in sys.modules, 'mixdiag.engine.core.kv_cache' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    # rc 0, no torch, and the block pool really was used (the path that used to pull torch ran)
+    assert last == "RESULT 0 False True", (last, out.stderr[-2000:])
+
+
 @pytest.mark.parametrize("args,msg", [
     (["--knob", "nope=1"], "--knob"),
     ([], "at least one --knob"),
@@ -84,3 +99,60 @@ def test_tune_page_is_linked_and_sweeps_the_loaded_run(run_dir):
     assert head.startswith(("Set chunk_size=", "No recommendation")) and fig.data[0].name == "settings"
     head, fig = page.on_sweep(app.mixdiag_store, {"id": ds.id}, "bogus=1", None, None)
     assert head.startswith("error: --knob") and fig == {}
+
+
+def test_tune_page_opens_on_a_default_sweep_then_on_the_last_one(run_dir):
+    """First open: a sweep of the default knob (no empty axis); after a Sweep, reopening shows that
+    sweep with its inputs, without sweeping again; another revision of the data is swept afresh."""
+    from mixdiag.dashboard.app import create_app
+    from mixdiag.dashboard.pages import frontier as page
+    from mixdiag.dashboard.settings import DashboardConfig
+
+    store = create_app(DashboardConfig.from_data_path(run_dir)).mixdiag_store
+    key = {"id": store.get(None).id, "rev": 0}
+    memory = page.SweepMemory()
+    head, fig, knob, ttft, itl = page.on_open(store, key, memory)
+    assert knob == page.DEFAULT_KNOB and (ttft, itl) == (None, None)
+    assert head.startswith(("Set chunk_size=", "No recommendation")) and fig.data[0].name == "settings"
+    # a point per default setting, plus the run's own chunk size (128) that the sweep always adds
+    assert len(fig.data[0].x) == len(page.DEFAULT_KNOB.split(",")) + 1
+    head2, fig2 = page.on_sweep(store, key, "chunk_size=64,128", 2.0, None, memory)
+    assert page.on_open(store, key, memory) == (head2, fig2, "chunk_size=64,128", 2.0, None)
+    assert memory.get({**key, "rev": 1}) is None
+    # a failed sweep says why and leaves the last good one in place
+    assert page.on_sweep(store, key, "bogus=1", None, None, memory)[0].startswith("error:")
+    assert page.on_open(store, key, memory)[2] == "chunk_size=64,128"
+
+
+def test_tune_page_mount_sweeps_and_the_button_sweeps_the_inputs(run_dir):
+    """Through Dash's own dispatch: the callback's initial call (the page's mount) fills the figure;
+    a click on Sweep runs the knob in the input and leaves the inputs alone."""
+    from mixdiag.dashboard.app import create_app
+    from mixdiag.dashboard.settings import DashboardConfig
+
+    app = create_app(DashboardConfig.from_data_path(run_dir))
+    c = app.server.test_client()
+    c.get("/")
+    key = {"id": app.mixdiag_store.get(None).id, "rev": 0}
+    outs = [("tune-headline", "children"), ("tune-frontier-graph", "figure"), ("tune-knob", "value"),
+            ("tune-slo-ttft", "value"), ("tune-slo-itl", "value")]
+
+    def call(changed, knob):
+        body = {"output": ".." + "...".join(f"{i}.{p}" for i, p in outs) + "..",
+                "outputs": [{"id": i, "property": p} for i, p in outs],
+                "inputs": [{"id": "tune-run-btn", "property": "n_clicks", "value": 1 if changed else 0},
+                           {"id": "app-dataset-key", "property": "data", "value": key}],
+                "state": [{"id": "tune-knob", "property": "value", "value": knob},
+                          {"id": "tune-slo-ttft", "property": "value", "value": None},
+                          {"id": "tune-slo-itl", "property": "value", "value": None}],
+                "changedPropIds": ["tune-run-btn.n_clicks"] if changed else []}
+        r = c.post("/_dash-update-component", json=body)
+        assert r.status_code == 200, r.get_data(as_text=True)[:300]
+        return r.get_json()["response"]
+
+    mount = call(False, "chunk_size=64")  # the page's initial call: the default sweep, whatever the input says
+    assert mount["tune-knob"]["value"] == "chunk_size=256,512,1024,2048"
+    assert len(mount["tune-frontier-graph"]["figure"]["data"][0]["x"]) == 5  # 4 + the current 128
+    click = call(True, "chunk_size=64,128")
+    assert "tune-knob" not in click  # the inputs stay as the user typed them
+    assert len(click["tune-frontier-graph"]["figure"]["data"][0]["x"]) == 2
