@@ -15,6 +15,8 @@ Every format era in reference/formats.md §2.1 is read by key, never by position
   it those decodes were stalled by the prefill. The setting comes from the ``enable_mixed_chunk=``
   option or a ``server_args=ServerArgs(...)`` line in the log; when neither says, SGLang's default
   (off) is assumed and a note says so.
+* ``cuda graph: <b>`` gives ``graph_mode`` (Decode: FULL/NONE, Prefill: PIECEWISE/NONE) as
+  ``estimated``: it is the logged batch's eligibility, not an observed replay.
 * ``elapsed_s`` (extra column) on Decode rows: ``#running-req`` x accept len / ``gen throughput``,
   the mean decode step time since the previous Decode line (``estimated``): interleaved prefills
   stretch it, as they stretch TPOT.
@@ -243,7 +245,13 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
         if gen and gen > 0 and running == running and running > 0:
             row["elapsed_s"] = running * per_req / gen
             out.signal(inst, "elapsed_s", "estimated")
-    row["graph_replayed"] = float("nan") if graph is None else float(graph)
+    if graph is not None:
+        # ``cuda graph: <b>`` is SGLang's eligibility check (``can_run_graph``: forward mode and a
+        # captured batch size) for the one batch logged, decided from the batch shape like a
+        # planned mode; the line stands for the ~40 forwards since the previous one. So the mode
+        # is estimated and no replay is claimed (graph_replayed stays unknown).
+        row["q_graph_mode"] = "estimated"
+        out.signal(inst, "graph_mode", "estimated")
     labels = f"batch={kind_word.lower()}"
     for k, n in nums.items():
         if k not in _USED:

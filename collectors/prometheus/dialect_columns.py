@@ -12,9 +12,11 @@ column                        from (first present wins)                         
                               vLLM ``iteration_tokens_total`` increase: share of steps with  inferred
                               more tokens than ``running_reqs`` (bucket resolution; the
                               histogram misses output-less prefill chunks, so it undercounts)
-``graph_{full,piecewise,      mixdiag ``graph_dispatch_total{mode}``; SGLang                 measured
-none}_steps``                 ``cuda_graph_passes_total``: decode_cuda_graph -> full,
-                              prefill_cuda_graph -> piecewise, *_none -> none
+``graph_{full,piecewise,      mixdiag ``graph_dispatch_total{mode}`` (the dispatcher's plan  estimated
+none}_steps``                 from the batch shape, not a replay: only ``graph_replays_total``
+                              counts replays); SGLang ``cuda_graph_passes_total``:           measured
+                              decode_cuda_graph -> full, prefill_cuda_graph -> piecewise,
+                              *_none -> none
 ``ttft_p50_s``/``ttft_p99_s``  TTFT histogram increase (histogram_quantile)                   measured
 ``arrivals``                  TTFT ``_count`` increase: requests that got their first        inferred
                               token in the interval (prefill *finished*; arrival lags by TTFT)
@@ -128,7 +130,8 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
         for mode, col in MIXDIAG_GRAPH.items():
             out[col] = dispatch.get(mode, 0.0)
         used.update(dict.fromkeys(MIXDIAG_GRAPH.values(), wire.GRAPH_DISPATCH_TOTAL))
-        out["q_graph_mode"] = "measured"
+        # planned modes: never evidence a graph ran or was left (estimated signals never corroborate)
+        out["q_graph_mode"] = "estimated"
     if passes:
         for col in set(SGLANG_PASS_GRAPH.values()):
             out[col] = sum(v for m, v in passes.items() if SGLANG_PASS_GRAPH.get(m) == col)
@@ -231,8 +234,14 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
             (isinstance(row.get(k), float) and math.isnan(row[k]))}
 
 
+#: Sources that count a plan, not what ran: their columns are ``estimated``.
+PLANNED = (wire.GRAPH_DISPATCH_TOTAL,)
+
+
 def quality(source: str) -> str:
-    """``measured`` or ``inferred`` for a ``meta["metric_sources"]`` entry."""
+    """``measured``, ``inferred`` or ``estimated`` (a planned count) for a ``meta["metric_sources"]`` entry."""
+    if source in PLANNED:
+        return "estimated"
     return "inferred" if source.endswith(INFERRED) else "measured"
 
 

@@ -190,6 +190,7 @@ class Engine:
                     if self.graph_runner is not None:
                         logits, run = self.graph_runner.execute(batch, plan.mode, plan.bucket)
                         rec.graph_replayed = run.replayed
+                        rec.graph_mode_ran = run.mode
                     else:
                         logits = self.model(batch, self.kv_cache)
                     if self.device.type == "cuda":

@@ -44,6 +44,7 @@ class StepRecord:
     graph_mode: str = "NONE"        # planned: FULL | PIECEWISE | NONE
     graph_bucket: int | None = None  # padded token count of the planned graph (None for NONE)
     graph_replayed: bool = False    # True only when a real CUDA graph was replayed
+    graph_mode_ran: str | None = None  # the mode a CUDA-graph runner really executed; None = no runner (CPU)
     sm_active: float = NAN
     sm_active_source: str = "absent"  # measured | estimated | absent (set by whoever fills sm_active)
     expert_imbalance: float = NAN
@@ -93,6 +94,13 @@ def steps_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd.
         for f in _STEP_FIELDS + _EXTRA_FIELDS:
             row[f] = getattr(r, f)
         row["graph_replayed"] = 1.0 if r.graph_replayed else 0.0
+        # Without a graph runner (CPU) the mode is the dispatcher's plan from the batch shape:
+        # estimated, so it never corroborates the token counts it was derived from. With a runner
+        # the row carries the mode that really ran (a stale graph runs eager) and is measured.
+        if r.graph_mode_ran is not None:
+            row["graph_mode"], row["q_graph_mode"] = r.graph_mode_ran, "measured"
+        else:
+            row["q_graph_mode"] = "estimated"
         row["graph_bucket"] = float(r.graph_bucket) if r.graph_bucket is not None else NAN
         row["scheduled_tokens"] = r.total_tokens
         rows.append(row)
@@ -109,9 +117,10 @@ def tokens_frame(records: Iterable[StepRecord], instance: str = "engine0") -> pd
                                        "prompt_tokens"])
 
 
-#: Signal qualities the reference engine reports (meta["signals"][instance]) on CPU.
+#: Signal qualities the reference engine reports (meta["signals"][instance]) on CPU: the graph
+#: mode there is planned from the batch shape (engine/model/graph_dispatch.py), so ``estimated``.
 ENGINE_SIGNALS = {
-    "token_allocation": "measured", "itl": "measured", "graph_mode": "inferred", "sm_active": "absent",
+    "token_allocation": "measured", "itl": "measured", "graph_mode": "estimated", "sm_active": "absent",
     "expert_imbalance": "absent", "kv_transfer": "measured", "kv_usage": "measured", "preemption": "measured",
     "host_time": "measured", "prefix_cache": "measured",
 }
@@ -131,6 +140,8 @@ def to_timeline(records: Iterable[StepRecord], instance: str = "engine0", meta: 
     sig["sm_active"] = "measured" if "measured" in sources else "estimated" if sources else "absent"
     if any(r.per_rank_tokens is not None for r in records):
         sig["expert_imbalance"] = "measured"
+    if any(r.graph_mode_ran is not None for r in records):
+        sig["graph_mode"] = "measured"  # a CUDA-graph runner executed the steps (rows say which ran)
     sig.update(signals or {})
     meta.setdefault("signals", {})
     meta["signals"] = {**meta["signals"], instance: sig}

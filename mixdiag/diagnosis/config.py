@@ -95,6 +95,12 @@ class AttributionConfig:
     rank_sm_skew: float = 1.05      # ep_hotspot, graph-hidden compute: largest / median rank SM-busy time ...
     sm_skew_delta: float = 0.03     # ... and this much above its decode neighbourhood's
     eager_height: float = 2.5       # graph_fallback without counts: eager decode stays below this x baseline
+    # graph_fallback from measured cost (no measured graph mode): a decode batch size whose steps
+    # cost this x the last smaller size's beyond the row growth (decode cost grows at most in
+    # proportion to rows); the reference engine's CPU graph miss measures 2.3x, a healthy +1
+    # request ~1.0x (detection/shape_cost.py)
+    shape_jump: float = 1.5
+    shape_min_rows: int = 3         # ... each size seen in at least this many decode-only steps
     relation_p: float = 0.01        # interval mixing: permutation p-value of prefill work vs ITL excess
     not_llm_cap: float = 0.5        # highest confidence on an input with no decode-like structure
 
@@ -107,6 +113,8 @@ class AttributionConfig:
             raise ValueError("AttributionConfig.interval_factor must be in (0, 1]")
         if not 0 < self.relation_p < 1 or self.comm_delta <= 0 or self.sm_skew_delta <= 0:
             raise ValueError("AttributionConfig.relation_p must be in (0, 1), comm_delta and sm_skew_delta > 0")
+        if not self.shape_jump > 1 or self.shape_min_rows < 1:
+            raise ValueError("AttributionConfig.shape_jump must be > 1, shape_min_rows >= 1")
         if not 0 <= self.not_llm_cap <= 1:
             raise ValueError("AttributionConfig.not_llm_cap must be in [0, 1]")
 

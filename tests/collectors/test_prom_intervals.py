@@ -90,3 +90,19 @@ def test_engine_gauges_and_graph_dispatches_become_interval_columns():
     assert iv["graph_piecewise_steps"].tolist() == [2.0, 0.0]
     assert iv["graph_none_steps"].tolist() == [0.0, 0.0]  # the family is exposed: nothing counted yet
     assert iv["expert_imbalance"].tolist() == [3.5, 1.2]  # max over ranks at the interval's end
+    # graph_dispatch_total counts the dispatcher's plan, not replays: estimated (issue 24)
+    assert (iv["q_graph_mode"] == "estimated").all()
+    assert tl.meta["signals"]["e"]["graph_full_steps"] == "estimated"
+    assert tl.meta["signals"]["e"]["graph_mode"] == "estimated"
+
+
+def test_planned_graph_counts_show_no_decode_leaving_the_graph():
+    """A planned NONE count never becomes off-graph decode evidence; the same count measured does."""
+    import pandas as pd
+    from mixdiag.diagnosis.detection.signals import graph_off_decode_column
+    rows = pd.DataFrame({"granularity": ["interval"] * 2, "graph_full_steps": [30.0, 30.0],
+                         "graph_piecewise_steps": [0.0, 0.0], "graph_none_steps": [6.0, 6.0],
+                         "mixed_steps": [1.0, 1.0], "prefill_steps": [0.0, 0.0],
+                         "q_graph_mode": ["estimated", "measured"]})
+    off = graph_off_decode_column(rows)["graph_off_decode_steps"]
+    assert pd.isna(off.iloc[0]) and off.iloc[1] == 5.0

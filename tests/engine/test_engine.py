@@ -41,7 +41,24 @@ def test_prefill_then_decode_records_and_tokens():
     assert e.kv_manager.num_free_blocks == 64 and not e.has_unfinished()
     tl = e.timeline(recs)
     assert list(tl.steps["kind"]) == [r.kind for r in recs] and len(tl.tokens) == 4
-    assert tl.meta["signals"]["engine0"]["graph_mode"] == "inferred"
+    # on CPU the mode is the dispatcher's plan from the batch shape: estimated on every row (issue 24)
+    assert tl.meta["signals"]["engine0"]["graph_mode"] == "estimated"
+    assert (tl.steps["q_graph_mode"] == "estimated").all()
+
+
+def test_records_carry_the_mode_a_graph_runner_ran_as_measured():
+    from mixdiag.engine.core.records import StepRecord, to_timeline
+    planned = StepRecord(step=0, t_start_s=1.0, t_end_s=1.1, kind="decode", decode_reqs=4, decode_rows=4,
+                         graph_mode="FULL")
+    # a runner found the FULL graph stale and ran eager: the row says what ran, measured
+    ran = StepRecord(step=1, t_start_s=1.1, t_end_s=1.2, kind="decode", decode_reqs=4, decode_rows=4,
+                     graph_mode="FULL", graph_mode_ran="NONE")
+    cpu = to_timeline([planned])
+    assert cpu.steps["q_graph_mode"].tolist() == ["estimated"] and cpu.meta["signals"]["engine0"]["graph_mode"] == "estimated"
+    gpu = to_timeline([planned, ran])
+    assert gpu.steps["graph_mode"].tolist() == ["FULL", "NONE"]
+    assert gpu.steps["q_graph_mode"].tolist() == ["estimated", "measured"]
+    assert gpu.meta["signals"]["engine0"]["graph_mode"] == "measured"
 
 
 def test_idle_step():

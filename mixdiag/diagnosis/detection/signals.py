@@ -146,7 +146,9 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
     """Interval rows get ``graph_off_decode_steps``: decode-only steps that left the FULL graph,
     i.e. off-FULL dispatches (``graph_piecewise_steps + graph_none_steps``) beyond the interval's
     prefill and mixed steps (per-kind step counts, else the large-step share of all passes). Only
-    when the rows carry per-mode counts and one of those."""
+    when the rows carry per-mode counts and one of those, and only from counts of what ran: a row
+    whose ``q_graph_mode`` is not ``measured`` (a dispatcher's plan, ``estimated``) gets NaN - a
+    planned mode never shows that a decode pass left the graph."""
     iv = rows["granularity"] == "interval"
     modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
     if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
@@ -162,7 +164,11 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
         return rows
     rows = rows.copy()
     n_off = rows.loc[iv, "graph_piecewise_steps"].fillna(0) + rows.loc[iv, "graph_none_steps"].fillna(0)
-    rows.loc[iv, "graph_off_decode_steps"] = (n_off - other).clip(lower=0)
+    off = (n_off - other).clip(lower=0)
+    if "q_graph_mode" in rows.columns:
+        q = rows.loc[iv, "q_graph_mode"].fillna("").astype(str)
+        off = off.where(q.isin(["", "measured"]))
+    rows.loc[iv, "graph_off_decode_steps"] = off
     return rows
 
 
@@ -186,8 +192,8 @@ QUALITY_COLUMNS = {"token_allocation": "q_token_allocation", "graph_mode": "q_gr
                    "kv_transfer": "q_kv_transfer"}
 #: Qualities that may corroborate another signal: ``estimated`` values are modelled from the token
 #: allocation (SM activity from a cost model, a graph mode planned from the batch shape), so they
-#: repeat the allocation instead of checking it.
-INDEPENDENT = ("measured", "inferred")
+#: repeat the allocation instead of checking it; ``inferred`` ones are derived from other rows.
+INDEPENDENT = ("measured",)
 
 
 def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:

@@ -11,6 +11,7 @@ from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity, prefill_events,
                                                  prefill_since_last_decode, row_qualities, step_signals)
+from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 
 
@@ -99,6 +100,9 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     sig["is_spike"] = spike
     period = periodicity(sig, spike, cfg.signals, prefill_events(sig, use_allocation=False), candidates=visible)
     sig["near_prefill_event"] = period.pop("near")
+    # what each decode batch size costs, measured (graph fallback without a measured graph mode)
+    a = cfg.attribution
+    sig = pd.concat([sig, shape_cost(sig, sig["decode_only"] & ~faulty, a.shape_min_rows, a.shape_jump)], axis=1)
     full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))

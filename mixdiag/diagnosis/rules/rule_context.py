@@ -1,6 +1,8 @@
 """What every attribution rule shares: the verdict (:class:`Attribution`) and how a
-row's signals and their quality are read (only ``measured`` or ``inferred`` signals corroborate:
-an ``estimated`` one is modelled from the token allocation and would only repeat it)."""
+row's signals and their quality are read (only ``measured`` signals corroborate: an ``estimated``
+one - a graph mode planned from the batch shape, SM activity from a cost model - is modelled from
+the token allocation and would only repeat it, and an ``inferred`` one is itself derived from
+other rows; both may be shown as context, neither raises a cause's confidence)."""
 from __future__ import annotations
 
 import math
@@ -41,8 +43,8 @@ def row_quality(row: pd.Series, ctx: InstanceContext, sig: str) -> str:
 
 
 def corroborates(q: str) -> bool:
-    """Only measured or inferred signals corroborate; estimated ones repeat the token allocation."""
-    return q in ("measured", "inferred")
+    """Only measured signals corroborate (see the module doc)."""
+    return q == "measured"
 
 
 def near_prefill(row: pd.Series, ctx: InstanceContext) -> bool | None:

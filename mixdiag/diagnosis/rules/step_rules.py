@@ -13,7 +13,9 @@ reaches is in docs/analyze.md):
    6b. ``mixing`` on a peer EP rank: a decode step whose peer rank's same step held prefill tokens;
 7. ``ep_hotspot``     decode-only, an imbalance gauge, comm-bound decode or high rank skew (kernel
    time, or the ranks' SM-busy time on FULL replays whose kernels a graph-level trace hides);
-8. ``graph_fallback`` decode-only step that left the graph mode decode steps normally replay;
+8. ``graph_fallback`` decode-only step that left the graph mode decode steps normally replay
+   (a measured graph mode), or - graph mode only planned - whose batch size measurably costs far
+   more than the size below it (detection/shape_cost.py);
    8b. a decode line whose latency is a mean over a window (SGLang ``Decode batch``): the prefill
    batches logged inside the window -> ``mixing`` (mixed forwards) or ``prefill_stall``;
 9. ``unknown``.
@@ -109,14 +111,20 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         ep = _ep_hotspot(row, ctx, cfg, smd)
         if ep is not None:
             cands.append(ep)
-    if decode_only and alloc and qg != "absent" and bool(row.get("graph_off")) and ctx.graph_norm == "FULL":
+    if decode_only and alloc and corroborates(qg) and bool(row.get("graph_off")) and ctx.graph_norm == "FULL":
         dreq = num(row.get("decode_reqs"))
         outside = None if dreq is None or not ctx.full_batch_sizes else dreq not in ctx.full_batch_sizes
         # engines pad a decode batch up to a captured size: one whose size replayed FULL elsewhere
         # should replay FULL again, so leaving it points elsewhere (e.g. a peer rank's mixed step)
         conf = 0.75 if outside is None else (0.95 if outside else 0.45)
-        cands.append(("graph_fallback", conf - (0.0 if corroborates(qg) else 0.1),
-                      {"graph_norm": ctx.graph_norm, "batch_outside_full_sizes": outside}))
+        cands.append(("graph_fallback", conf, {"graph_norm": ctx.graph_norm, "batch_outside_full_sizes": outside}))
+    elif decode_only and alloc and not corroborates(qg):
+        # no measured graph mode (a planned one is context only): the cost of the batch shape,
+        # measured - every decode step of this size costs far more than the size below it
+        sx = num(row.get("shape_cost_x"))
+        if sx is not None and sx >= cfg.shape_jump:
+            cands.append(("graph_fallback", 0.7, {"shape_cost_x": round(sx, 3),
+                                                  "shape_ref_reqs": num(row.get("shape_ref_reqs"))}))
     if cands:
         cause, conf, extra = max(cands, key=lambda c: c[1])
         return done(cause, conf, **extra)
@@ -131,7 +139,8 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
 
     # 9. unknown: confidence = the share of causes the available signals could rule out.
     checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
-    ruled = sum(have(ctx, s) for s in checkable) / len(checkable)
+    # a planned (estimated) graph mode rules nothing out: it cannot raise this confidence either
+    ruled = sum(have(ctx, s) and not (s == "graph_mode" and not corroborates(qg)) for s in checkable) / len(checkable)
     if full_replay and decode_only and not (num(row.get("comm_share")) or 0) and num(row.get("rank_skew")) is None:
         ev["reason"] = ("a decode step replayed the FULL graph slower than usual; a graph replay hides its kernels "
                         "(no collective time, no per-rank compute), so an EP hotspot cannot be told from other "
