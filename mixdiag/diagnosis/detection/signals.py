@@ -292,16 +292,39 @@ def rank_relation(work: pd.Series, excess: pd.Series, cfg: SignalConfig) -> dict
     m = ~(np.isnan(w) | np.isnan(e))
     w, e = w[m], e[m]
     n_work = int((w > 0).sum())
+    usual = work_usual(w)
     # one or two intervals with prefill work are a coincidence, not a relation
     if len(w) < cfg.relation_min_rows or n_work < cfg.relation_min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
-        return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work}
+        return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work} | usual
     rw, re_ = average_ranks(w), average_ranks(e)
     rw, re_ = rw - rw.mean(), re_ - re_.mean()
     den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
     rho = float((rw * re_).sum() / den)
     perm = (rw[_permutations(len(rw), cfg.relation_perms, cfg.relation_seed)] * re_).sum(axis=1) / den
     p = float((1 + (perm >= rho).sum()) / (cfg.relation_perms + 1))
-    return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
+    return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work} | usual
+
+
+def work_usual(w: np.ndarray) -> dict:
+    """The usual prefill work of an instance's intervals: median and robust sigma (1.4826 x MAD)
+    of ``w`` (NaN-free). Each interval's own work is read against it (rules/interval_rules.py):
+    steady arrivals put prefill work in nearly every interval, so only work above the usual
+    explains a spike that the usual intervals did not show."""
+    if not len(w):
+        return {"work_median": float("nan"), "work_sigma": float("nan")}
+    med = float(np.median(w))
+    return {"work_median": med, "work_sigma": float(1.4826 * np.median(np.abs(w - med)))}
+
+
+def work_near(work: np.ndarray) -> np.ndarray:
+    """Per interval, the most prefill work in it or either neighbour (NaN where none is known).
+    A prompt counter lands a prompt's tokens in the interval of its last chunk (vLLM), so the
+    intervals its earlier chunks slowed see it one interval late: a neighbour's work counts."""
+    w = np.asarray(work, dtype=float)
+    prev = np.r_[np.nan, w[:-1]] if len(w) else w
+    nxt = np.r_[w[1:], np.nan] if len(w) else w
+    with np.errstate(invalid="ignore"):
+        return np.fmax(np.fmax(prev, w), nxt)
 
 
 @functools.lru_cache(maxsize=64)
