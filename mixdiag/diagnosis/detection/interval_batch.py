@@ -84,6 +84,8 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
 #: vLLM's prompt counter lands every token in the interval of the last chunk, not where the
 #: chunks ran (formats.md §1.1), so ``prefill_tokens`` misses the intervals the chunks slowed.
 RELATION_WORK = ("prefill_work_tokens", "prefill_tokens", "large_step_share", "arrivals")
+#: The work column that already sits in the interval where the prefill ran (the others may land later).
+SPREAD_WORK = "prefill_work_tokens"
 
 
 def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
@@ -98,7 +100,9 @@ def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     work = next((sig[c] for c in RELATION_WORK if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= enough),
                 pd.Series(np.nan, index=sig.index))
     relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl), cfg.signals)
-    sig["prefill_work_near"] = work_near(work.to_numpy(dtype=float))  # the interval rule's per-interval evidence
+    # the interval rule's per-interval evidence; a starved interval's prefill ran alone, mixed with nothing
+    sig["prefill_work_near"] = work_near(work.where(~sig["starved"]).to_numpy(dtype=float),
+                                         counted_late=work.name != SPREAD_WORK)
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
     return sig, ctx, period, "interval_itl_quantiles"
 
@@ -183,6 +187,7 @@ def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
     known_mode = gw.per_group((sig["graph_mode"] != "unknown").to_numpy(dtype=bool), groups, np.logical_or)
     llm = interval_decode_evidence(sig, groups)
     near = np.full(len(sig), np.nan)
+    starved = sig["starved"].to_numpy(dtype=bool)
     out = []
     for g, inst in enumerate(present):
         lo, hi = b[g], b[g + 1]
@@ -194,7 +199,8 @@ def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
         work = work_of[wc][lo:hi] if wc is not None else np.full(hi - lo, np.nan)
         relation = rank_relation(work, excess[lo:hi], cfg.signals)
         if wc is not None:
-            near[lo:hi] = work_near(sig[wc].to_numpy(dtype=float)[lo:hi])
+            near[lo:hi] = work_near(np.where(starved[lo:hi], np.nan, sig[wc].to_numpy(dtype=float)[lo:hi]),
+                                    counted_late=wc != SPREAD_WORK)
         norm = decode_graph_norm(sig.iloc[lo:hi]) if known_mode[g] else "unknown"
         # looks_like_llm_serving on interval rows: token events, too few rows to judge, or decode evidence
         llm_like = bool(inst in tok or hi - lo < cfg.signals.llm_min_rows or llm[g])

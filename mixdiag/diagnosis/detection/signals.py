@@ -78,7 +78,8 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     for several instances' rows at once when ``groups`` numbers them (see :mod:`.groupwise`).
 
     Adds: ``has_prefill``, ``has_decode``, ``decodes_around`` (a neighbour step held decode
-    rows), ``decodes_before`` (decodes were running when the step began), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
+    rows), ``decodes_before`` (decodes were running when the step began), ``decodes_waited`` (a
+    prefill-only step that running decodes waited through: :func:`decodes_waited`), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
     that of neighbouring decode-only steps - FULL-graph steps when token counts are absent),
     ``comm_delta`` (collective share of the step minus its decode neighbourhood's), ``imbalance_rel`` (expert imbalance over its
     decode-only neighbourhood), ``kv_xfer``, ``preempt``, ``gap_excess_s`` (gap minus the
@@ -98,6 +99,7 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     prefill_only = s["has_prefill"] & ~hd
     last = gw.shift(gw.ffill(hd.astype(float).where(~prefill_only), groups), 1, np.nan, groups)
     s["decodes_before"] = last.fillna(0.0).astype(bool)
+    s["decodes_waited"] = decodes_waited(s, prefill_only, dr, groups)
     s["decode_only"] = hd & ~s["has_prefill"]
     s["graph_off"] = s["graph_mode"].isin(["PIECEWISE", "NONE"])
     w = cfg.neighbour_window
@@ -121,6 +123,28 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
     s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))
     return s
+
+
+def decodes_waited(s: pd.DataFrame, prefill_only: pd.Series, decoders: pd.Series,
+                   groups: np.ndarray | None = None) -> pd.Series:
+    """Prefill-only rows that running decodes waited through, from the step rows alone: decode rows
+    before the run of prefill-only steps and after it, and - where the counts say - more decoding
+    requests after it than the run prefilled (so some decoded before it too: they were running and
+    got no token during the prefill). vLLM V1 schedules running decodes first, so its prefill-only
+    steps run only when nothing decodes; decode rows on both sides then hold different requests (the
+    last tokens of finished ones, the first of the new ones) and the counts tell them apart. SGLang
+    without mixed chunk runs a prefill batch alone while its decode batch waits. Token events, where
+    present, say it directly (a gap spanning the step: step_view)."""
+    hd = s["has_decode"].astype(float)
+    after = gw.bfill(hd.where(~prefill_only), groups).fillna(0.0).astype(bool)
+    n_after = gw.bfill(decoders.where(~prefill_only), groups)
+    run = (~prefill_only).cumsum()
+    keys = [run] if groups is None else [pd.Series(groups, index=s.index), run]
+    new = s["prefill_reqs"] if "prefill_reqs" in s.columns else pd.Series(np.nan, index=s.index)
+    g = new.where(prefill_only).groupby(keys, sort=False)
+    run_new = g.transform("sum").where(g.transform("count") > 0)
+    more = (n_after > run_new) | n_after.isna() | run_new.isna()  # counts unknown: decode rows both sides
+    return (prefill_only & s["decodes_before"] & after & more).astype(bool)
 
 
 def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -316,15 +340,17 @@ def work_usual(w: np.ndarray) -> dict:
     return {"work_median": med, "work_sigma": float(1.4826 * np.median(np.abs(w - med)))}
 
 
-def work_near(work: np.ndarray) -> np.ndarray:
-    """Per interval, the most prefill work in it or either neighbour (NaN where none is known).
-    A prompt counter lands a prompt's tokens in the interval of its last chunk (vLLM), so the
-    intervals its earlier chunks slowed see it one interval late: a neighbour's work counts."""
+def work_near(work: np.ndarray, counted_late: bool) -> np.ndarray:
+    """Per interval, the prefill work that ran in it: its own, and with ``counted_late`` (a counter
+    that lands a prompt's tokens when its prefill completes - vLLM's prompt counter, arrivals) the
+    next interval's too, since the chunks that slowed this interval may be counted there. A column
+    that already places the work where it ran (``prefill_work_tokens``) is read as it is. NaN where
+    none is known."""
     w = np.asarray(work, dtype=float)
-    prev = np.r_[np.nan, w[:-1]] if len(w) else w
-    nxt = np.r_[w[1:], np.nan] if len(w) else w
+    if not counted_late or not len(w):
+        return w.copy()
     with np.errstate(invalid="ignore"):
-        return np.fmax(np.fmax(prev, w), nxt)
+        return np.fmax(w, np.r_[w[1:], np.nan])
 
 
 @functools.lru_cache(maxsize=64)
