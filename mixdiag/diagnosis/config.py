@@ -110,6 +110,12 @@ class AttributionConfig:
     relation_rho_full: float = 0.6
     relation_p_zero: float = 0.1
     not_llm_cap: float = 0.5        # highest confidence on an input with no decode-like structure
+    # Highest confidence of a verdict whose latency was read from stamps coarser than the usual
+    # step latency (a step row's baseline below its instance's stamp resolution: whole-second log
+    # stamps, ITL ~34 ms): a difference of two such stamps is known only to +-1 resolution, so
+    # which forward - or whether time between forwards - made it is not measured. 0.5: no better
+    # than the verdict of an input without decode structure (not_llm_cap).
+    resolution_cap: float = 0.5
 
     def __post_init__(self):
         if not 0 < self.host_gap_share <= 1:
@@ -123,8 +129,8 @@ class AttributionConfig:
         if not 0 <= self.relation_weight <= 1 or self.relation_rho_full <= 0 or self.work_mad_k < 0:
             raise ValueError("AttributionConfig.relation_weight must be in [0, 1], relation_rho_full > 0, "
                              "work_mad_k >= 0")
-        if not 0 <= self.not_llm_cap <= 1:
-            raise ValueError("AttributionConfig.not_llm_cap must be in [0, 1]")
+        if not 0 <= self.not_llm_cap <= 1 or not 0 <= self.resolution_cap <= 1:
+            raise ValueError("AttributionConfig.not_llm_cap and resolution_cap must be in [0, 1]")
 
 
 @dataclass(frozen=True)

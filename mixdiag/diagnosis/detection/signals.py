@@ -100,6 +100,11 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     last = gw.shift(gw.ffill(hd.astype(float).where(~prefill_only), groups), 1, np.nan, groups)
     s["decodes_before"] = last.fillna(0.0).astype(bool)
     s["decodes_waited"] = decodes_waited(s, prefill_only, dr, groups)
+    s["stamp_resolution_s"] = stamp_resolution(s, groups)
+    # the per-forward time a sampled log states (SGLang's Decode line every 40 forwards: the mean
+    # step time since the previous line), against which the stamps' resolution is read
+    stated = pd.to_numeric(s["elapsed_s"], errors="coerce") if "elapsed_s" in s.columns else None
+    s["stated_step_s"] = gw.median(stated, groups) if stated is not None and stated.notna().any() else np.nan
     s["decode_only"] = hd & ~s["has_prefill"]
     s["graph_off"] = s["graph_mode"].isin(["PIECEWISE", "NONE"])
     w = cfg.neighbour_window
@@ -123,6 +128,33 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
     s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))
     return s
+
+
+#: Clock grids a source may stamp on, coarsest first (whole seconds: vLLM and SGLang log prefixes).
+STAMP_GRIDS_S = (1.0, 0.1, 0.01, 0.001)
+
+
+def stamp_resolution(s: pd.DataFrame, groups: np.ndarray | None = None) -> pd.Series:
+    """Per row, its instance's stamp resolution: the coarsest grid of :data:`STAMP_GRIDS_S` that
+    every start and end stamp of the instance's rows lies on, 0 when they are finer than 1 ms (a
+    trace, per-step records). A latency below it is not measured: two stamps a resolution apart
+    may be one forward or forty."""
+    t = np.concatenate([s["t_start_s"].to_numpy(dtype=float), s["t_end_s"].to_numpy(dtype=float)])
+    g = np.zeros(len(s), dtype=np.intp) if groups is None else np.asarray(groups)
+    g2 = np.concatenate([g, g])
+    n_groups = int(g.max()) + 1 if len(g) else 0
+    res = np.zeros(n_groups)
+    fin = np.isfinite(t)
+    cand = np.bincount(g2[fin], minlength=n_groups) > 0  # groups still on every grid tried so far
+    for grid in STAMP_GRIDS_S[::-1]:  # finest first: stamps off it are off every coarser one (a trace: one pass)
+        rows = fin & cand[g2]
+        if not rows.any():
+            break
+        with np.errstate(invalid="ignore"):
+            off = np.abs(t[rows] - np.round(t[rows] / grid) * grid) > 1e-6  # float stamps at unix scale: ~1e-7 s
+        cand &= ~(np.bincount(g2[rows], weights=off, minlength=n_groups) > 0)
+        res[cand] = grid
+    return pd.Series(res[g] if len(g) else np.zeros(0), index=s.index)
 
 
 def decodes_waited(s: pd.DataFrame, prefill_only: pd.Series, decoders: pd.Series,
