@@ -8,13 +8,23 @@ Units, per instance, from the finest latency the diagnosis used:
   spiking step among them with the largest latency, else the slowest of them;
 * **step latency** (step rows, no tokens): every step that decodes or spiked (every step when no
   row is known to decode), ``latency_s``;
-* **interval ITL** (interval rows only): ``itl_p99_s`` of each interval, weighted by ``itl_count``.
+* **interval ITL** (interval rows only): each interval's ITL histogram increments, the sum
+  (``itl_mean_s`` x ``itl_count``) and the count.
 
-Each unit's excess is ``max(0, latency - baseline)`` with the culprit row's baseline, charged to
-the culprit's cause when the row spiked and to ``none`` (baseline noise below the spike
-threshold) when it did not. Excess shares therefore sum to 1 over the causes plus ``none``.
-The counterfactual "P99 without cause c" lowers every unit charged to ``c`` by its excess and
-recomputes P99 (intervals: the ``itl_count``-weighted P99 of the interval P99s).
+Units are stream-seconds: time a request waited for its next token. A gap's excess is
+``max(0, gap - reference)``; a step's ``max(0, latency - reference)``; an interval's
+``max(0, Δsum - Δcount x reference)`` - exact from the histogram, where the interval's P99 would
+charge every token at the tail's height (up to ~100x the truth). The reference is the culprit row's
+baseline (the healthy per-token latency). An interval without a sum is not measured: no excess,
+counted in ``unmeasured_units``. Each total is therefore bounded by the time the streams spent
+between tokens (sum of gaps; sum of the histogram sums). The excess goes to the culprit's cause when
+the row spiked and to ``none`` (baseline noise below the spike threshold) when it did not, so shares
+sum to 1 over the causes plus ``none``.
+
+Counterfactuals: the mean token latency without cause ``c`` (``mean_without_s``) removes ``c``'s
+excess from the total token time, exact for every source; "P99 without ``c``" lowers each unit
+charged to ``c`` to its reference and recomputes the P99 of the units - only for gaps and steps: an
+interval's quantiles do not compose into a P99 of its tokens, so interval budgets give none (NaN).
 """
 from __future__ import annotations
 
@@ -38,12 +48,13 @@ class CauseBudget:
     """One cause's share of one instance's excess."""
 
     spikes: int
-    excess_s: float          # excess token-time charged to the cause (s)
+    excess_s: float          # excess token-time charged to the cause (stream-seconds)
     share_of_excess: float   # excess_s / the instance's total excess (0 when there is none)
     tail_share: float        # share of the excess inside units at or above the P99
     p99_without_s: float     # P99 with this cause's excess removed from its units
     p99_reduction_s: float   # p99_s - p99_without_s
     p99_share: float         # p99_reduction_s / p99_excess_s (causes overlap in the tail: no sum to 1)
+    mean_without_s: float    # mean token latency with this cause's excess removed (exact)
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,10 @@ class InstanceBudget:
     p99_excess_s: float      # p99_s - p99_floor_s
     excess_s: float          # total excess token-time (sum over causes and none)
     by_cause: dict[str, CauseBudget]
+    token_time_s: float = math.nan  # time the measured units' streams spent between tokens (the bound)
+    n_tokens: float = math.nan      # tokens those units cover (gaps; interval ITL counts; steps)
+    mean_s: float = math.nan        # token_time_s / n_tokens
+    unmeasured_units: int = 0       # units without an exact excess (an interval without an ITL sum)
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,8 @@ class Budget:
             inst[name] = {"source": ib.source, "n_units": ib.n_units, "baseline_s": num(ib.baseline_s),
                           "p99_s": num(ib.p99_s), "p99_floor_s": num(ib.p99_floor_s),
                           "p99_excess_s": num(ib.p99_excess_s), "excess_s": num(ib.excess_s),
+                          "token_time_s": num(ib.token_time_s), "n_tokens": num(ib.n_tokens),
+                          "mean_s": num(ib.mean_s), "unmeasured_units": ib.unmeasured_units,
                           "by_cause": {c: {k: (v if isinstance(v, int) else num(v)) for k, v in vars(cb).items()}
                                        for c, cb in ib.by_cause.items()}}
         total = self.excess_by_cause()
@@ -151,35 +168,43 @@ def _token_units(inst: str, st: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFr
 
 
 def _row_units(inst: str, rows: pd.DataFrame, weighted: bool) -> pd.DataFrame:
-    w = rows["itl_count"].fillna(1).clip(lower=0).to_numpy(dtype="float64") if weighted and "itl_count" in rows \
-        else np.ones(len(rows))
-    return _units(inst, rows["t_end_s"].to_numpy(dtype="float64"), rows["latency_s"].to_numpy(dtype="float64"),
-                  rows["baseline_s"].to_numpy(dtype="float64"), w, rows["is_spike"].fillna(False).to_numpy(dtype=bool),
-                  rows["cause"].to_numpy(dtype=object))
+    """Step rows (``weighted`` False): one unit per row, its ``latency_s``. Interval rows: one unit
+    per interval with its ITL count as weight and its mean ITL (histogram sum / count) as latency,
+    so that ``weight x (latency - reference)`` is exactly ``Δsum - Δcount x reference``; an interval
+    without a mean or count has no exact excess (NaN latency: unmeasured)."""
+    t = rows["t_end_s"].to_numpy(dtype="float64")
+    base = rows["baseline_s"].to_numpy(dtype="float64")
+    spike = rows["is_spike"].fillna(False).to_numpy(dtype=bool)
+    cause = rows["cause"].to_numpy(dtype=object)
+    if not weighted:
+        return _units(inst, t, rows["latency_s"].to_numpy(dtype="float64"), base, np.ones(len(rows)), spike, cause)
+    def col(c):
+        return rows[c].to_numpy(dtype="float64") if c in rows.columns else np.full(len(rows), np.nan)
+    count, mean = col("itl_count"), col("itl_mean_s")
+    ok = np.isfinite(count) & (count > 0) & np.isfinite(mean)
+    has = ~(count == 0)  # an interval that observed no token holds no token time to budget
+    inst = inst[has] if isinstance(inst, np.ndarray) else inst
+    return _units(inst, t[has], np.where(ok, mean, np.nan)[has], base[has], np.where(ok, count, 0.0)[has],
+                  spike[has], cause[has], keep_all=True)
 
 
-def _units(inst, t, lat, base, weight, spike, cause) -> pd.DataFrame:
+def _units(inst, t, lat, base, weight, spike, cause, keep_all: bool = False) -> pd.DataFrame:
+    """Units with their excess (``weight x max(0, latency - baseline)``) and cause. Units without a
+    latency or baseline are dropped, or with ``keep_all`` kept with no excess (counted unmeasured)."""
     good = np.isfinite(lat) & np.isfinite(base)
     excess = np.where(good, np.maximum(lat - base, 0.0), 0.0)
     codes, names = pd.factorize(cause)  # the few distinct causes are mapped once, not a million strings
     kept = np.array([n if n in BUDGET_CAUSES else "unknown" for n in names] + ["none"], dtype=object)
     c = kept[np.where(spike & (codes >= 0), codes, len(names))]
-    return pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
-                         "excess_s": excess * weight, "weight": weight, "cause": c})[good]
+    out = pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
+                        "excess_s": excess * np.where(good, weight, 0.0), "weight": np.where(good, weight, 0.0),
+                        "cause": c})
+    return out if keep_all else out[good]
 
 
-def _p99(lat: np.ndarray, weight: np.ndarray | None = None) -> float:
-    """P99 of the units; with ``weight`` (intervals: ITLs per interval) the weighted P99 of the
-    interval P99s - the tail most tokens saw, not the median interval the headline shows."""
-    if not len(lat):
-        return math.nan
-    if weight is None:
-        return float(np.quantile(lat, 0.99))
-    order = np.argsort(lat, kind="stable")
-    cum = np.cumsum(weight[order])
-    if not cum[-1] > 0:
-        return float(np.quantile(lat, 0.99))
-    return float(lat[order][min(np.searchsorted(cum, 0.99 * cum[-1], side="left"), len(lat) - 1)])
+def _p99(lat: np.ndarray) -> float:
+    """P99 of the units (gaps or steps, one token time each)."""
+    return float(np.quantile(lat, 0.99)) if len(lat) else math.nan
 
 
 def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> InstanceBudget:
@@ -192,13 +217,19 @@ def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> In
 def _budget_arrays(lat: np.ndarray, base: np.ndarray, excess: np.ndarray, weight: np.ndarray, codes: np.ndarray,
                    names: list, source: str, spikes: dict[str, int]) -> InstanceBudget:
     """One instance's budget from its units' columns (``codes`` index ``names``, the causes)."""
-    iv = weight if source == "interval_itl" else None
+    good = np.isfinite(lat) & np.isfinite(base)
+    unmeasured = int((~good).sum())
+    lat, base, excess, weight, codes = lat[good], base[good], excess[good], weight[good], codes[good]
+    n_tok = float(weight.sum())
+    token_time = float((lat * weight).sum())
+    mean = token_time / n_tok if n_tok > 0 else math.nan
+    quantiles = source != "interval_itl"  # an interval's quantiles do not compose into its tokens' P99
     own = np.where(weight > 0, excess / np.where(weight == 0, 1.0, weight), 0.0)
-    p99 = _p99(lat, iv)
-    floor = _p99(lat - own, iv)
+    p99 = _p99(lat) if quantiles else math.nan
+    floor = _p99(lat - own) if quantiles else math.nan
     p99_excess = p99 - floor
     total = float(excess.sum())
-    tail = lat >= p99 if len(lat) else np.zeros(0, dtype=bool)
+    tail = lat >= p99 if len(lat) and quantiles else np.zeros(len(lat), dtype=bool)
     tail_total = float(excess[tail].sum())
     by = {}
     code_of = {name: k for k, name in enumerate(names)}
@@ -206,15 +237,20 @@ def _budget_arrays(lat: np.ndarray, base: np.ndarray, excess: np.ndarray, weight
         k = code_of.get(c)
         m = codes == k if k is not None else None
         ex = float(excess[m].sum()) if m is not None else 0.0
-        without = _p99(np.where(m, lat - own, lat), iv) if m is not None and m.any() else p99  # nothing removed
+        if not quantiles:
+            without = math.nan
+        else:  # nothing of the cause's removed: the P99 itself
+            without = _p99(np.where(m, lat - own, lat)) if m is not None and m.any() else p99
         red = p99 - without
         by[c] = CauseBudget(spikes=int(spikes.get(c, 0)), excess_s=ex, share_of_excess=ex / total if total > 0 else 0.0,
                             tail_share=(float(excess[m & tail].sum()) / tail_total
                                         if m is not None and tail_total > 0 else 0.0),
                             p99_without_s=without, p99_reduction_s=red,
-                            p99_share=red / p99_excess if p99_excess > 0 else 0.0)
+                            p99_share=red / p99_excess if p99_excess > 0 else 0.0,
+                            mean_without_s=(token_time - ex) / n_tok if n_tok > 0 else math.nan)
     return InstanceBudget(source=source, n_units=len(lat), baseline_s=float(np.median(base)) if len(base) else math.nan,
-                          p99_s=p99, p99_floor_s=floor, p99_excess_s=p99_excess, excess_s=total, by_cause=by)
+                          p99_s=p99, p99_floor_s=floor, p99_excess_s=p99_excess, excess_s=total, by_cause=by,
+                          token_time_s=token_time, n_tokens=n_tok, mean_s=mean, unmeasured_units=unmeasured)
 
 
 def _interval_budgets(rows: pd.DataFrame, counts: dict) -> dict:

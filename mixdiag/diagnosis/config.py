@@ -101,8 +101,27 @@ class AttributionConfig:
     # request ~1.0x (detection/shape_cost.py)
     shape_jump: float = 1.5
     shape_min_rows: int = 3         # ... each size seen in at least this many decode-only steps
-    relation_p: float = 0.01        # interval mixing: permutation p-value of prefill work vs ITL excess
+    # Interval verdicts rest on each interval's own evidence (height, prefill work in it and its
+    # neighbours, counters). Prefill work explains a spike when it stands above the instance's
+    # usual work per interval by this many robust sigmas (steady arrivals put work in nearly every
+    # interval; the usual intervals did not spike with it). 2: the spike test's own noise guard.
+    work_mad_k: float = 2.0
+    # The whole-run relation of prefill work and ITL excess (a permutation test) only moves
+    # confidence: at most relation_weight, reached with rho >= relation_rho_full at p = 0, falling
+    # linearly to nothing at p = relation_p_zero. One instance-wide p-value decided every interval's
+    # verdict before (real vLLM: p = 0.002 -> all mixing, p = 0.014 -> all unknown, same traffic);
+    # now those two differ by ~0.01 of confidence. 0.15 keeps an interval's mixing below the 0.7 of a
+    # counted mixed step; rho 0.6 is a strong rank correlation.
+    relation_weight: float = 0.15
+    relation_rho_full: float = 0.6
+    relation_p_zero: float = 0.1
     not_llm_cap: float = 0.5        # highest confidence on an input with no decode-like structure
+    # Highest confidence of a verdict whose latency was read from stamps coarser than the usual
+    # step latency (a step row's baseline below its instance's stamp resolution: whole-second log
+    # stamps, ITL ~34 ms): a difference of two such stamps is known only to +-1 resolution, so
+    # which forward - or whether time between forwards - made it is not measured. 0.5: no better
+    # than the verdict of an input without decode structure (not_llm_cap).
+    resolution_cap: float = 0.5
 
     def __post_init__(self):
         if not 0 < self.host_gap_share <= 1:
@@ -111,12 +130,15 @@ class AttributionConfig:
             raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
         if not 0 < self.interval_factor <= 1:
             raise ValueError("AttributionConfig.interval_factor must be in (0, 1]")
-        if not 0 < self.relation_p < 1 or self.comm_delta <= 0 or self.sm_skew_delta <= 0:
-            raise ValueError("AttributionConfig.relation_p must be in (0, 1), comm_delta and sm_skew_delta > 0")
+        if not 0 < self.relation_p_zero < 1 or self.comm_delta <= 0 or self.sm_skew_delta <= 0:
+            raise ValueError("AttributionConfig.relation_p_zero must be in (0, 1), comm_delta and sm_skew_delta > 0")
         if not self.shape_jump > 1 or self.shape_min_rows < 1:
             raise ValueError("AttributionConfig.shape_jump must be > 1, shape_min_rows >= 1")
-        if not 0 <= self.not_llm_cap <= 1:
-            raise ValueError("AttributionConfig.not_llm_cap must be in [0, 1]")
+        if not 0 <= self.relation_weight <= 1 or self.relation_rho_full <= 0 or self.work_mad_k < 0:
+            raise ValueError("AttributionConfig.relation_weight must be in [0, 1], relation_rho_full > 0, "
+                             "work_mad_k >= 0")
+        if not 0 <= self.not_llm_cap <= 1 or not 0 <= self.resolution_cap <= 1:
+            raise ValueError("AttributionConfig.not_llm_cap and resolution_cap must be in [0, 1]")
 
 
 @dataclass(frozen=True)

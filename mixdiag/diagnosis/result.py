@@ -90,6 +90,13 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "prefill_itl_rho": ("ratio", "interval rows: Spearman rho of prefill work vs ITL excess across intervals"),
     "prefill_itl_p_value": ("ratio", "its one-sided permutation p-value"),
     "llm_serving": ("bool", "False when the input has no decode-like structure (confidence capped at 0.5)"),
+    "decodes_waited": ("bool", "running decodes got no token during this prefill-only step"),
+    "relation_confidence": ("ratio", "interval rows: confidence the whole-run prefill/ITL relation added"),
+    "prefill_work_near": ("count", "interval rows: prefill work in the interval (and the next, for late counters)"),
+    "prefill_work_usual": ("count", "interval rows: the instance's median prefill work per interval"),
+    "prefill_work_threshold": ("count", "interval rows: work above which it explains a spike (median + k sigma)"),
+    "stamp_resolution_s": ("s", "the source's stamp grid, coarser than the step time it would measure"),
+    "latency_below_resolution": ("bool", "the verdict's latency was read from too coarse stamps (confidence capped)"),
 }
 
 

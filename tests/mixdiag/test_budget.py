@@ -33,14 +33,31 @@ def _steps_timeline(n=240, period=30, tokens=True, faults=None, seed=0):
     return Timeline(pd.DataFrame(rows), pd.DataFrame(toks) if tokens else None, meta={})
 
 
-def _interval_timeline():
+def _intervals_from_tokens(tl: Timeline, width_s: float = 1.0) -> Timeline:
+    """Scrape-like interval rows made from raw token events the way a Prometheus histogram counts
+    them: each gap lands in the interval holding its later token (``t_start < t <= t_end``); the
+    row holds the gaps' count, mean (histogram sum / count) and quantiles, and the prompt tokens of
+    the steps that ended in it."""
+    tok = tl.tokens.sort_values(["request_id", "t_s"])
+    gap = tok.groupby("request_id")["t_s"].diff()
+    t0 = float(tl.steps["t_start_s"].min())
+    k = np.ceil((tok["t_s"] - t0) / width_s).astype(int) - 1
+    st_k = np.ceil((tl.steps["t_end_s"] - t0) / width_s).astype(int) - 1
     rows = []
-    for i in range(30):
-        k, q = ("mixed", 0.15) if i in (10, 25) else (("decode", 0.12) if i == 18 else ("decode", 0.03))
-        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=float(i + 1), granularity="interval",
-                         kind=k, prefill_tokens=2048.0 if k == "mixed" else 0.0, decode_rows=16.0,
-                         itl_count=50.0 + i, itl_p50_s=0.02, itl_p99_s=q, preempted_reqs=0.0))
+    for i in range(int(k.max()) + 1):
+        g = gap[(k == i) & gap.notna()].to_numpy()
+        rows.append(dict(instance="srv", step=i, t_start_s=t0 + i * width_s, t_end_s=t0 + (i + 1) * width_s,
+                         granularity="interval", kind="unknown", running_reqs=8.0, itl_count=float(len(g)),
+                         itl_mean_s=float(g.mean()) if len(g) else np.nan,
+                         itl_p50_s=float(np.quantile(g, 0.5)) if len(g) else np.nan,
+                         itl_p99_s=float(np.quantile(g, 0.99)) if len(g) else np.nan,
+                         prefill_tokens=float(tl.steps.loc[st_k == i, "prefill_tokens"].sum()), preempted_reqs=0.0))
     return Timeline(pd.DataFrame(rows), None, meta={})
+
+
+def _interval_timeline():
+    """Scrapes of the token stream of ``_steps_timeline`` (a mixed step every 45 steps)."""
+    return _intervals_from_tokens(_steps_timeline(n=1400, period=45))
 
 
 def _measured_excess(tl, d) -> float:
@@ -55,7 +72,8 @@ def _measured_excess(tl, d) -> float:
     if (s["granularity"] == "step").any():
         s = s[s["has_decode"] | s["is_spike"]]
         return float(np.maximum(s["latency_s"] - s["baseline_s"], 0).sum())
-    return float((np.maximum(s["latency_s"] - s["baseline_s"], 0) * s["itl_count"]).sum())
+    s = s[s["itl_count"] > 0]
+    return float(np.maximum(s["itl_count"] * (s["itl_mean_s"] - s["baseline_s"]), 0).sum())
 
 
 CASES = [  # id, timeline, budget source, cause that dominates the excess
@@ -64,7 +82,7 @@ CASES = [  # id, timeline, budget source, cause that dominates the excess
     ("step_latency", lambda: _steps_timeline(tokens=False, faults={130: dict(kv_transfer_bytes=4e6,
                                                                              kv_transfer_s=0.06, dur=0.085)}),
      "step_latency", "mixing"),
-    ("interval_itl", _interval_timeline, "interval_itl", "mixing"),
+    ("interval_itl", _interval_timeline, "interval_itl", None),
 ]
 
 
@@ -82,12 +100,18 @@ def test_budget_sums_to_measured_excess_and_agrees_with_by_cause(name, make, sou
     assert {c: ib.by_cause[c].spikes for c in CAUSES} == d.by_cause
     for c in CAUSES:  # a cause is charged excess only if it has spikes
         assert ib.by_cause[c].excess_s == 0 or d.by_cause[c] > 0
-    assert max(CAUSES, key=lambda c: ib.by_cause[c].excess_s) == top
-    assert ib.by_cause[top].p99_without_s < ib.p99_s  # removing the dominant cause lowers P99
-    assert ib.p99_floor_s <= ib.by_cause[top].p99_without_s
-    for c in CAUSES:  # a cause with no excess changes nothing
-        if ib.by_cause[c].excess_s == 0:
-            assert ib.by_cause[c].p99_without_s == ib.p99_s and ib.by_cause[c].p99_reduction_s == 0
+    top = top or max(CAUSES, key=lambda c: ib.by_cause[c].excess_s)
+    assert max(CAUSES, key=lambda c: ib.by_cause[c].excess_s) == top and ib.by_cause[top].excess_s > 0
+    assert ib.by_cause[top].mean_without_s < ib.mean_s  # removing the dominant cause lowers the mean
+    assert ib.by_cause[top].mean_without_s == pytest.approx(ib.mean_s - ib.by_cause[top].excess_s / ib.n_tokens)
+    if source == "interval_itl":  # interval quantiles do not compose into a P99: none is claimed
+        assert np.isnan(ib.p99_s) and all(np.isnan(cb.p99_without_s) for cb in ib.by_cause.values())
+    else:
+        assert ib.by_cause[top].p99_without_s < ib.p99_s  # removing the dominant cause lowers P99
+        assert ib.p99_floor_s <= ib.by_cause[top].p99_without_s
+        for c in CAUSES:  # a cause with no excess changes nothing
+            if ib.by_cause[c].excess_s == 0:
+                assert ib.by_cause[c].p99_without_s == ib.p99_s and ib.by_cause[c].p99_reduction_s == 0
     js = d.to_json()["budget"]
     assert js["total"]["excess_s"] == pytest.approx(ib.excess_s)
     assert js["instances"][inst]["by_cause"][top]["excess_s"] == pytest.approx(ib.by_cause[top].excess_s)
@@ -121,3 +145,42 @@ def test_empty_and_no_spike_budgets():
     empty = budget_of(pd.DataFrame(), pd.DataFrame(), pd.DataFrame())
     assert empty.instances == {} and empty.to_json()["total"]["excess_s"] == 0
     assert empty.excess_by_cause()["mixing"] == 0 and empty.excess_after({}) == (empty.excess_by_cause(), {})
+
+
+def _stream_seconds(tokens: pd.DataFrame) -> float:
+    """The time the requests spent decoding, from the raw token table alone: per request, its last
+    token's time minus its first's."""
+    t = tokens.groupby("request_id")["t_s"]
+    return float((t.max() - t.min()).sum())
+
+
+@pytest.mark.parametrize("period", [45, 9, 3])
+def test_budget_never_exceeds_the_stream_seconds_that_existed(period):
+    """Token gaps and the scrapes of the same stream: the budget is bounded by the decode time the
+    raw tokens show, and the interval budget is exactly the excess of the raw gaps in each interval
+    over its reference - where P99 x count would charge several times the stream-seconds."""
+    tl = _steps_timeline(n=1400, period=period)
+    bound = _stream_seconds(tl.tokens)
+    gaps = diagnose(tl).budget.instances["engine0"]
+    assert 0 < gaps.excess_s <= bound and gaps.token_time_s <= bound + 1e-9
+    iv = _intervals_from_tokens(tl)
+    d = diagnose(iv)
+    ib = d.budget.instances["srv"]
+    assert ib.source == "interval_itl" and 0 < ib.excess_s <= bound
+    # the truth per interval, from the raw tokens: sum of its gaps minus count x reference, clipped at 0
+    tok = tl.tokens.sort_values(["request_id", "t_s"])
+    gap = tok.groupby("request_id")["t_s"].diff().to_numpy()
+    t = tok["t_s"].to_numpy()
+    truth = 0.0
+    for r in d.steps.itertuples():
+        g = gap[(t > r.t_start_s) & (t <= r.t_end_s) & ~np.isnan(gap)]
+        if len(g) and np.isfinite(r.baseline_s):
+            truth += max(0.0, g.sum() - len(g) * r.baseline_s)
+    assert ib.excess_s == pytest.approx(truth, rel=1e-9)
+    assert ib.token_time_s == pytest.approx(np.nansum(gap), rel=1e-9)  # every gap counted once
+    # the old charge (each interval's P99 for every token) is no bound at all on a spiky stream
+    s = d.steps
+    old = float((np.maximum(s["itl_p99_s"] - s["baseline_s"], 0) * s["itl_count"]).sum())
+    assert old > bound
+    shares = d.to_json()["budget"]["total"]["by_cause"]
+    assert sum(v["share_of_excess"] for v in shares.values()) == pytest.approx(1.0)

@@ -20,7 +20,8 @@ from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
 from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
                                                  interval_decode_evidence, period_stats, periodicity, prefill_events,
-                                                 qualities, rank_relation, row_qualities, step_signals)
+                                                 qualities, rank_relation, row_qualities, step_signals,
+                                                 work_near)
 from mixdiag.schema import Timeline
 
 #: Columns whose presence per instance decides the signal qualities (signals.qualities).
@@ -83,6 +84,8 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
 #: vLLM's prompt counter lands every token in the interval of the last chunk, not where the
 #: chunks ran (formats.md §1.1), so ``prefill_tokens`` misses the intervals the chunks slowed.
 RELATION_WORK = ("prefill_work_tokens", "prefill_tokens", "large_step_share", "arrivals")
+#: The work column that already sits in the interval where the prefill ran (the others may land later).
+SPREAD_WORK = "prefill_work_tokens"
 
 
 def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
@@ -97,6 +100,9 @@ def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     work = next((sig[c] for c in RELATION_WORK if c in sig.columns and sig.loc[has_itl, c].notna().sum() >= enough),
                 pd.Series(np.nan, index=sig.index))
     relation = rank_relation(work.where(has_itl), (lat / base).where(has_itl), cfg.signals)
+    # the interval rule's per-interval evidence; a starved interval's prefill ran alone, mixed with nothing
+    sig["prefill_work_near"] = work_near(work.where(~sig["starved"]).to_numpy(dtype=float),
+                                         counted_late=work.name != SPREAD_WORK)
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
     return sig, ctx, period, "interval_itl_quantiles"
 
@@ -180,6 +186,8 @@ def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
     excess = (lat / base).where(has_itl).to_numpy(dtype=float)
     known_mode = gw.per_group((sig["graph_mode"] != "unknown").to_numpy(dtype=bool), groups, np.logical_or)
     llm = interval_decode_evidence(sig, groups)
+    near = np.full(len(sig), np.nan)
+    starved = sig["starved"].to_numpy(dtype=bool)
     out = []
     for g, inst in enumerate(present):
         lo, hi = b[g], b[g + 1]
@@ -190,9 +198,13 @@ def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
         wc = next((c for c in work_cols if n_work[c][g] >= cfg.signals.relation_min_rows), None)
         work = work_of[wc][lo:hi] if wc is not None else np.full(hi - lo, np.nan)
         relation = rank_relation(work, excess[lo:hi], cfg.signals)
+        if wc is not None:
+            near[lo:hi] = work_near(np.where(starved[lo:hi], np.nan, sig[wc].to_numpy(dtype=float)[lo:hi]),
+                                    counted_late=wc != SPREAD_WORK)
         norm = decode_graph_norm(sig.iloc[lo:hi]) if known_mode[g] else "unknown"
         # looks_like_llm_serving on interval rows: token events, too few rows to judge, or decode evidence
         llm_like = bool(inst in tok or hi - lo < cfg.signals.llm_min_rows or llm[g])
         out.append((inst, InstanceContext(quality=quality[g], graph_norm=norm, period=period, relation=relation,
                                           llm_like=llm_like)))
+    sig["prefill_work_near"] = near
     return sig, groups, out

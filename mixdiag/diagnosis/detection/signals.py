@@ -78,7 +78,8 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     for several instances' rows at once when ``groups`` numbers them (see :mod:`.groupwise`).
 
     Adds: ``has_prefill``, ``has_decode``, ``decodes_around`` (a neighbour step held decode
-    rows), ``decodes_before`` (decodes were running when the step began), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
+    rows), ``decodes_before`` (decodes were running when the step began), ``decodes_waited`` (a
+    prefill-only step that running decodes waited through: :func:`decodes_waited`), ``decode_only``, ``graph_off`` (PIECEWISE or NONE), ``sm_delta`` (SM activity minus
     that of neighbouring decode-only steps - FULL-graph steps when token counts are absent),
     ``comm_delta`` (collective share of the step minus its decode neighbourhood's), ``imbalance_rel`` (expert imbalance over its
     decode-only neighbourhood), ``kv_xfer``, ``preempt``, ``gap_excess_s`` (gap minus the
@@ -98,6 +99,12 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     prefill_only = s["has_prefill"] & ~hd
     last = gw.shift(gw.ffill(hd.astype(float).where(~prefill_only), groups), 1, np.nan, groups)
     s["decodes_before"] = last.fillna(0.0).astype(bool)
+    s["decodes_waited"] = decodes_waited(s, prefill_only, dr, groups)
+    s["stamp_resolution_s"] = stamp_resolution(s, groups)
+    # the per-forward time a sampled log states (SGLang's Decode line every 40 forwards: the mean
+    # step time since the previous line), against which the stamps' resolution is read
+    stated = pd.to_numeric(s["elapsed_s"], errors="coerce") if "elapsed_s" in s.columns else None
+    s["stated_step_s"] = gw.median(stated, groups) if stated is not None and stated.notna().any() else np.nan
     s["decode_only"] = hd & ~s["has_prefill"]
     s["graph_off"] = s["graph_mode"].isin(["PIECEWISE", "NONE"])
     w = cfg.neighbour_window
@@ -121,6 +128,55 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
     s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))
     return s
+
+
+#: Clock grids a source may stamp on, coarsest first (whole seconds: vLLM and SGLang log prefixes).
+STAMP_GRIDS_S = (1.0, 0.1, 0.01, 0.001)
+
+
+def stamp_resolution(s: pd.DataFrame, groups: np.ndarray | None = None) -> pd.Series:
+    """Per row, its instance's stamp resolution: the coarsest grid of :data:`STAMP_GRIDS_S` that
+    every start and end stamp of the instance's rows lies on, 0 when they are finer than 1 ms (a
+    trace, per-step records). A latency below it is not measured: two stamps a resolution apart
+    may be one forward or forty."""
+    t = np.concatenate([s["t_start_s"].to_numpy(dtype=float), s["t_end_s"].to_numpy(dtype=float)])
+    g = np.zeros(len(s), dtype=np.intp) if groups is None else np.asarray(groups)
+    g2 = np.concatenate([g, g])
+    n_groups = int(g.max()) + 1 if len(g) else 0
+    res = np.zeros(n_groups)
+    fin = np.isfinite(t)
+    cand = np.bincount(g2[fin], minlength=n_groups) > 0  # groups still on every grid tried so far
+    for grid in STAMP_GRIDS_S[::-1]:  # finest first: stamps off it are off every coarser one (a trace: one pass)
+        rows = fin & cand[g2]
+        if not rows.any():
+            break
+        with np.errstate(invalid="ignore"):
+            off = np.abs(t[rows] - np.round(t[rows] / grid) * grid) > 1e-6  # float stamps at unix scale: ~1e-7 s
+        cand &= ~(np.bincount(g2[rows], weights=off, minlength=n_groups) > 0)
+        res[cand] = grid
+    return pd.Series(res[g] if len(g) else np.zeros(0), index=s.index)
+
+
+def decodes_waited(s: pd.DataFrame, prefill_only: pd.Series, decoders: pd.Series,
+                   groups: np.ndarray | None = None) -> pd.Series:
+    """Prefill-only rows that running decodes waited through, from the step rows alone: decode rows
+    before the run of prefill-only steps and after it, and - where the counts say - more decoding
+    requests after it than the run prefilled (so some decoded before it too: they were running and
+    got no token during the prefill). vLLM V1 schedules running decodes first, so its prefill-only
+    steps run only when nothing decodes; decode rows on both sides then hold different requests (the
+    last tokens of finished ones, the first of the new ones) and the counts tell them apart. SGLang
+    without mixed chunk runs a prefill batch alone while its decode batch waits. Token events, where
+    present, say it directly (a gap spanning the step: step_view)."""
+    hd = s["has_decode"].astype(float)
+    after = gw.bfill(hd.where(~prefill_only), groups).fillna(0.0).astype(bool)
+    n_after = gw.bfill(decoders.where(~prefill_only), groups)
+    run = (~prefill_only).cumsum()
+    keys = [run] if groups is None else [pd.Series(groups, index=s.index), run]
+    new = s["prefill_reqs"] if "prefill_reqs" in s.columns else pd.Series(np.nan, index=s.index)
+    g = new.where(prefill_only).groupby(keys, sort=False)
+    run_new = g.transform("sum").where(g.transform("count") > 0)
+    more = (n_after > run_new) | n_after.isna() | run_new.isna()  # counts unknown: decode rows both sides
+    return (prefill_only & s["decodes_before"] & after & more).astype(bool)
 
 
 def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -308,16 +364,41 @@ def rank_relation(work: pd.Series, excess: pd.Series, cfg: SignalConfig) -> dict
     m = ~(np.isnan(w) | np.isnan(e))
     w, e = w[m], e[m]
     n_work = int((w > 0).sum())
+    usual = work_usual(w)
     # one or two intervals with prefill work are a coincidence, not a relation
     if len(w) < cfg.relation_min_rows or n_work < cfg.relation_min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
-        return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work}
+        return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work} | usual
     rw, re_ = average_ranks(w), average_ranks(e)
     rw, re_ = rw - rw.mean(), re_ - re_.mean()
     den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
     rho = float((rw * re_).sum() / den)
     perm = (rw[_permutations(len(rw), cfg.relation_perms, cfg.relation_seed)] * re_).sum(axis=1) / den
     p = float((1 + (perm >= rho).sum()) / (cfg.relation_perms + 1))
-    return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work}
+    return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work} | usual
+
+
+def work_usual(w: np.ndarray) -> dict:
+    """The usual prefill work of an instance's intervals: median and robust sigma (1.4826 x MAD)
+    of ``w`` (NaN-free). Each interval's own work is read against it (rules/interval_rules.py):
+    steady arrivals put prefill work in nearly every interval, so only work above the usual
+    explains a spike that the usual intervals did not show."""
+    if not len(w):
+        return {"work_median": float("nan"), "work_sigma": float("nan")}
+    med = float(np.median(w))
+    return {"work_median": med, "work_sigma": float(1.4826 * np.median(np.abs(w - med)))}
+
+
+def work_near(work: np.ndarray, counted_late: bool) -> np.ndarray:
+    """Per interval, the prefill work that ran in it: its own, and with ``counted_late`` (a counter
+    that lands a prompt's tokens when its prefill completes - vLLM's prompt counter, arrivals) the
+    next interval's too, since the chunks that slowed this interval may be counted there. A column
+    that already places the work where it ran (``prefill_work_tokens``) is read as it is. NaN where
+    none is known."""
+    w = np.asarray(work, dtype=float)
+    if not counted_late or not len(w):
+        return w.copy()
+    with np.errstate(invalid="ignore"):
+        return np.fmax(w, np.r_[w[1:], np.nan])
 
 
 @functools.lru_cache(maxsize=64)

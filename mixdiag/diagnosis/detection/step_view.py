@@ -70,8 +70,11 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
         # a request that already had tokens waited through this prefill-only step: decodes were
         # running even if no step before held decode rows (a burst of prompts at start-up)
         sig["decodes_before"] |= sig["has_prefill"] & ~sig["has_decode"] & visible
+        # ... and only such a request shows that decodes waited through it (no gap: nobody did)
+        sig["decodes_waited"] = sig["has_prefill"] & ~sig["has_decode"] & visible
     elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
-        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_before"])
+        # a prefill-only step is felt only by decodes that waited through it (signals.decodes_waited)
+        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_waited"])
     else:
         visible = pd.Series(True, index=sig.index)
     # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run

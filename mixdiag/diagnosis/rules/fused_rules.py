@@ -33,8 +33,8 @@ def _prefill_in_log(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
     ``--enable-mixed-chunk``) -> mixing; prefill-only steps that running decodes waited through
     (the same line without mixed chunk: SGLang runs the prefill batch alone) -> prefill_stall; only
     1-token extends after a KV transfer in this or the previous interval -> pd_transfer. The
-    lines show the work, not its duration, so confidence stays below the step rules'; it rises when
-    ITL rises with prefill work across the instance's intervals (the interval rule found the relation)."""
+    lines show the work, not its duration, so confidence stays below the step rules'; it rises with
+    the whole-run prefill/ITL relation (interval_rules.relation_confidence), never decided by it."""
     mixed, stall = num(row.get("fused_mixed_steps_in_interval")), num(row.get("fused_stall_steps_in_interval"))
     if num(row.get("prefill_tokens")) == 0:
         return None  # the interval's own prompt-token counter saw no prefill finish in it
@@ -45,10 +45,10 @@ def _prefill_in_log(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
                                                "reason": "a KV transfer was counted in this or the previous "
                                                          "interval and the log's only prefill lines are 1-token "
                                                          "extends of transferred requests"})
-    related = a.evidence.get("prefill_itl_p_value") is not None and a.cause == "mixing"
+    bonus = num(a.evidence.get("relation_confidence")) or 0.0  # the whole-run relation: confidence only
     ev = dict(a.evidence) | {"mixed_steps_in_log": mixed, "stall_steps_in_log": stall}
     if mixed:
-        return Attribution("mixing", round((0.7 + (0.1 if related else 0.0)) * cfg.interval_factor, 3),
+        return Attribution("mixing", round((0.7 + bonus) * cfg.interval_factor, 3),
                            ev | {"reason": "the log shows prefill batches forwarded with running decodes "
                                            "(mixed chunk) in the interval whose ITL spiked"})
     if stall:

@@ -1,7 +1,8 @@
 """Interval rules: a spike on an interval row (a scrape, a periodic stats line) is judged from its
-counters and gauges; for mixing, from the relation between prefill work per interval and ITL
-excess across the instance's intervals - one interval's sums never show that a prefill shared a
-step with decodes."""
+own evidence - its counters and gauges, its height against the reference, the prefill work in it
+and its neighbours against the instance's usual work per interval. The whole-run relation between
+prefill work and ITL excess (one permutation p-value for the instance) moves confidence only
+(:func:`relation_confidence`): a verdict never flips on it."""
 from __future__ import annotations
 
 import pandas as pd
@@ -11,10 +12,39 @@ from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.rules.rule_context import Attribution, evidence_of, num, off_graph_dominates, row_quality
 
 
+def relation_confidence(relation: dict, cfg: AttributionConfig) -> float:
+    """What the whole-run prefill/ITL relation adds to an interval's confidence: up to
+    ``cfg.relation_weight`` for a positive rank correlation, linear in rho up to
+    ``cfg.relation_rho_full`` and in the p-value down to nothing at ``cfg.relation_p_zero`` - smooth,
+    so that two runs of the same traffic (p = 0.002 and p = 0.014) differ by a hundredth of
+    confidence, not by a verdict. 0 when untested."""
+    rho, p = num(relation.get("rho")), num(relation.get("p_value"))
+    if rho is None or p is None or rho <= 0:
+        return 0.0
+    return cfg.relation_weight * min(1.0, rho / cfg.relation_rho_full) * max(0.0, 1.0 - p / cfg.relation_p_zero)
+
+
+def work_stands_out(row, ctx: InstanceContext, cfg: AttributionConfig) -> tuple[bool, dict]:
+    """Whether the prefill work in the interval or a neighbour (``prefill_work_near``) stands above
+    the instance's usual work per interval (median + ``cfg.work_mad_k`` robust sigmas): the usual
+    intervals held that much work without spiking, so only more explains the spike. With no
+    per-interval work column: whether any work counter is positive (nothing to compare with)."""
+    near = num(row.get("prefill_work_near"))
+    usual, sigma = num(ctx.relation.get("work_median")), num(ctx.relation.get("work_sigma"))
+    if near is None:
+        return False, {}
+    thr = None if usual is None else usual + cfg.work_mad_k * (sigma or 0.0)
+    ev = {"prefill_work_near": near, "prefill_work_usual": usual,
+          "prefill_work_threshold": None if thr is None else round(thr, 3)}
+    return near > 0 and (thr is None or near > thr), ev
+
+
 def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = AttributionConfig()) -> Attribution:
-    """An interval (scrape, periodic log) spike: its counters and gauges, and for mixing the relation
-    between prefill work per interval and ITL excess across the instance's intervals - one
-    interval's sums alone never show that a prefill shared a step with decodes."""
+    """An interval (scrape, periodic log) spike, from its own evidence: counters and gauges, and for
+    mixing the prefill work in and around it against the instance's usual work per interval - one
+    interval's sums never show that a prefill shared a step with decodes, but work well above the
+    usual, beside a spike the usual intervals did not show, does point at it. The whole-run relation
+    moves confidence only."""
     ev = evidence_of(row, ctx)
     f = cfg.interval_factor
 
@@ -47,13 +77,15 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         return done("prefill_stall", 0.75, decodes_before=True, starved_interval=True,
                     reason="requests were running but no token came out in the interval while prompt tokens "
                            "were computed; the next tokens logged an ITL as long as the wait")
-    work = any(pos(c) for c in ("prefill_tokens", "prefill_work_tokens", "large_step_share", "arrivals", "mixed_steps", "prefill_steps"))
+    above, work_ev = work_stands_out(row, ctx, cfg)
+    work = above or any(pos(c) for c in ("prefill_tokens", "prefill_work_tokens", "large_step_share", "arrivals",
+                                         "mixed_steps", "prefill_steps"))
     running = any(pos(c) for c in ("running_reqs", "decode_steps", "mixed_steps", "itl_count", "output_tokens"))
     counted = num(row.get("mixed_steps")) is not None and num(row.get("prefill_steps")) is not None
     rho, p = num(ctx.relation.get("rho")), num(ctx.relation.get("p_value"))
-    related = rho is not None and p is not None and rho > 0 and p < cfg.relation_p
+    bonus = relation_confidence(ctx.relation, cfg)
     rel_ev = {"prefill_itl_rho": None if rho is None else round(rho, 3),
-              "prefill_itl_p_value": None if p is None else round(p, 4)}
+              "prefill_itl_p_value": None if p is None else round(p, 4), "relation_confidence": round(bonus, 3)}
     if work and running and off_graph_dominates(row):
         return done("graph_fallback", 0.6, interval_graph_off_decode_steps=num(row.get("graph_off_decode_steps")),
                     reason="decode passes off the captured graph outnumber the interval's mixed steps, whose "
@@ -61,13 +93,16 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     if work and running:
         # the engine counted a mixed step in the interval, or the row states it (measured kind)
         if pos("mixed_steps") or (row.get("kind") == "mixed" and row_quality(row, ctx, "token_allocation") == "measured"):
-            return done("mixing", 0.7 + (0.15 if related else 0.0), **rel_ev)
+            return done("mixing", 0.7 + bonus, **rel_ev)
         if counted and pos("prefill_steps") and pos("decode_steps"):
-            return done("prefill_stall", 0.7 + (0.1 if related else 0.0), decodes_before=True, **rel_ev)
-        if related:
-            return done("mixing", 0.55 + 0.25 * min(1.0, rho / 0.6), **rel_ev)
-        return done("unknown", 0.3, **rel_ev, reason="prefill work ran in the interval, but across intervals ITL "
-                    "does not rise with prefill work, so it does not show that the prefill slowed the decodes")
+            return done("prefill_stall", 0.7 + bonus, decodes_before=True, **rel_ev)
+        if above:
+            return done("mixing", 0.55 + bonus, **rel_ev, **work_ev,
+                        reason="prefill work in the interval or beside it stands above the instance's usual work "
+                               "per interval, with decodes running and no other fault counted")
+        return done("unknown", 0.3, **rel_ev, **work_ev,
+                    reason="prefill work ran in the interval, but no more than in the instance's usual intervals, "
+                           "which did not spike with it: it does not explain the spike")
     goff = num(row.get("graph_off_decode_steps"))
     if goff is not None and goff > 0 and not work:
         # decode passes the engine itself counted as run without a graph: a direct count

@@ -6,7 +6,8 @@ reaches is in docs/analyze.md):
 2. ``host_stall``     a measured idle gap before the step holds most of the excess;
 3. ``kv_pressure``    the step preempted / retracted requests for lack of KV blocks;
 4. ``mixing``         the token allocation holds prefill tokens *and* decode rows;
-5. ``prefill_stall``  a prefill-only step while decodes were running;
+5. ``prefill_stall``  a prefill-only step that running decodes waited through (token gaps spanning
+   it, or decode rows on both sides with decoders that predate it);
 6. ``mixing`` / ``graph_fallback`` without token counts: left the FULL decode graph, and SM
    activity above (compute-heavy: mixing) or at (memory-bound: fallback) the decode level, or
    recurring with prefill arrivals; ``unknown`` with the reason when the subset cannot separate;
@@ -84,10 +85,13 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
             conf -= 0.15
         return done("mixing", conf, graph_left_full=graph_left, sm_delta=smd, sm_high=sm_high, periodic=periodic)
 
-    # 5. prefill stall: a prefill-only step while decodes were running.
-    if alloc and has_p and not has_d and bool(row.get("decodes_before")):
+    # 5. prefill stall: a prefill-only step that running decodes waited through - a token gap spans
+    # it (token events), else decode rows before and after it with more decoders after than it
+    # prefilled (signals.decodes_waited). A prefill-only step nobody was decoding through (vLLM V1
+    # runs one only then) stalls nobody.
+    if alloc and has_p and not has_d and _decodes_waited(row):
         conf = 0.85 if qa == "measured" else 0.6 + (0.1 if graph_left else 0.0)
-        return done("prefill_stall", conf, decodes_before=True)
+        return done("prefill_stall", conf, decodes_before=True, decodes_waited=True)
 
     # 6. mixing without token counts: the article's other three signals.
     if not alloc:
@@ -147,6 +151,13 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
                         "in-graph slowdowns" + (" (the ranks' SM-busy time was even)"
                                                 if num(row.get("rank_sm_skew")) is not None else ""))
     return Attribution("unknown", round(ruled, 3), ev | {"reason": ev.get("reason", "no cause's evidence present")})
+
+
+def _decodes_waited(row) -> bool:
+    """Running decodes got no token during this prefill-only step (``decodes_waited``: with token
+    events a gap spans it, step_view; without, the step rows around it, signals.decodes_waited), or
+    a request that sat out steps felt its wait here."""
+    return bool(row.get("decodes_waited")) or bool(row.get("request_stall", False))
 
 
 def _without_counts(row, ctx, cfg, graph_left, smd, sm_high, periodic, done) -> Attribution | None:
