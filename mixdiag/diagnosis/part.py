@@ -106,6 +106,20 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
     return owners, views
 
 
+def _token_views_own_latency(owners) -> set:
+    """An engine whose step view measures latency per output token (client records, per-step
+    records) sees every wait an interval's ITL histogram holds, finer: its interval rows that hold
+    steps of that view are evidence only, never spikes of their own (one server, counted once).
+    Returns those engines."""
+    by_tokens = {engine_of(inst) for _, ctxs in owners for inst, _, source in ctxs if source == "token_itl"}
+    for sig, ctxs in owners:
+        if len(ctxs) != 1 or engine_of(ctxs[0][0]) not in by_tokens or "fused_steps_in_interval" not in sig.columns:
+            continue
+        iv = (sig["granularity"] == "interval") & sig["fused_steps_in_interval"].fillna(0).gt(0)
+        sig.loc[iv, "is_spike"] = False
+    return by_tokens
+
+
 def _absorbed(spikes: list, frames: list, inst: str, row: pd.Series, a) -> bool:
     """Whether the step view of the same engine already has spikes inside interval ``row`` (its
     ``fused_interval``): then the interval's judgement (a wait between steps, preemptions) is the
@@ -141,6 +155,7 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
     frames = [sig for sig, _ in owners]
     has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
+    by_tokens = _token_views_own_latency(owners)
     # EP ranks of one engine: each step row learns what its peers' same step held
     couple_ranks(frames, cfg.fusion.rank_align)
     for sig, ctxs in owners:  # attribution, per spike
@@ -167,7 +182,7 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
             for _, row in iv.iterrows():
                 if (inst, int(row["step"])) in have or (a := judge(row, cfg.attribution)) is None:
                     continue
-                if _absorbed(spikes, frames, inst, row, a):
+                if _absorbed(spikes, frames, inst, row, a) or engine_of(inst) in by_tokens:
                     continue
                 base = float(row["baseline_s"]) if pd.notna(row["baseline_s"]) else np.nan
                 lat = row["latency_s"]
