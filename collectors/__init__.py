@@ -79,13 +79,16 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     from mixdiag.collectors import registry
 
     paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
+    explicit = options.pop("join", None)  # --instance NAME=PATH,...: which inputs are one server (join.py)
     ignored: list[str] = []
-    inputs = expand(paths, format, ignored)
+    given = [(os.fspath(p), src, fmt) for p in paths for src, fmt in expand([p], format, ignored)]
+    inputs = [(src, fmt) for _, src, fmt in given]
     if len(inputs) > 1 and options.get("instance"):
         raise UserError("--instance names one input's instance; give it with a single input")
     # SM-activity sources (DCGM, NVML) are mapped onto the steps of the other inputs when there are any.
     sm = [(src, fmt) for src, fmt in inputs if fmt in SM_ACTIVITY_FORMATS]
     if sm and len(sm) < len(inputs):
+        given = [g for g in given if g[2] not in SM_ACTIVITY_FORMATS]
         inputs = [(src, fmt) for src, fmt in inputs if fmt not in SM_ACTIVITY_FORMATS]
     else:
         sm = []
@@ -96,6 +99,7 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     if len(timelines) > 1:  # a year-less log (vLLM) takes its year from the unix-clock inputs beside it
         from mixdiag.collectors.logs.log_lines import align_assumed_years
         timelines = align_assumed_years(timelines, inputs, lambda s, f, **kw: _read(s, f, kw), options)
+    timelines, inputs = _join(timelines, given, explicit)
     tl = timelines[0] if len(timelines) == 1 else _combine(timelines, inputs)
     for src, fmt in sm:
         tl = registry.module(fmt).read(src, steps=tl, **options)
@@ -114,6 +118,25 @@ def _read(src: str, fmt: str, options: dict) -> Timeline:
     return tl
 
 
+def _join(timelines: list[Timeline], given: list[tuple[str, str, str]], explicit: dict | None):
+    """The inputs of one server joined into one Timeline each (:mod:`.join`); every instance's
+    inputs listed in ``meta["instance_sources"]``."""
+    from mixdiag.collectors import join
+
+    inputs = [join.Input(g, src, fmt, tl, *join.hints(src, fmt)) for (g, src, fmt), tl in zip(given, timelines)]
+    out, pairs = [], []
+    for srv in join.plan(inputs, explicit):
+        if len(srv.members) == 1 and srv.name is None:
+            inp = srv.members[0]
+            tl = inp.timeline
+            tl.meta["instance_sources"] = join.sources_of(inp)
+        else:
+            tl = join.join_server(srv)
+        out.append(tl)
+        pairs.append((srv.members[0].source, srv.members[0].fmt))
+    return out, pairs
+
+
 def _combine(timelines: list[Timeline], inputs: list[tuple[str, str]]) -> Timeline:
     from mixdiag.schema import SchemaError, Timeline
 
@@ -123,9 +146,11 @@ def _combine(timelines: list[Timeline], inputs: list[tuple[str, str]]) -> Timeli
         which = ", ".join(f"{Path(src).name}: {tl.meta.get('clock')}" for (src, _), tl in zip(inputs, timelines))
         raise UserError(f"inputs cannot be aligned on one clock ({which})")
     try:
-        return Timeline.concat(timelines)
+        tl = Timeline.concat(timelines)
     except SchemaError as e:
         raise UserError(f"inputs cannot be combined: {e}") from None
+    tl.meta["instance_sources"] = {k: v for t in timelines for k, v in t.meta.get("instance_sources", {}).items()}
+    return tl
 
 
 def _disambiguate(timelines: list[Timeline], sources: list[str]) -> list[Timeline]:
@@ -158,4 +183,9 @@ def rename_instances(tl: Timeline, mapping: dict[str, str]) -> Timeline:
             s["instances"] = [mapping.get(i, i) for i in s["instances"]]
         sources.append(s)
     meta["sources"] = sources
+    if "instance_sources" in meta:  # join.py's listing: keyed by instance, naming its views
+        meta["instance_sources"] = {mapping.get(k, k): {**v, "views": [mapping.get(i, i) for i in v.get("views", [])],
+                                                        "sources": [{**s, "view": mapping.get(s.get("view"), s.get("view"))}
+                                                                    for s in v.get("sources", [])]}
+                                    for k, v in meta["instance_sources"].items()}
     return Timeline(ren(tl.steps), ren(tl.tokens), ren(tl.series), meta)

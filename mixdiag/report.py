@@ -168,6 +168,11 @@ def render(d, top: int = 10, warnings: list[str] | tuple = ()) -> str:
     if d.instances:
         out.append("")
     for inst, info in d.instances.items():
+        if len(info.get("sources", ())) > 1:  # one server read from several inputs (collectors/join.py)
+            out.append(f"{inst}: one server from {len(info['sources'])} inputs ({info.get('joined_by')}): "
+                       + ", ".join(f"{s['path']} ({s['format']})" for s in info["sources"]))
+        if "signals" not in info:
+            continue
         missing = [s for s, q in info["signals"].items() if q == "absent"]
         est = [s for s, q in info["signals"].items() if q in ("estimated", "inferred")]
         note = f"{inst}: latency from {info['latency_source']}"

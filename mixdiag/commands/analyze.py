@@ -14,7 +14,7 @@ def register(sub, common):
                                    "directory, an Nsight SQLite export, a Kineto trace, engine logs, a scrape "
                                    "directory); several inputs are analysed together on one clock. Never reads "
                                    "truth.csv. The --json document is described in docs/analyze.md.")
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="run directory or capture file(s)")
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help="run directory or capture file(s)")
     p.add_argument("--format", default="auto", help="input format for every INPUT (default: auto-detect)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="spikes listed in the human report (default 10)")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (never overwrites)")
@@ -28,9 +28,10 @@ def register(sub, common):
     h.add_argument("--model-config", metavar="FILE", help="ledger model config file (JSON/TOML) instead of --model")
     h.add_argument("--device", default="h200", help="device model (h200, h100, a100; default h200)")
     h.add_argument("--context-len", type=int, default=4096, metavar="C", help="decode context length assumed (default 4096)")
-    from mixdiag.commands.flags import add_source_flags, add_step_flags
+    from mixdiag.commands.flags import add_instance_flags, add_source_flags, add_step_flags
     add_step_flags(p)
     add_source_flags(p)
+    add_instance_flags(p)
     p.set_defaults(func=run)
 
 
@@ -67,8 +68,13 @@ def run(args, console):
         raise UserError("--jobs must be >= 1")
     if args.html and Path(args.html).exists():
         raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
-    from mixdiag.commands.flags import source_options, step_options
-    tl = load_inputs(args.inputs, args.format, **step_options(args), **source_options(args))
+    from mixdiag.commands.flags import instance_options, source_options, step_options
+    joined = instance_options(args)
+    inputs = list(args.inputs)  # paths named only by --instance are inputs too
+    inputs += [p for paths in joined.get("join", {}).values() for p in paths if p not in inputs]
+    if not inputs:
+        raise UserError("no input given (INPUT or --instance NAME=PATH)")
+    tl = load_inputs(inputs, args.format, **step_options(args), **source_options(args), **joined)
     console.note(f"loaded {tl!r}", level=1)
     from mixdiag.report import skipped_by_source, source_warnings, strict_failure
     if args.strict and (failure := strict_failure(tl.meta)):
@@ -84,7 +90,7 @@ def run(args, console):
         from mixdiag.report_html import write_html
 
         write_html(d, args.html, model=resolve(args.model, args.model_config), device=device(args.device),
-                   context_len=args.context_len, title=f"mixdiag analyze {' '.join(args.inputs)}")
+                   context_len=args.context_len, title=f"mixdiag analyze {' '.join(inputs)}")
         console.note(f"wrote {args.html}")
     human = render(d, top=args.top, warnings=warnings)
     doc = {**d.to_json(), "sources": skipped_by_source(tl.meta), "inputs_ignored": list(tl.meta.get("inputs_ignored", []))}

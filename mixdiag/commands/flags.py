@@ -143,6 +143,31 @@ def add_source_flags(p) -> None:
                    help="which GPUs serve which instance for DCGM sm_active, e.g. vllm-0:8000=0,vllm-0:8000=1")
 
 
+def add_instance_flags(p) -> None:
+    """``--instance NAME=PATH[,PATH...]`` (repeatable): which inputs are one server (collectors/join.py)."""
+    g = p.add_argument_group("one server, every source")
+    g.add_argument("--instance", action="append", default=None, metavar="NAME=PATH[,PATH...]", dest="join",
+                   help="these inputs (log, scrape directory or URL, client records, trace) are one server named "
+                        "NAME (repeatable; paths not among INPUT are added). Without it, inputs whose time spans "
+                        "overlap and whose model names agree are joined into one server")
+
+
+def instance_options(args) -> dict:
+    """``load`` options from :func:`add_instance_flags`: ``join={NAME: [PATH, ...]}`` (only when given)."""
+    out: dict[str, list[str]] = {}
+    for spec in getattr(args, "join", None) or ():
+        name, sep, paths = spec.partition("=")
+        items = [x.strip() for x in paths.split(",") if x.strip()]
+        if not sep or not name.strip() or not items:
+            raise UserError(f"--instance {spec}: expected NAME=PATH[,PATH...]")
+        if "@" in name:
+            raise UserError(f"--instance {spec}: NAME may not contain '@' (it separates an instance's views)")
+        if name.strip() in out:
+            raise UserError(f"--instance {name.strip()} given twice")
+        out[name.strip()] = items
+    return {"join": out} if out else {}
+
+
 def source_options(args) -> dict:
     """``load`` options from :func:`add_source_flags` (only those given)."""
     from mixdiag.collectors.gpu.dcgm import parse_gpu_map

@@ -16,7 +16,7 @@ from mixdiag.diagnosis.detection.interval_batch import interval_pipeline, interv
 from mixdiag.diagnosis.detection.signals import graph_off_decode_column, looks_like_llm_serving, signal_quality
 from mixdiag.diagnosis.detection.spikes import rows_of, spike_rows
 from mixdiag.diagnosis.detection.step_view import step_pipeline, window_mean_latency
-from mixdiag.diagnosis.evidence.fusion import couple_ranks, faults_seen_by_intervals, fuse_evidence
+from mixdiag.diagnosis.evidence.fusion import couple_ranks, engine_of, faults_seen_by_intervals, fuse_evidence
 from mixdiag.diagnosis.rules.attribution import attribute_spike
 from mixdiag.diagnosis.rules.fused_rules import attribute_between_steps, attribute_preemptions
 from mixdiag.schema import Timeline
@@ -106,6 +106,46 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
     return owners, views
 
 
+def _token_views_own_latency(owners) -> set:
+    """An engine whose step view measures latency per output token (client records, per-step
+    records) sees every wait an interval's ITL histogram holds, finer: its interval rows that hold
+    steps of that view are evidence only, never spikes of their own (one server, counted once).
+    Returns those engines."""
+    by_tokens = {engine_of(inst) for _, ctxs in owners for inst, _, source in ctxs if source == "token_itl"}
+    for sig, ctxs in owners:
+        if len(ctxs) != 1 or engine_of(ctxs[0][0]) not in by_tokens or "fused_steps_in_interval" not in sig.columns:
+            continue
+        iv = (sig["granularity"] == "interval") & sig["fused_steps_in_interval"].fillna(0).gt(0)
+        sig.loc[iv, "is_spike"] = False
+    return by_tokens
+
+
+def _absorbed(spikes: list, frames: list, inst: str, row: pd.Series, a) -> bool:
+    """Whether the step view of the same engine already has spikes inside interval ``row`` (its
+    ``fused_interval``): then the interval's judgement (a wait between steps, preemptions) is the
+    same wait seen coarser, so it names those of them no cause explained instead of adding a second
+    spike - one server seen through several sources counts each spike once."""
+    eng, k = engine_of(inst), float(row["step"])
+    hit = False
+    for f in frames:
+        if not len(f) or "fused_interval" not in f.columns or engine_of(str(f["instance"].iloc[0])) != eng:
+            continue
+        m = (f["granularity"] == "step") & f["is_spike"].astype(bool) & (f["fused_interval"] == k)
+        if not m.any():
+            continue
+        hit = True
+        unknown = m & (f["cause"] == "unknown")
+        if not unknown.any():
+            continue
+        f.loc[unknown, "cause"] = a.cause
+        named = {(str(i), int(n)) for i, n in zip(f.loc[unknown, "instance"], f.loc[unknown, "step"])}
+        for sp in spikes:
+            if sp["granularity"] == "step" and (sp["instance"], sp["step"]) in named:
+                sp.update(cause=a.cause, confidence=a.confidence, evidence={**sp["evidence"], **{k2: v for k2, v in a.evidence.items() if k2 != "granularity"},
+                                                                          "interval": int(k)})
+    return hit
+
+
 def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
     group with no evidence shared outside it: parallel.py)."""
@@ -115,6 +155,7 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
     frames = [sig for sig, _ in owners]
     has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
+    by_tokens = _token_views_own_latency(owners)
     # EP ranks of one engine: each step row learns what its peers' same step held
     couple_ranks(frames, cfg.fusion.rank_align)
     for sig, ctxs in owners:  # attribution, per spike
@@ -140,6 +181,8 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
             iv = sig[sig["granularity"] == "interval"].sort_values("step", kind="stable")
             for _, row in iv.iterrows():
                 if (inst, int(row["step"])) in have or (a := judge(row, cfg.attribution)) is None:
+                    continue
+                if _absorbed(spikes, frames, inst, row, a) or engine_of(inst) in by_tokens:
                     continue
                 base = float(row["baseline_s"]) if pd.notna(row["baseline_s"]) else np.nan
                 lat = row["latency_s"]

@@ -15,6 +15,7 @@ from mixdiag.causes import CAUSES, VERDICT_LEAD
 from mixdiag.diagnosis.budget import Budget, budget_of
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.spikes import itl_values
+from mixdiag.diagnosis.evidence.fusion import engine_of
 from mixdiag.diagnosis.part import Part
 from mixdiag.schema import Column, Timeline
 
@@ -138,7 +139,7 @@ class Headline:
     itl_source: str  # "tokens" (per output event) | "steps" (step-to-step) | "intervals" | "none"
     mixed_share: float  # mixed steps / work steps; NaN without step-granularity rows
     n_steps: int  # rows of the analysed Timeline's steps frame (steps and intervals)
-    instances: tuple[str, ...]
+    instances: tuple[str, ...]  # servers: the views NAME@... of one server count as NAME (evidence/fusion.py)
     t_first_s: float
     t_last_s: float
     last_spike: dict = field(default_factory=dict)  # cause, itl_s, t_s, instance, step (empty: none)
@@ -176,7 +177,7 @@ def make_headline(timeline: Timeline, verdict: str, by_cause: dict[str, int], it
                     itl_p50_s=_f(itl.get("p50_s")), itl_p99_s=_f(itl.get("p99_s")), itl_max_s=_f(itl.get("max_s")),
                     itl_source=_ITL_SOURCE.get(str(itl.get("source")), "none"),
                     mixed_share=mixed_share(timeline.steps), n_steps=len(timeline.steps),
-                    instances=tuple(timeline.instances), t_first_s=_f(span[0]), t_last_s=_f(span[1]),
+                    instances=tuple(dict.fromkeys(engine_of(i) for i in timeline.instances)), t_first_s=_f(span[0]), t_last_s=_f(span[1]),
                     last_spike=last)
 
 
@@ -304,6 +305,19 @@ def spike_frame(spikes: list) -> pd.DataFrame:
     return sp
 
 
+def with_sources(instances: dict, listing: dict) -> dict:
+    """``Diagnosis.instances`` with each server's inputs (``sources``: path, format, role, view) and
+    views from the collectors' ``instance_sources``; a view ``NAME@...`` of a server says ``view_of``."""
+    out = {k: dict(v) for k, v in instances.items()}
+    for name, entry in listing.items():
+        out.setdefault(name, {}).update(sources=list(entry.get("sources", [])), views=list(entry.get("views", [])),
+                                        joined_by=entry.get("joined_by"), join_notes=list(entry.get("notes", [])))
+        for view in entry.get("views", []):
+            if view != name and view in out:
+                out[view]["view_of"] = name
+    return out
+
+
 def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) -> Diagnosis:
     """The Diagnosis of ``timeline`` from the detection/attribution of all its instances (one
     :class:`~mixdiag.diagnosis.part.Part`, or the parts of parallel.py merged): counts, ITL, verdict,
@@ -324,5 +338,5 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
         verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cap})."
     headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
-                     instances=part.instances, config=cfg,
+                     instances=with_sources(part.instances, timeline.meta.get("instance_sources") or {}), config=cfg,
                      budget=budget if budget is not None else budget_of(timeline.tokens, steps, sp))

@@ -1,0 +1,131 @@
+"""One server, every source (collectors/join.py): a server's log, scrape directory and client records
+are one instance; client records + scrapes count each spike once; ``--instance`` overrides the
+automatic join; inputs naming different models stay apart.
+
+Inputs come from one reference-engine run (host-stall scenario, vLLM log lines, scrapes every
+0.5 s). The client file is written from the run's own token events (what a client on loopback saw,
+on the same wall clock), in ``mixdiag load``'s record format.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from mixdiag.collectors import load
+from mixdiag.diagnosis import diagnose
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("join") / "run"
+    subprocess.run([sys.executable, "-m", "mixdiag", "run", "--scenario", "host-stall", "--max-steps", "150",
+                    "--log-format", "vllm", "--scrape-interval", "0.5", "--out", str(out), "-q"],
+                   check=True, capture_output=True, timeout=300)
+    return out
+
+
+def client_file(run_dir, path, model: str | None = None):
+    """A ``mixdiag load`` file of the run's token events (one record per request)."""
+    tok = pd.read_parquet(run_dir / "tokens.parquet").sort_values("t_s")
+    with open(path, "w") as f:
+        f.write(json.dumps({"type": "header", "format": "mixdiag-load", "version": 1,
+                            "url": "http://127.0.0.1:8000", "model": model}) + "\n")
+        for rid, g in tok.groupby("request_id", sort=False):
+            first = g[g["is_first"] == 1]
+            start = float(first["arrival_s"].iloc[0]) if len(first) else float(g["t_s"].iloc[0])
+            f.write(json.dumps({"type": "request", "request_id": rid, "status": "ok", "start_s": start,
+                                "token_times_s": [float(t) for t in g["t_s"]],
+                                "prompt_tokens": int(first["prompt_tokens"].iloc[0]) if len(first) else None}) + "\n")
+    return path
+
+
+def log_with_model(run_dir, path, model: str):
+    """The run's vLLM log behind a start-up line naming ``model`` (vLLM's engine config line)."""
+    text = (run_dir / "engine.log").read_text()
+    path.write_text(f"INFO 12-01 00:00:00 [core.py:75] Initializing a V1 LLM engine (v0.10.0) with config: "
+                    f"model='{model}', speculative_config=None, tokenizer='{model}'\n" + text)
+    return path
+
+
+def test_log_and_scrapes_of_one_server_are_one_instance(run_dir):
+    tl = load([str(run_dir / "engine.log"), str(run_dir / "scrapes")])
+    (name, entry), = tl.meta["instance_sources"].items()
+    assert {s["format"] for s in entry["sources"]} == {"vllm-log", "prom-text"}
+    assert entry["joined_by"] == "overlap" and set(tl.instances) == {name, f"{name}@intervals"}
+    steps = tl.steps.set_index("instance")["granularity"]
+    assert (steps.loc[name] == "step").all() and (steps.loc[f"{name}@intervals"] == "interval").all()
+    d = diagnose(tl)
+    assert d.headline.instances == (name,)
+    assert [s["path"] for s in d.to_json()["instances"][name]["sources"]] == [str(run_dir / "engine.log"),
+                                                                             str(run_dir / "scrapes")]
+
+
+def test_client_records_and_scrapes_count_each_spike_once(run_dir, tmp_path):
+    client = client_file(run_dir, tmp_path / "client.jsonl")
+    alone = diagnose(load(str(client)))
+    tl = load([str(client), str(run_dir / "scrapes")])
+    (name, entry), = tl.meta["instance_sources"].items()
+    assert {s["role"] for s in entry["sources"]} == {"client", "scrapes"}
+    d = diagnose(tl)
+    assert d.headline.n_spikes == alone.headline.n_spikes > 0, (d.by_cause, alone.by_cause)
+    sp = d.spikes
+    step_sp, iv_sp = sp[sp["granularity"] == "step"], sp[sp["granularity"] == "interval"]
+    # no interval spike holds a step spike of the same server: each wait is named once
+    for _, r in iv_sp.iterrows():
+        inside = step_sp[(step_sp["t_s"] > r["t_start_s"]) & (step_sp["t_s"] <= r["t_end_s"])]
+        assert not len(inside), (r.to_dict(), inside[["t_s", "cause"]])
+    # the stalls the client saw are named once each: a stall is host_stall or unknown, never both
+    stalls = sp[sp["cause"].isin(["host_stall", "unknown"])].sort_values("t_s")
+    assert not (stalls["t_s"].diff() < 1e-3).any()
+
+
+def test_explicit_instance_overrides_the_join(run_dir):
+    log, scrapes = str(run_dir / "engine.log"), str(run_dir / "scrapes")
+    tl = load([log, scrapes], join={"a": [log], "b": [scrapes]})
+    assert tl.instances == ["a", "b"] and set(tl.meta["instance_sources"]) == {"a", "b"}
+    assert tl.meta["instance_sources"]["a"]["joined_by"] == "--instance"
+    both = load([log, scrapes], join={"srv": [log, scrapes]})
+    assert set(both.instances) == {"srv", "srv@intervals"}
+
+
+def test_two_servers_with_different_model_names_stay_two(run_dir, tmp_path):
+    client = client_file(run_dir, tmp_path / "client.jsonl", model="llama-b")
+    log = log_with_model(run_dir, tmp_path / "a.log", "llama-a")
+    apart = load([str(log), str(client)])
+    assert len(apart.meta["instance_sources"]) == 2
+    same = load([str(log_with_model(run_dir, tmp_path / "b.log", "llama-b")), str(client)])
+    (name, entry), = same.meta["instance_sources"].items()
+    assert name == "llama-b" and [s["models"] for s in entry["sources"]] == [["llama-b"], ["llama-b"]]
+
+
+def test_analyze_instance_flag_lists_sources_and_rejects_bad_specs(run_dir, capsys):
+    from mixdiag.cli import main
+
+    log, scrapes = str(run_dir / "engine.log"), str(run_dir / "scrapes")
+    assert main(["analyze", "--json", "--instance", f"srv={log},{scrapes}"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [s["path"] for s in doc["instances"]["srv"]["sources"]] == [log, scrapes]
+    assert doc["instances"]["srv@intervals"]["view_of"] == "srv"
+    assert main(["analyze", log, "--instance", "srv"]) != 0
+    assert "NAME=PATH" in capsys.readouterr().err
+
+
+def test_an_interval_judgement_over_step_spikes_names_them_instead_of_adding_one():
+    from mixdiag.diagnosis.part import _absorbed
+    from mixdiag.diagnosis.rules.rule_context import Attribution
+
+    f = pd.DataFrame({"instance": ["srv"] * 3, "step": [0, 1, 2], "granularity": "step", "is_spike": [False, True, True],
+                      "fused_interval": [3.0, 3.0, 4.0], "cause": [None, "unknown", "unknown"]})
+    spikes = [{"instance": "srv", "step": s, "granularity": "step", "cause": "unknown", "confidence": 0.2,
+               "evidence": {"granularity": "step"}} for s in (1, 2)]
+    a = Attribution("host_stall", 0.6, {"granularity": "interval", "host_gap_excess_s": 0.3})
+    row = pd.Series({"instance": "srv@intervals", "step": 3})
+    assert _absorbed(spikes, [f], "srv@intervals", row, a)
+    assert [s["cause"] for s in spikes] == ["host_stall", "unknown"] and list(f["cause"][1:]) == ["host_stall", "unknown"]
+    assert spikes[0]["evidence"]["granularity"] == "step" and spikes[0]["evidence"]["interval"] == 3
+    other = pd.Series({"instance": "other@intervals", "step": 3})  # another server's interval: not absorbed
+    assert not _absorbed(spikes, [f], "other@intervals", other, a)
