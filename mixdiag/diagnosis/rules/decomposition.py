@@ -170,6 +170,7 @@ class Regimes:
     saturation: dict = field(default_factory=dict)  # instance -> saturation()
     # instance -> (step numbers in order, token-seconds per row and cause): shares are read on demand
     row_parts: dict = field(default_factory=dict)
+    row_t: dict = field(default_factory=dict)  # instance -> end time of each row of row_parts, same order
 
     def shares_at(self, instance: str, step: int) -> dict[str, float]:
         """Shares of one row's excess by cause ({} when the row had no excess or is not in a view)."""
@@ -179,6 +180,34 @@ class Regimes:
         steps, parts = got
         i = int(np.searchsorted(steps, step))
         return _shares(parts[i]) if i < len(steps) and steps[i] == step else {}
+
+    def excess_after(self, counted_until: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+        """Token-seconds of excess per cause of rows newer than ``counted_until[instance]`` (a watcher's
+        earlier publications) and the new per-instance newest row time. With ``{}``: ``excess_by_cause()``.
+        A row is counted once, with the split of the first diagnosis that held it."""
+        until, out = dict(counted_until), {c: 0.0 for c in CAUSES}
+        names = SPLIT_CAUSES + ("unknown",)
+        for inst, (_, parts) in sorted(self.row_parts.items()):
+            t = self.row_t.get(inst)
+            if t is None or not len(t):
+                continue
+            new = parts[t > until.get(inst, -np.inf)].sum(axis=0)
+            for i, c in enumerate(names):
+                out[c] += float(new[i])
+            until[inst] = max(until.get(inst, -np.inf), float(np.nanmax(t)))
+        return out, until
+
+    def episodes_after(self, counted_until: dict[str, float]) -> tuple[dict[str, int], dict[str, float]]:
+        """Episodes per cause that start after ``counted_until[instance]`` (the end of the last episode a
+        watcher counted there), and the new per-instance end. An episode still under way when a window
+        closes is counted once, under the cause it had then; its later growth starts before that end."""
+        until, out = dict(counted_until), {c: 0 for c in CAUSES}
+        for r in self.episodes.sort_values("t_start_s", kind="stable").itertuples(index=False):
+            inst = str(r.instance)
+            if float(r.t_start_s) > until.get(inst, -np.inf):
+                out[r.cause if r.cause in out else "unknown"] += 1
+            until[inst] = max(until.get(inst, -np.inf), float(r.t_end_s))
+        return out, until
 
     def excess_by_cause(self) -> dict[str, float]:
         """Token-seconds of excess per cause over all instances (every cause a key)."""
@@ -230,6 +259,7 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
         step_no = sub["step"].to_numpy()
         order = np.argsort(step_no, kind="stable")
         out.row_parts[str(inst)] = (step_no[order], parts[order])
+        out.row_t[str(inst)] = view.t_s[order]
         ep = find_episodes(str(inst), view.t_s, view.latency_s, centre, sigma, cfg, view.weight)
         causes, shares, whys = [], [], []
         for r in ep.itertuples(index=False):
