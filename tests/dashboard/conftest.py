@@ -89,3 +89,11 @@ def faulty_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("data") / "run1"
     build_timeline(faults=FAULTS).save(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def hotspot_run(tmp_path_factory):
+    """A saved run directory holding the hotspot timeline (one ep_hotspot episode)."""
+    d = tmp_path_factory.mktemp("data") / "hot"
+    build_timeline(n_steps=500, faults=HOTSPOT).save(d)
+    return d
