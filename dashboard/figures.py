@@ -24,6 +24,10 @@ PANEL_TITLES = {"itl": "Inter-token latency", "alloc": "Token allocation per ste
                 "expert": "Expert imbalance (max/mean per EP rank)", "kv": "PD KV transfer per step"}
 
 
+#: Episode bands drawn at most (largest excess first): one shape each, and the browser redraws them all on zoom.
+MAX_BANDS = 300
+
+
 def timeline_panels(view: TimelineView) -> list[str]:
     """Panel ids the Timeline figure of ``view`` has: the four signals, plus expert/KV when present."""
     panels = ["itl", "alloc", "sm", "graph"]
@@ -126,6 +130,7 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
                       row=row["kv"], col=1)
         fig.update_yaxes(title_text="bytes", row=row["kv"], col=1)
 
+    episode_bands(fig, view.episodes)
     fig.update_yaxes(title_text="s", row=row["itl"], col=1)
     fig.update_yaxes(title_text="tokens / rows", row=row["alloc"], col=1)
     fig.update_xaxes(title_text=f"seconds since first sample ({view.instance})", row=len(panels), col=1)
@@ -141,6 +146,27 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
     fig.add_annotation(text=note, xref="paper", yref="paper", x=1, y=-0.02, xanchor="right", yanchor="top",
                        showarrow=False, font={"size": 10, "color": "#777"})
     return fig
+
+
+def episode_bands(fig: go.Figure, episodes: pd.DataFrame) -> None:
+    """Each sustained episode as a band over every panel (one paper-high shape on the shared x-axis), coloured
+    by its cause, and one hover marker per episode at its median latency on the ITL panel (``meta="episode"``,
+    no customdata: a click on it opens no spike)."""
+    if episodes is None or not len(episodes):
+        return
+    ep = episodes.sort_values("excess_s", ascending=False, kind="stable").head(MAX_BANDS)
+    for r in ep.itertuples(index=False):
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=r.t_start_rel_s, x1=r.t_end_rel_s, y0=0, y1=1,
+                      fillcolor=color(r.cause), opacity=0.12, line_width=0, layer="below", name=f"episode: {r.cause}")
+    for cause, g in ep.groupby("cause", sort=True):
+        text = [f"episode {a:.3f}-{b:.3f}s<br>{cause}" + (f" ({sh:.0%} of its excess)" if math.isfinite(sh) else "")
+                + f"<br>{int(n)} rows, {x:.2f}x reference, {e:.3f} token-s over it" + (f"<br>{w}" if w else "")
+                for a, b, sh, n, x, e, w in zip(g["t_start_rel_s"], g["t_end_rel_s"], g["share"], g["rows"],
+                                                g["ratio"], g["excess_s"], g["why"])]
+        fig.add_trace(go.Scatter(x=(g["t_start_rel_s"] + g["t_end_rel_s"]) / 2, y=g["median_latency_s"], mode="markers",
+                                 name=f"episode: {cause}", text=text, hovertemplate="%{text}<extra></extra>",
+                                 marker={"color": color(cause), "size": 11, "symbol": "square-open",
+                                         "line": {"width": 2, "color": color(cause)}}, meta="episode"), row=1, col=1)
 
 
 def empty_figure(text: str = "") -> go.Figure:
@@ -186,6 +212,29 @@ def budget_figure(excess_s: dict[str, float], p99_without_s: dict[str, float] | 
     fig.update_layout(height=300, margin={"l": 110, "r": 20, "t": 30, "b": 40}, template="plotly_white",
                       title={"text": title, "font": {"size": 14}},
                       yaxis={"autorange": "reversed"}, xaxis={"title": "excess token-time (s)"})
+    return fig
+
+
+def regime_figure(excess_s: dict[str, float], n_episodes: int, episodes_by_cause: dict[str, int] | None = None) -> go.Figure:
+    """Horizontal bars: each cause's share of the latency over the healthy reference (token-seconds in the
+    hover), in the cause palette; the bar text adds the cause's episodes, the title their count."""
+    causes = [c for c in CAUSES if excess_s.get(c, 0) > 0] + [c for c in excess_s if c not in CAUSES and excess_s[c] > 0]
+    total = sum(excess_s[c] for c in causes)
+    eps = episodes_by_cause or {}
+    shares = [excess_s[c] / total for c in causes] if total > 0 else []
+
+    def label(c, sh):
+        n = eps.get(c, 0)
+        return f"{sh:.0%}" + (f", {n} episode{'s' if n != 1 else ''}" if n else "")
+
+    fig = go.Figure(go.Bar(x=shares, y=causes, orientation="h", marker={"color": [color(c) for c in causes]},
+                           text=[label(c, sh) for c, sh in zip(causes, shares)], textposition="auto",
+                           customdata=[excess_s[c] for c in causes],
+                           hovertemplate="%{y}: %{x:.0%} of the excess, %{customdata:.3f} token-s<extra></extra>"))
+    title = f"Latency over the healthy reference by cause ({n_episodes} sustained episode{'s' if n_episodes != 1 else ''})"
+    fig.update_layout(height=300, margin={"l": 110, "r": 20, "t": 30, "b": 40}, template="plotly_white",
+                      title={"text": title, "font": {"size": 14}}, yaxis={"autorange": "reversed"},
+                      xaxis={"title": "share of excess token-time", "tickformat": ".0%", "range": [0, 1]})
     return fig
 
 

@@ -6,9 +6,21 @@ imports the other's module.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
+
+
+#: The episode bands of a Timeline view: relative start/end, cause, its share of the episode's excess, how
+#: far the episode's median stood over the reference, its excess (token-seconds), rows, and why when unknown.
+EPISODE_BAND_COLUMNS = ("t_start_rel_s", "t_end_rel_s", "median_latency_s", "cause", "share", "ratio", "excess_s",
+                        "rows", "why")
+
+
+def no_episodes() -> pd.DataFrame:
+    """An empty episode-bands frame (the columns of :data:`EPISODE_BAND_COLUMNS`)."""
+    return pd.DataFrame({c: pd.Series([], dtype=object if c in ("cause", "why") else "float64")
+                         for c in EPISODE_BAND_COLUMNS})
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,7 @@ class TimelineView:
     sm_quality: str        # measured | estimated | inferred | absent | unlabelled
     has_expert: bool
     has_kv: bool
+    episodes: pd.DataFrame = field(default_factory=no_episodes)  # EPISODE_BAND_COLUMNS, by start time
 
     @property
     def x_extent(self) -> tuple[float, float]:

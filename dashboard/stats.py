@@ -7,10 +7,13 @@ Everything here returns plain frames or frozen dataclasses; rendering lives in
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from mixdiag.causes import SIGNAL_COLUMNS
 from mixdiag.diagnosis.result import Headline
+from mixdiag.report import excess_rows, saturation_lines
 from mixdiag.schema import Timeline
 
 
@@ -27,6 +30,29 @@ def last_spike(diagnosis) -> dict:
 def headline(timeline: Timeline, diagnosis) -> Headline:
     """The numbers of the Overview page: the diagnosis' headline (``diagnose(timeline)`` computed it)."""
     return diagnosis.headline
+
+
+@dataclass(frozen=True)
+class RegimeSummary:
+    """The Overview's regime numbers: excess over the healthy reference by cause (token-seconds, shares,
+    largest first), episodes in all and per cause, and one line per saturated instance."""
+
+    excess_s: dict
+    shares: dict
+    n_episodes: int
+    episodes_by_cause: dict
+    saturated: tuple
+
+
+def regime_summary(diagnosis) -> RegimeSummary:
+    """The diagnosis' regimes as the Overview shows them (the decomposition's numbers, never recomputed)."""
+    reg = getattr(diagnosis, "regimes", None)
+    rows = excess_rows(reg)
+    eps = reg.episodes if reg is not None else None
+    by = eps["cause"].astype(str).value_counts().to_dict() if eps is not None and len(eps) else {}
+    return RegimeSummary(excess_s={c: v for c, v, _ in rows}, shares={c: sh for c, _, sh in rows},
+                         n_episodes=int(sum(by.values())), episodes_by_cause={c: int(n) for c, n in by.items()},
+                         saturated=tuple(saturation_lines(reg)))
 
 
 def sources_frame(timeline: Timeline) -> pd.DataFrame:

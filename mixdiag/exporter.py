@@ -4,8 +4,9 @@ What it publishes (base units, ``_total`` counters, labels from closed sets only
 
 =========================================  =======  ===========================================
 ``mixdiag_spikes_total{cause}``            counter  spikes attributed to each cause (all causes)
-``mixdiag_itl_excess_seconds_total{cause}`` counter ITL excess over baseline charged to each cause
-                                                    (and ``none``: rows that did not spike); budget.py
+``mixdiag_itl_excess_seconds_total{cause}`` counter token-seconds of latency over the healthy reference,
+                                                    split across causes (``Regimes.excess_by_cause``)
+``mixdiag_episodes_total{cause}``          counter  sustained episodes of elevated latency, by cause
 ``mixdiag_last_spike_cause{cause}``        gauge    1 for the latest spike's cause, 0 otherwise
 ``mixdiag_last_spike_itl_seconds``         gauge    the latest spike's measured ITL
 ``mixdiag_last_spike_timestamp_seconds``   gauge    when it happened (Timeline clock)
@@ -17,6 +18,11 @@ What it publishes (base units, ``_total`` counters, labels from closed sets only
 ``mixdiag_analyses_total``                 counter  diagnoses published
 ``mixdiag_steps_analyzed``                 gauge    steps in the last analysed data
 =========================================  =======  ===========================================
+
+Counters only grow: a spike, a row's excess and an episode are counted by the first publication that
+holds them (per instance, newer than what was counted before), so a watcher re-diagnosing overlapping
+windows counts each once; ``rate()`` of the excess counter over the rate of all causes is the share of
+excess a cause carried (``deploy/prometheus/mixdiag-rules.yml`` records and alerts on it).
 
 Each exporter owns its :class:`~prometheus_client.CollectorRegistry` (never the global one), so
 several can live in one process (tests, the dashboard and a watcher). Publication swaps one
@@ -36,7 +42,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from mixdiag.causes import CAUSES
-from mixdiag.diagnosis.budget import BUDGET_CAUSES
 from mixdiag.errors import UserError
 
 __all__ = ["DiagnosisExporter", "Snapshot", "check_address"]
@@ -75,9 +80,12 @@ class Snapshot:
     steps_analyzed: int = 0
     # Newest spike time counted per instance: later publications only add newer spikes.
     counted_until: dict[str, float] = field(default_factory=dict)
-    itl_excess_total_s: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in BUDGET_CAUSES})
-    # Newest budget unit (token gap, step, interval) counted per instance, as counted_until.
+    itl_excess_total_s: dict[str, float] = field(default_factory=lambda: {c: 0.0 for c in CAUSES})
+    # Newest row (step or interval) whose excess was counted, per instance, as counted_until.
     excess_until: dict[str, float] = field(default_factory=dict)
+    episodes_total: dict[str, int] = field(default_factory=lambda: {c: 0 for c in CAUSES})
+    # End of the last episode counted per instance: an episode starting after it is new.
+    episodes_until: dict[str, float] = field(default_factory=dict)
 
 
 class DiagnosisExporter:
@@ -102,10 +110,11 @@ class DiagnosisExporter:
                 reset: bool = False) -> Snapshot:
         """Make ``diagnosis`` (of ``timeline``) what ``/metrics`` reports.
 
-        Spike counters only grow: a spike is counted the first time a publication contains it
+        Counters only grow: a spike is counted the first time a publication contains it
         (it is newer than every spike already counted for its instance; the diagnosis counts them,
-        :meth:`Diagnosis.by_cause_after`), so a watcher that
-        re-diagnoses an overlapping window counts each spike once. ``reset=True`` starts the
+        :meth:`Diagnosis.by_cause_after`), likewise a row's excess and an episode
+        (:meth:`Regimes.excess_after`, :meth:`Regimes.episodes_after`), so a watcher that
+        re-diagnoses an overlapping window counts each once. ``reset=True`` starts the
         counters over, as a process restart would (the dashboard does this when the user loads a
         different dataset, so the counts equal that dataset's report).
         """
@@ -115,12 +124,14 @@ class DiagnosisExporter:
             prev = Snapshot() if reset else self._snap
             new, until = diagnosis.by_cause_after(prev.counted_until)
             totals = {c: prev.spikes_total.get(c, 0) + new.get(c, 0) for c in CAUSES}
-            new_ex, ex_until = diagnosis.budget.excess_after(prev.excess_until)
-            excess = {c: prev.itl_excess_total_s.get(c, 0.0) + new_ex.get(c, 0.0) for c in BUDGET_CAUSES}
+            new_ex, ex_until = diagnosis.regimes.excess_after(prev.excess_until)
+            excess = {c: prev.itl_excess_total_s.get(c, 0.0) + new_ex.get(c, 0.0) for c in CAUSES}
+            new_ep, ep_until = diagnosis.regimes.episodes_after(prev.episodes_until)
+            episodes = {c: prev.episodes_total.get(c, 0) + new_ep.get(c, 0) for c in CAUSES}
             newest = h.t_last_s
             lag = now - newest if timeline.meta.get("clock", "unix") == "unix" and math.isfinite(newest) else math.nan
             self._snap = replace(prev, spikes_total=totals, counted_until=until, itl_excess_total_s=excess,
-                                 excess_until=ex_until,
+                                 excess_until=ex_until, episodes_total=episodes, episodes_until=ep_until,
                                  last_spike=h.last_spike or prev.last_spike, mixed_steps_ratio=h.mixed_share,
                                  itl_p50_s=h.itl_p50_s, itl_p99_s=h.itl_p99_s, itl_max_s=h.itl_max_s,
                                  analysis_lag_s=lag, analysis_duration_s=float(duration_s),
@@ -137,11 +148,16 @@ class DiagnosisExporter:
             spikes.add_metric([cause], s.spikes_total.get(cause, 0))
         yield spikes
         ex = CounterMetricFamily(f"{ns}_itl_excess_seconds",
-                                 "Inter-token latency above baseline charged to each cause (none: no spike).",
+                                 "Token-seconds of latency above the healthy reference, split across causes.",
                                  labels=["cause"])
-        for cause in BUDGET_CAUSES:
+        for cause in CAUSES:
             ex.add_metric([cause], s.itl_excess_total_s.get(cause, 0.0))
         yield ex
+        eps = CounterMetricFamily(f"{ns}_episodes", "Sustained episodes of elevated latency, by cause.",
+                                  labels=["cause"])
+        for cause in CAUSES:
+            eps.add_metric([cause], s.episodes_total.get(cause, 0))
+        yield eps
         last_cause = s.last_spike.get("cause")
         lc = GaugeMetricFamily(f"{ns}_last_spike_cause", "1 for the cause of the latest spike, 0 for the others.",
                                labels=["cause"])

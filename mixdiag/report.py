@@ -1,5 +1,6 @@
 """Human-readable rendering of a :class:`~mixdiag.diagnosis.result.Diagnosis`: the verdict, a table by
-cause and the top spikes with their evidence (what ``mixdiag analyze`` prints)."""
+cause, the regimes (saturation, excess by cause, episodes) and the top spikes with their evidence (what
+``mixdiag analyze`` prints)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -137,6 +138,61 @@ def strict_failure(meta: dict) -> str | None:
             f"(first: {first}); drop --strict to analyse what was readable")
 
 
+def excess_rows(regimes) -> list[tuple[str, float, float]]:
+    """(cause, token-seconds, share of all excess) for every cause with excess, largest first: the
+    decomposition's exact numbers, for the text, HTML and dashboard surfaces alike."""
+    total = regimes.excess_by_cause() if regimes is not None else {}
+    whole = sum(total.values())
+    rows = [(c, v, v / whole) for c, v in total.items() if v > 0 and whole > 0]
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def saturation_lines(regimes) -> list[str]:
+    """One line per saturated instance: how long requests waited and the batch limit they waited at."""
+    out = []
+    for inst, s in sorted((regimes.saturation if regimes is not None else {}).items()):
+        if s.get("saturated"):
+            out.append(f"saturated: {inst} - requests waited after {s['waiting_share']:.0%} of its rows, the running "
+                       f"batch at its limit ({s['running_max']:.0f}) in {s['running_at_limit_share']:.0%} of those")
+    return out
+
+
+def episode_label(cause: str, shares: dict) -> str:
+    """'ep_hotspot (92%)': an episode's cause with its share of the episode's excess."""
+    share = (shares or {}).get(cause)
+    return f"{cause} ({share:.0%})" if share is not None else cause
+
+
+def regime_lines(d, top: int = 10) -> list[str]:
+    """The "Regimes" section: saturation, excess over the healthy reference by cause, the top ``top``
+    episodes by excess. Empty when there is none of the three (the report then reads as before)."""
+    reg = getattr(d, "regimes", None)
+    sat, rows = saturation_lines(reg), excess_rows(reg)
+    eps = reg.episodes if reg is not None else None
+    n_eps = 0 if eps is None else len(eps)
+    if not sat and not rows and not n_eps:
+        return []
+    out = ["", "Regimes", *sat]
+    if rows:
+        out += ["latency over the healthy reference by cause (token-seconds: seconds summed over every decode token):",
+                f"{'cause':<16} {'token-s':>10} {'share':>7}", "-" * 35]
+        out += [f"{c:<16} {v:>10.3f} {share:>7.0%}" for c, v, share in rows]
+    if not n_eps:
+        return out + ["no sustained episode of elevated latency"]
+    t0 = d.steps["t_start_s"].min() if len(d.steps) else 0.0
+    shown = eps.sort_values("excess_s", ascending=False, kind="stable").head(top)
+    out += [f"{n_eps} sustained episode(s), {'top ' + str(len(shown)) + ' ' if len(shown) < n_eps else ''}by excess:",
+            f"{'instance':<10} {'start s':>10} {'end s':>10} {'rows':>6} {'reference':>10} {'ratio':>6} "
+            f"{'token-s':>9}  cause (share of its excess)"]
+    for r in shown.itertuples(index=False):
+        line = (f"{r.instance:<10} {r.t_start_s - t0:>10.3f} {r.t_end_s - t0:>10.3f} {int(r.rows):>6} "
+                f"{ms(r.reference_s):>10} {r.ratio:>5.2f}x {r.excess_s:>9.3f}  {episode_label(r.cause, r.shares)}")
+        out.append(line + (f" - {r.why}" if r.cause == "unknown" and r.why else ""))
+    if n_eps > len(shown):
+        out.append(f"... and {n_eps - len(shown)} more episode(s) (analyze --json lists all)")
+    return out
+
+
 def render(d, top: int = 10, warnings: list[str] | tuple = ()) -> str:
     """The human report of ``analyze``; ``warnings`` (:func:`source_warnings`) end it in a section
     of their own, so a report on partly read input says so where it is read."""
@@ -156,6 +212,7 @@ def render(d, top: int = 10, warnings: list[str] | tuple = ()) -> str:
             out.append(f"{c:<16} {n:>7} {n / len(sp):>7.0%} {sp.loc[m, 'confidence'].mean():>10.2f} "
                        f"{height[m].mean():>11.1f}x")
     out += budget_lines(d)
+    out += regime_lines(d, top)
     if len(sp):
         out += ["", f"top {min(top, len(sp))} spikes (by height over baseline):",
                 f"{'instance':<10} {'step':>7} {'t_s':>10} {'itl':>10} {'baseline':>10} {'cause':<15} {'conf':>5}  evidence"]

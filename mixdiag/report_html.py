@@ -4,6 +4,8 @@ One shared time axis with the article's four signals - TPOT/ITL with spikes colo
 token allocation (prefill tokens vs decode rows), SM activity, CUDA-graph mode - plus a panel
 with the other causes' evidence (expert imbalance, KV transfer, preemptions, inter-step gap),
 and a table of the top spikes with the ledger's predicted spike height next to the measured one.
+Sustained episodes (regimes) are shaded bands across every panel, coloured by cause, with a table of
+saturation, excess by cause and the episodes.
 """
 from __future__ import annotations
 
@@ -16,16 +18,17 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from mixdiag.causes import CAUSE_COLORS
+from mixdiag.causes import CAUSE_COLORS, color
 from mixdiag.fmt import ms
 from mixdiag.html_page import page
 from mixdiag.ledger.device_model import DeviceModel
 from mixdiag.ledger.shapes import LedgerModel
 from mixdiag.ledger.spike_height import predicted_height
-from mixdiag.report import spikes_table
+from mixdiag.report import episode_label, excess_rows, saturation_lines, spikes_table
 
 GRAPH_LEVEL = {"FULL": 2, "PIECEWISE": 1, "NONE": 0}
 MAX_POINTS = 20000  # per trace; larger runs are decimated (spikes are always drawn)
+MAX_BANDS = 300  # episode bands drawn (largest excess first): a shape each, and a page must stay light
 
 
 def _decimate(df: pd.DataFrame) -> pd.DataFrame:
@@ -78,6 +81,7 @@ def figure(d) -> go.Figure:
         fig.add_trace(go.Scattergl(x=g["t_s"] - t0, y=g["itl_s"] * 1e3, mode="markers", name=f"spike: {cause}",
                                    marker=dict(size=9, color=CAUSE_COLORS.get(cause, "#000"), symbol="diamond"),
                                    text=hover, hoverinfo="text"), 1, 1)
+    _episode_bands(fig, d, t0)
     fig.update_yaxes(title_text="ms", row=1, col=1)
     fig.update_yaxes(title_text="tokens / rows", row=2, col=1)
     fig.update_yaxes(title_text="ratio", range=[0, 1.05], row=3, col=1)
@@ -86,6 +90,65 @@ def figure(d) -> go.Figure:
     fig.update_layout(height=1100, template="plotly_white", legend=dict(orientation="v"),
                       margin=dict(l=60, r=20, t=40, b=40), hovermode="closest")
     return fig
+
+
+def _episode_bands(fig: go.Figure, d, t0: float) -> None:
+    """Each episode as a band over every panel (one shape on the shared x-axis, paper-high), coloured by
+    cause, and one marker per episode at its median latency whose hover says what the band is."""
+    reg = getattr(d, "regimes", None)
+    eps = reg.episodes if reg is not None else None
+    if eps is None or not len(eps):
+        return
+    eps = eps.sort_values("excess_s", ascending=False, kind="stable").head(MAX_BANDS)
+    for r in eps.itertuples(index=False):
+        fig.add_shape(type="rect", xref="x", yref="paper", x0=r.t_start_s - t0, x1=r.t_end_s - t0, y0=0, y1=1,
+                      fillcolor=color(r.cause), opacity=0.12, line_width=0, layer="below")
+    for cause, g in eps.groupby("cause", sort=True):
+        hover = [f"episode {i} [{html.escape(str(inst))}]<br>{html.escape(episode_label(c, sh))}<br>"
+                 f"{rows} rows, {ratio:.2f}x reference {ms(ref)}<br>{ex:.3f} token-s over reference"
+                 + (f"<br>{html.escape(w)}" if w else "")
+                 for i, inst, c, sh, rows, ratio, ref, ex, w in zip(
+                     g["episode"], g["instance"], g["cause"], g["shares"], g["rows"], g["ratio"], g["reference_s"],
+                     g["excess_s"], g["why"])]
+        fig.add_trace(go.Scattergl(x=(g["t_start_s"] + g["t_end_s"]) / 2 - t0, y=g["median_latency_s"] * 1e3,
+                                   mode="markers", name=f"episode: {cause}", text=hover, hoverinfo="text",
+                                   marker=dict(size=11, color=color(cause), symbol="square-open", line=dict(width=2))),
+                      1, 1)
+
+
+def regimes_html(d, top: int = 50) -> str:
+    """The regimes section: saturation, excess over the healthy reference by cause (token-seconds and
+    share), the top ``top`` episodes by excess. Empty when there is none of these."""
+    reg = getattr(d, "regimes", None)
+    sat, rows = saturation_lines(reg), excess_rows(reg)
+    eps = reg.episodes if reg is not None else None
+    n_eps = 0 if eps is None else len(eps)
+    if not sat and not rows and not n_eps:
+        return ""
+    parts = ["<h2>Regimes: sustained episodes and excess by cause</h2>"]
+    parts += [f"<p><b>{html.escape(line)}</b></p>" for line in sat]
+    if rows:
+        body = "".join(f"<tr><td style='color:{color(c)}'><b>{c}</b></td><td>{v:.3f}</td><td>{sh:.0%}</td></tr>"
+                       for c, v, sh in rows)
+        parts.append("<p>Latency over each instance's healthy reference, split across causes by the evidence of each "
+                     "row (token-seconds: seconds summed over every decode token that waited).</p>"
+                     f"<table><tr><th>cause</th><th>token-seconds</th><th>share</th></tr>{body}</table>")
+    if n_eps:
+        t0 = float(d.steps["t_start_s"].min()) if len(d.steps) else 0.0
+        shown = eps.sort_values("excess_s", ascending=False, kind="stable").head(top)
+        body = "".join(
+            f"<tr><td>{html.escape(str(r.instance))}</td><td>{r.t_start_s - t0:.3f}</td><td>{r.t_end_s - t0:.3f}</td>"
+            f"<td>{int(r.rows)}</td><td>{ms(r.reference_s, unit='')}</td><td>{r.ratio:.2f}x</td><td>{r.excess_s:.3f}</td>"
+            f"<td style='color:{color(r.cause)}'><b>{html.escape(episode_label(r.cause, r.shares))}</b></td>"
+            f"<td>{html.escape(r.why or '')}</td></tr>" for r in shown.itertuples(index=False))
+        more = f"<p>... and {n_eps - len(shown)} more episode(s) (analyze --json lists all).</p>" if n_eps > len(shown) else ""
+        parts.append(f"<p>{n_eps} sustained episode(s) of elevated latency (shaded on the figure below), by excess:</p>"
+                     "<table><tr><th>instance</th><th>start (s)</th><th>end (s)</th><th>rows</th><th>reference (ms)</th>"
+                     "<th>ratio</th><th>token-seconds</th><th>cause (share)</th><th>why unknown</th></tr>"
+                     f"{body}</table>{more}")
+    else:
+        parts.append("<p>No sustained episode of elevated latency.</p>")
+    return "".join(parts)
 
 
 def _table(sp: pd.DataFrame, t0: float) -> str:
@@ -136,6 +199,8 @@ def write_html(d, path: str | Path, *, model: LedgerModel, device: DeviceModel, 
     t0 = float(d.steps["t_start_s"].min()) if len(d.steps) else 0.0
     by_cause = "".join(f"<tr><td style='color:{CAUSE_COLORS[c]}'>{c}</td><td>{n}</td></tr>"
                        for c, n in d.by_cause.items() if n)
+    regimes = regimes_html(d, top)
+    regimes += "\n" if regimes else ""  # nothing regime-related: the page reads as it did before regimes
     fig_div = figure(d).to_html(full_html=False, include_plotlyjs=False, div_id="signals")
     itl = d.itl
     body = f"""<p>ITL ({html.escape(str(itl.get('source')))}): p50 {ms(itl.get('p50_s'))}, p99 {ms(itl.get('p99_s'))},
@@ -145,7 +210,7 @@ max {ms(itl.get('max_s'))}</p>
 <p>Every inter-token gap's latency above its baseline, charged to the cause of the step it waited on
 (<i>none</i>: steps that did not spike); "P99 without" removes that cause's excess and recomputes P99.</p>
 {budget_html(d)}
-<h2>Four signals on one time axis</h2>{fig_div}
+{regimes}<h2>Four signals on one time axis</h2>{fig_div}
 <h2>Top spikes: measured vs predicted height</h2>
 <p>Predicted height: the shape ledger's bytes and FLOPs for the spike step's batch shape (prefill tokens,
 decode rows, context {context_len}) on model <b>{html.escape(model.name)}</b> and device

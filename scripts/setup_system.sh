@@ -3,7 +3,8 @@
 # Chromium + ChromeDriver for the dashboard browser tests). Skips what is already present.
 set -euo pipefail
 need=()
-command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+# prometheus (the server) and promtool (tests/mixdiag/test_prometheus_rules.py) come in one package
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 [ ${#need[@]} -eq 0 ] && exit 0

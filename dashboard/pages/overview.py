@@ -1,5 +1,6 @@
 """Overview page: the verdict, headline numbers, spikes by cause, the ITL excess budget by cause (with P99
-without each cause), sources and the signals each instance has."""
+without each cause), the regimes (share of excess over the healthy reference by cause, episode count,
+saturation), sources and the signals each instance has."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ from dash.exceptions import PreventUpdate
 
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.components import CARD, GRAPH_CONFIG, PAGE, table
-from mixdiag.dashboard.stats import Headline, signals_frame, sources_frame
+from mixdiag.dashboard.stats import Headline, regime_summary, signals_frame, sources_frame
 from mixdiag.dashboard.store import DataStore
 from mixdiag.fmt import duration
 
@@ -42,7 +43,9 @@ def layout(**_query) -> html.Div:
         html.Div(id="overview-headline-stats"),
         html.Div([dcc.Graph(id="overview-by-cause-graph", config=GRAPH_CONFIG),
                   dcc.Graph(id="overview-budget-graph", config=GRAPH_CONFIG),
-                  html.Div(id="overview-budget-p99", style={"fontSize": "13px"})],
+                  html.Div(id="overview-budget-p99", style={"fontSize": "13px"}),
+                  dcc.Graph(id="overview-regimes-graph", config=GRAPH_CONFIG),
+                  html.Div(id="overview-regimes-saturation", style={"fontSize": "13px"})],
                  style={"width": "48%", "display": "inline-block", "verticalAlign": "top"}),
         html.Div([html.H4("Sources"), html.Div(id="overview-sources-table", style={"overflowX": "auto"}),
                   html.H4("Signals each instance provides"),
@@ -92,6 +95,16 @@ def on_budget(store: DataStore, key: dict | None):
     return figures.budget_figure(excess, p99w, p99), [html.Div(line) for line in lines]
 
 
+def on_regimes(store: DataStore, key: dict | None):
+    """The regimes figure (excess shares by cause, episode count) and the saturation lines of ``key``."""
+    ds = store.get(key["id"]) if key else None
+    if ds is None:
+        raise PreventUpdate
+    r = regime_summary(ds.diagnosis)
+    return (figures.regime_figure(r.excess_s, r.n_episodes, r.episodes_by_cause),
+            [html.Div(line, style={"fontWeight": 600}) for line in r.saturated])
+
+
 def register(app, store: DataStore, live=None) -> None:
     """Bind the Overview's callback to ``app``."""
     @app.callback(Output("overview-verdict", "children"), Output("overview-headline-stats", "children"),
@@ -104,3 +117,8 @@ def register(app, store: DataStore, live=None) -> None:
                   Input("app-dataset-key", "data"))
     def _budget(key):
         return on_budget(store, key)
+
+    @app.callback(Output("overview-regimes-graph", "figure"), Output("overview-regimes-saturation", "children"),
+                  Input("app-dataset-key", "data"))
+    def _regimes(key):
+        return on_regimes(store, key)

@@ -14,7 +14,7 @@ from dash.exceptions import PreventUpdate
 
 from mixdiag.dashboard import figures
 from mixdiag.dashboard.components import GRAPH_CONFIG, HINT, PAGE
-from mixdiag.dashboard.page_data import TimelineView
+from mixdiag.dashboard.page_data import TimelineView, no_episodes
 from mixdiag.dashboard.store import DataStore
 from mixdiag.schema import Timeline
 
@@ -99,12 +99,33 @@ def timeline_view(timeline: Timeline, diagnosis, instance: str) -> TimelineView:
     steps = steps.sort_values("t_rel_s", kind="stable").reset_index(drop=True)
 
     quality = timeline.signal_quality(instance, "sm_active")
+    episodes = episode_bands(diagnosis, instance, t0)
     if quality == "absent" and steps["sm_active"].notna().any():
         quality = "unlabelled"
     return TimelineView(instance=instance, t0_s=float(t0), itl=itl, itl_label=label, spikes=spikes, steps=steps,
                         sm_quality=quality, has_expert=bool(steps["expert_imbalance"].notna().any()),
                         has_kv=bool((steps["kv_transfer_bytes"].fillna(0) > 0).any()
-                                    or (steps["kv_transfer_s"].fillna(0) > 0).any()))
+                                    or (steps["kv_transfer_s"].fillna(0) > 0).any()),
+                        episodes=episodes)
+
+
+def episode_bands(diagnosis, instance: str, t0: float) -> pd.DataFrame:
+    """The diagnosis' episodes of ``instance`` on the view's relative clock (page_data.EPISODE_BAND_COLUMNS)."""
+    reg = getattr(diagnosis, "regimes", None)
+    ep = reg.episodes if reg is not None else None
+    if ep is None or not len(ep):
+        return no_episodes()
+    ep = ep[ep["instance"].astype(str) == str(instance)]
+    if not len(ep):
+        return no_episodes()
+    out = pd.DataFrame({"t_start_rel_s": ep["t_start_s"].to_numpy(dtype="float64") - t0,
+                        "t_end_rel_s": ep["t_end_s"].to_numpy(dtype="float64") - t0,
+                        "median_latency_s": ep["median_latency_s"].to_numpy(dtype="float64"),
+                        "cause": ep["cause"].astype(str).to_numpy(),
+                        "share": [float((sh or {}).get(c, float("nan"))) for c, sh in zip(ep["cause"], ep["shares"])],
+                        "ratio": ep["ratio"].to_numpy(dtype="float64"), "excess_s": ep["excess_s"].to_numpy(dtype="float64"),
+                        "rows": ep["rows"].to_numpy(dtype="float64"), "why": ep["why"].fillna("").astype(str).to_numpy()})
+    return out.sort_values("t_start_rel_s", kind="stable").reset_index(drop=True)
 
 
 def view(ds, instance: str) -> TimelineView:

@@ -142,6 +142,35 @@ class AttributionConfig:
 
 
 @dataclass(frozen=True)
+class RegimeConfig:
+    """Thresholds of the healthy reference, episodes (detection/regimes.py) and the split of excess by cause
+    (rules/decomposition.py); the basis of each is in those modules' docstrings."""
+
+    #: rows a stratum needs before it gets a reference of its own (fewer: the capture-wide one)
+    min_stratum_rows: int = 30
+    #: centred rolling-median width: isolated spikes cannot lift it; a regime covering >= half does
+    smooth_rows: int = 9
+    #: an episode lasts at least this many rows; shorter elevated stretches are spikes
+    min_rows: int = 5
+    #: elevated runs separated by at most this many rows are one episode (a fault's noisy middle)
+    merge_gap_rows: int = 3
+    #: elevated: smoothed latency above ratio x reference ...
+    ratio: float = 1.25
+    #: ... and above reference + sigma_k x sigma (noise guard on very tight references)
+    sigma_k: float = 3.0
+    #: saturation: requests waited after at least this share of an instance's rows ...
+    saturated_waiting_share: float = 0.5
+    #: ... while the running batch stood within this share of its largest size in most of those rows
+    saturated_running_share: float = 0.9
+
+    def __post_init__(self):
+        if self.smooth_rows < 1 or self.min_rows < 1 or self.merge_gap_rows < 0 or self.min_stratum_rows < 5:
+            raise ValueError("RegimeConfig: row counts must be positive (min_stratum_rows >= 5)")
+        if not self.ratio > 1 or self.sigma_k < 0:
+            raise ValueError("RegimeConfig: ratio must be > 1 and sigma_k >= 0")
+
+
+@dataclass(frozen=True)
 class DiagnosisConfig:
     """All thresholds of the diagnosis, one setting for every workload (docs/analyze.md)."""
 
@@ -149,6 +178,7 @@ class DiagnosisConfig:
     signals: SignalConfig = field(default_factory=SignalConfig)
     fusion: FusionConfig = field(default_factory=FusionConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
+    regimes: RegimeConfig = field(default_factory=RegimeConfig)
     #: interval rows: ITL P99 above this x the rolling P50 is a spike (healthy decode keeps
     #: P99 within 2x P50, per the article; bucketed histogram quantiles add slack).
     interval_ratio: float = 2.0

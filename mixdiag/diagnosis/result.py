@@ -17,6 +17,7 @@ from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.spikes import itl_values
 from mixdiag.diagnosis.evidence.fusion import engine_of
 from mixdiag.diagnosis.part import Part
+from mixdiag.diagnosis.rules.decomposition import Regimes, regime_sentence, regimes_json, regimes_of
 from mixdiag.schema import Column, Timeline
 
 #: The spike record: the columns of ``Diagnosis.spikes`` and of ``analyze --json``'s spikes, in order.
@@ -198,6 +199,7 @@ class Diagnosis:
     instances: dict = field(default_factory=dict)  # instance -> {signals, periodicity, latency_source}
     config: DiagnosisConfig | None = None
     budget: Budget = field(default_factory=Budget)  # ITL excess by cause, P99 without each (budget.py)
+    regimes: Regimes = field(default_factory=Regimes)  # episodes, excess split by cause, saturation
 
     @property
     def last_spike(self) -> dict:
@@ -231,7 +233,8 @@ class Diagnosis:
         for r in spikes.itertuples(index=False):
             rows.append({"instance": r.instance, "step": int(r.step), "t_s": float(r.t_s), "itl_s": float(r.itl_s),
                          "baseline_s": float(r.baseline_s), "cause": r.cause, "confidence": float(r.confidence),
-                         "evidence": r.evidence, "missing_signals": list(r.missing_signals)})
+                         "evidence": r.evidence, "missing_signals": list(r.missing_signals),
+                         "shares": self.regimes.shares_at(r.instance, int(r.step))})
         return {"verdict": self.verdict,
                 "steps": {"total": int(len(step_rows)), "by_kind": by_kind,
                           "intervals": int((st["granularity"] == "interval").sum()) if len(st) else 0},
@@ -239,6 +242,7 @@ class Diagnosis:
                 "spikes": rows,
                 "by_cause": dict(self.by_cause),
                 "budget": self.budget.to_json(),
+                "regimes": regimes_json(self.regimes),
                 "instances": self.instances}
 
 
@@ -336,7 +340,12 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
                    f"{cap}. {verdict}")
     elif not_llm:
         verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cap})."
+    regimes = regimes_of(steps, cfg.regimes)
+    said = regime_sentence(regimes)
+    if said:  # saturation leads: it is the level every spike stands on
+        verdict = f"{said} {verdict}" if any(s.get("saturated") for s in regimes.saturation.values()) else f"{verdict} {said}"
     headline = make_headline(timeline, verdict, by_cause, itl, last_spike_of(sp))
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
                      instances=with_sources(part.instances, timeline.meta.get("instance_sources") or {}), config=cfg,
+                     regimes=regimes,
                      budget=budget if budget is not None else budget_of(timeline.tokens, steps, sp))

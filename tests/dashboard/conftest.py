@@ -62,6 +62,16 @@ FAULTS = {70: dict(expert_imbalance=4.0, dur=0.080), 130: dict(kv_transfer_bytes
           190: dict(gap=0.100)}
 
 
+#: A 150-step EP hotspot: one sustained episode (issue 23), mixing spikes around it.
+HOTSPOT = {k: dict(expert_imbalance=4.0, dur=0.050) for k in range(200, 350)}
+
+
+@pytest.fixture(scope="module")
+def hotspot_timeline():
+    """500 steps with a 150-step EP hotspot (one episode, cause ep_hotspot) and periodic mixing spikes."""
+    return build_timeline(n_steps=500, faults=HOTSPOT)
+
+
 @pytest.fixture
 def make_timeline():
     return build_timeline
@@ -78,4 +88,12 @@ def faulty_run(tmp_path_factory):
     """A saved run directory (Timeline files) with mixing, EP-hotspot, PD-transfer and host-stall spikes."""
     d = tmp_path_factory.mktemp("data") / "run1"
     build_timeline(faults=FAULTS).save(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def hotspot_run(tmp_path_factory):
+    """A saved run directory holding the hotspot timeline (one ep_hotspot episode)."""
+    d = tmp_path_factory.mktemp("data") / "hot"
+    build_timeline(n_steps=500, faults=HOTSPOT).save(d)
     return d

@@ -47,30 +47,64 @@ def test_counts_equal_the_report(faulty_timeline):
 
 
 def excess_total(m) -> dict:
-    return {c: m[("mixdiag_itl_excess_seconds_total", (("cause", c),))] for c in (*CAUSES, "none")}
+    return {c: m[("mixdiag_itl_excess_seconds_total", (("cause", c),))] for c in CAUSES}
 
 
-def test_by_cause_budget_and_exporter_agree(faulty_timeline):
-    d = diagnose(faulty_timeline)
+def episodes_total(m) -> dict:
+    return {c: m[("mixdiag_episodes_total", (("cause", c),))] for c in CAUSES}
+
+
+def test_excess_and_episodes_equal_the_regimes(hotspot_timeline):
+    d = diagnose(hotspot_timeline)
     ex = DiagnosisExporter()
-    ex.publish(faulty_timeline, d)
+    ex.publish(hotspot_timeline, d)
     m = scrape(ex)
-    budget = d.to_json()["budget"]
+    doc = d.to_json()["regimes"]
     assert m["__types__"]["mixdiag_itl_excess_seconds"] == "counter"
-    assert excess_total(m) == pytest.approx({c: v["excess_s"] for c, v in budget["total"]["by_cause"].items()})
-    assert sum(excess_total(m).values()) == pytest.approx(budget["total"]["excess_s"]) and budget["total"]["excess_s"] > 0
-    for c, n in d.by_cause.items():  # excess only where the report counts spikes, and the counts match
-        assert budget["instances"]["engine0"]["by_cause"][c]["spikes"] == n
-        assert (excess_total(m)[c] > 0) <= (n > 0)
-    ex.publish(faulty_timeline, d)  # the same data again adds no excess
+    assert m["__types__"]["mixdiag_episodes"] == "counter"
+    # exact token-seconds: the decomposition's own numbers, every cause a label
+    assert excess_total(m) == pytest.approx(d.regimes.excess_by_cause())
+    assert {c: v for c, v in excess_total(m).items() if round(v, 6) > 0} == pytest.approx(doc["excess"]["token_seconds"])
+    assert excess_total(m)["ep_hotspot"] > excess_total(m)["mixing"] > 0
+    assert episodes_total(m) == {c: float(c == "ep_hotspot") for c in CAUSES}
+    ex.publish(hotspot_timeline, d)  # the same data again adds nothing
     assert excess_total(scrape(ex)) == pytest.approx(excess_total(m))
+    assert episodes_total(scrape(ex)) == episodes_total(m)
+
+
+def _window(tl, last_step):
+    return Timeline(tl.steps[tl.steps["step"] <= last_step], tl.tokens[tl.tokens["step"] <= last_step], meta=tl.meta)
+
+
+def test_a_watcher_counts_an_episode_once_and_excess_never_goes_down(hotspot_timeline):
+    ex = DiagnosisExporter()
+    seen_excess, seen_eps = [], []
+    # growing windows: the hotspot (steps 200-349) is under way in the second and over in the third
+    for last in (150, 280, 499, 499):
+        w = _window(hotspot_timeline, last)
+        ex.publish(w, diagnose(w))
+        m = scrape(ex)
+        seen_excess.append(excess_total(m))
+        seen_eps.append(episodes_total(m))
+    for a, b in zip(seen_excess, seen_excess[1:]):
+        assert all(b[c] >= a[c] for c in CAUSES)
+    assert seen_eps[0]["ep_hotspot"] == 0 and seen_eps[1]["ep_hotspot"] == 1
+    assert seen_eps[-1] == {c: float(c == "ep_hotspot") for c in CAUSES}  # the grown episode is not new
+    assert seen_excess[-1] == seen_excess[-2]
+    ex.publish(hotspot_timeline, diagnose(hotspot_timeline), reset=True)  # another dataset: start over
+    assert excess_total(scrape(ex)) == pytest.approx(diagnose(hotspot_timeline).regimes.excess_by_cause())
+
+
+def test_regime_counters_exist_at_zero_before_any_diagnosis():
+    m = scrape(DiagnosisExporter())
+    assert set(excess_total(m).values()) == {0.0} and set(episodes_total(m).values()) == {0.0}
 
 
 def test_labels_are_bounded_and_the_registry_is_private(faulty_timeline):
     ex1, ex2 = DiagnosisExporter(), DiagnosisExporter()
     ex1.publish(faulty_timeline, diagnose(faulty_timeline))
     labels = {lab for key in scrape(ex1) if key != "__types__" for lab in key[1]}
-    assert {v for k, v in labels if k == "cause"} == set(CAUSES) | {"none"}  # none: excess of rows that did not spike
+    assert {v for k, v in labels if k == "cause"} == set(CAUSES)
     assert {k for k, _ in labels} <= {"cause", "quantile"}
     assert scrape(ex2)[("mixdiag_analyses_total", ())] == 0.0
     assert REGISTRY.get_sample_value("mixdiag_analyses_total") is None

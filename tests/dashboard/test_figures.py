@@ -153,3 +153,45 @@ def test_budget_figure_bars_in_cause_order_and_palette(excess, p99w, want_y):
         [CAUSE_COLORS[c] for c in want_y if c != "none"]
     if "mixing" in want_y:
         assert "P99 without 50 ms" in fig.data[0].text[0] and fig.data[0].text[0].startswith("67%")
+
+
+def _bands(n):
+    from mixdiag.dashboard.page_data import EPISODE_BAND_COLUMNS
+    causes = ["ep_hotspot", "unknown", "pd_transfer"]
+    rows = [dict(t_start_rel_s=100.0 * i, t_end_rel_s=100.0 * i + 40, median_latency_s=0.05, cause=causes[i % 3],
+                 share=0.9 if i % 3 != 1 else 1.0, ratio=2.5, excess_s=float(i + 1), rows=150.0,
+                 why="no measured evidence of any cause in its rows" if i % 3 == 1 else "") for i in range(n)]
+    return pd.DataFrame(rows, columns=list(EPISODE_BAND_COLUMNS))
+
+
+def _view_with_bands(n, n_steps=2_000):
+    import dataclasses
+    return dataclasses.replace(big_view(n=n_steps, expert=True), episodes=_bands(n))
+
+
+def test_episode_bands_span_every_panel_coloured_by_cause():
+    fig = figures.timeline_figure(_view_with_bands(4, 20_000))
+    bands = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(bands) == 4 and all(b.yref == "paper" and (b.y0, b.y1) == (0, 1) and b.xref == "x" for b in bands)
+    assert sorted((b.x0, b.fillcolor) for b in bands) == [
+        (100.0 * i, CAUSE_COLORS[["ep_hotspot", "unknown", "pd_transfer"][i % 3]]) for i in range(4)]
+    marks = {t.name: t for t in traces(fig, "episode: ")}
+    assert set(marks) == {"episode: ep_hotspot", "episode: unknown", "episode: pd_transfer"}
+    assert all(t.customdata is None for t in marks.values())  # a click on an episode opens no spike
+    assert "no measured evidence" in marks["episode: unknown"].text[0]
+    assert not [s for s in figures.timeline_figure(big_view(n=20_000)).layout.shapes if s.type == "rect"]
+
+
+def test_episode_bands_are_capped_largest_excess_first():
+    fig = figures.timeline_figure(_view_with_bands(figures.MAX_BANDS + 5))
+    bands = [s for s in fig.layout.shapes if s.type == "rect"]
+    assert len(bands) == figures.MAX_BANDS and min(b.x0 for b in bands) == 500.0  # the 5 smallest left out
+
+
+def test_regime_figure_shares_in_the_palette_with_the_episode_count():
+    fig = figures.regime_figure({"mixing": 3.0, "ep_hotspot": 1.0, "unknown": 0.0}, 2, {"ep_hotspot": 2})
+    bar = fig.data[0]
+    assert list(bar.y) == ["mixing", "ep_hotspot"] and list(bar.x) == [0.75, 0.25]
+    assert list(bar.customdata) == [3.0, 1.0] and list(bar.marker.color) == [CAUSE_COLORS["mixing"], CAUSE_COLORS["ep_hotspot"]]
+    assert list(bar.text) == ["75%", "25%, 2 episodes"] and "(2 sustained episodes)" in fig.layout.title.text
+    assert len(figures.regime_figure({}, 0).data[0].y) == 0

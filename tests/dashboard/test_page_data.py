@@ -92,3 +92,13 @@ def test_ledger_height_counts_speculative_rows():
     want = predict(resolve("deepseek-v3.2"), BatchShape(prefill_tokens=256, decode_reqs=4, spec_tokens=2,
                                                         context_len=2048), device("h100"))["height_x"]
     assert h == pytest.approx(want) and "deepseek-v3.2 on h100" in basis
+
+
+def test_timeline_view_carries_the_instance_episodes_on_its_clock(hotspot_timeline):
+    d = diagnose(hotspot_timeline)
+    v = timeline_view(hotspot_timeline, d, "engine0")
+    e = d.regimes.episodes.iloc[0]
+    assert len(v.episodes) == 1 and v.episodes.iloc[0]["cause"] == "ep_hotspot"
+    assert v.episodes.iloc[0]["t_start_rel_s"] == pytest.approx(e["t_start_s"] - v.t0_s)
+    assert v.episodes.iloc[0]["share"] == e["shares"]["ep_hotspot"]
+    assert not len(timeline_view(hotspot_timeline, d, "other").episodes)  # another instance's episodes stay out

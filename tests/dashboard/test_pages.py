@@ -51,10 +51,29 @@ def test_overview_budget_agrees_with_the_diagnosis_and_exporter(store, key):
     fig, lines = overview.on_budget(store, key)
     total = ds.diagnosis.budget.excess_by_cause()
     assert dict(zip(fig.data[0].y, fig.data[0].x)) == {c: v for c, v in total.items() if v > 0}
-    assert store.exporter.snapshot.itl_excess_total_s == pytest.approx(total)
     assert lines and "P99" in lines[0].children and "without" in lines[0].children
     with pytest.raises(PreventUpdate):
         overview.on_budget(store, None)
+
+
+def test_overview_regimes_and_timeline_bands_agree_with_the_diagnosis_and_exporter(hotspot_run):
+    store = DataStore(DashboardConfig.from_data_path(hotspot_run.parent), DiagnosisExporter())
+    key = sources.on_load(store, "sources-load-btn", "hot", None, None)[0]
+    ds = store.get(key["id"])
+    fig, saturation = overview.on_regimes(store, key)
+    total = ds.diagnosis.regimes.excess_by_cause()
+    whole = sum(total.values())
+    bars = dict(zip(fig.data[0].y, fig.data[0].customdata))
+    assert bars == pytest.approx({c: v for c, v in total.items() if v > 0})
+    assert dict(zip(fig.data[0].y, fig.data[0].x)) == pytest.approx({c: v / whole for c, v in total.items() if v > 0})
+    assert store.exporter.snapshot.itl_excess_total_s == pytest.approx(total)  # the watcher's counter says the same
+    assert "(1 sustained episode)" in fig.layout.title.text and saturation == []
+    assert "ep_hotspot" in ds.diagnosis.verdict
+    tfig = timeline.on_timeline(store, key, "engine0", None, 400, trigger="timeline-instance")
+    bands = [s for s in tfig.layout.shapes if s.type == "rect"]
+    assert [b.name for b in bands] == ["episode: ep_hotspot"]
+    with pytest.raises(PreventUpdate):
+        overview.on_regimes(store, None)
 
 
 @pytest.mark.parametrize("trigger,choice,msg", [

@@ -58,3 +58,17 @@ def test_sources_and_signals_frames(make_timeline):
                                      "partial": False, "notes": "x"}
     sig = signals_frame(tl).set_index("instance").loc["engine0"]
     assert sig["sm_active"] == "estimated" and sig["expert_imbalance"] == "absent" and sig["itl"] == "present"
+
+
+def test_regime_summary_reads_the_decomposition(hotspot_timeline):
+    from mixdiag.dashboard.stats import regime_summary
+
+    d = diagnose(hotspot_timeline)
+    r = regime_summary(d)
+    total = {c: v for c, v in d.regimes.excess_by_cause().items() if v > 0}
+    assert r.excess_s == total and list(r.excess_s) == sorted(total, key=total.get, reverse=True)
+    assert sum(r.shares.values()) == pytest.approx(1.0) and r.shares["ep_hotspot"] > 0.5
+    assert (r.n_episodes, r.episodes_by_cause, r.saturated) == (1, {"ep_hotspot": 1}, ())
+    d.regimes.saturation = {"engine0": dict(saturated=True, waiting_share=0.7, running_at_limit_share=1.0,
+                                            running_max=8.0)}
+    assert regime_summary(d).saturated[0].startswith("saturated: engine0 - requests waited after 70%")

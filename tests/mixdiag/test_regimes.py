@@ -1,0 +1,152 @@
+"""Regimes (issue 23): a healthy reference a sustained fault cannot move, episodes, the split of excess by
+cause, saturation. Hand-built inputs whose answers are known (diag_cases.py's decode stream)."""
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import diag_cases as dc  # noqa: E402
+
+from mixdiag.diagnosis import diagnose  # noqa: E402
+from mixdiag.diagnosis.config import RegimeConfig  # noqa: E402
+from mixdiag.diagnosis.detection.regimes import find_episodes, low_side_reference, reference  # noqa: E402
+from mixdiag.diagnosis.rules.decomposition import SPLIT_CAUSES, features, nnls, split  # noqa: E402
+from mixdiag.schema import Timeline  # noqa: E402
+
+
+def _hotspot(n=700, start=300, length=150):
+    faults = {k: dict(expert_imbalance=4.0, dur=0.050) for k in range(start, start + length)}
+    faults[100] = dict(kind="mixed", prefill_tokens=512, prefill_reqs=1, dur=0.110, graph_mode="PIECEWISE", sm_active=0.95)
+    faults[550] = dict(gap=0.100)
+    return dc.build(n, faults)
+
+
+def test_a_150_step_ep_hotspot_is_one_episode_with_ep_as_its_cause():
+    d = diagnose(_hotspot())
+    ep = d.regimes.episodes
+    assert len(ep) == 1
+    e = ep.iloc[0]
+    assert e["cause"] == "ep_hotspot" and e["shares"]["ep_hotspot"] > 0.8
+    assert abs(e["step_start"] - 300) <= 3 and abs(e["step_end"] - 449) <= 3
+    assert "episode" in d.verdict and "ep_hotspot" in d.verdict
+    doc = d.to_json()["regimes"]
+    assert doc["episodes"][0]["cause"] == "ep_hotspot"
+    assert max(doc["excess"]["shares"], key=doc["excess"]["shares"].get) == "ep_hotspot"
+
+
+def test_isolated_spikes_make_no_episode():
+    faults = {k: dict(kind="mixed", prefill_tokens=512, prefill_reqs=1, dur=0.110) for k in range(20, 600, 7)}
+    d = diagnose(dc.build(620, faults))
+    assert len(d.regimes.episodes) == 0
+    assert d.by_cause["mixing"] > 50
+
+
+@pytest.mark.parametrize("fault_share", [0.0, 0.3, 0.6])
+def test_the_reference_is_not_moved_by_a_sustained_fault(fault_share):
+    rng = np.random.default_rng(3)
+    lat = rng.normal(0.020, 0.001, 2000)
+    lat[: int(fault_share * len(lat))] *= 2.5
+    centre, sigma = low_side_reference(lat)
+    assert centre == pytest.approx(0.020, rel=0.03)
+    assert sigma == pytest.approx(0.001, rel=0.35)
+
+
+def test_strata_get_their_own_reference():
+    lat = np.r_[np.full(100, 0.010), np.full(100, 0.030)] + np.tile([0, 1e-4], 100)
+    centre, _ = reference(lat, np.r_[np.zeros(100), np.ones(100)], cfg=RegimeConfig(min_stratum_rows=30))
+    assert centre[0] == pytest.approx(0.010, rel=0.02) and centre[-1] == pytest.approx(0.030, rel=0.02)
+
+
+def test_episode_excess_is_weighted_token_time():
+    lat = np.r_[np.full(50, 0.01), np.full(20, 0.03), np.full(50, 0.01)]
+    ep = find_episodes("e", np.arange(120.0), lat, np.full(120, 0.01), np.full(120, 1e-4), weight=np.full(120, 4.0))
+    assert len(ep) == 1 and ep.iloc[0]["rows"] == 20
+    assert ep.iloc[0]["excess_s"] == pytest.approx(20 * 0.02 * 4)
+
+
+def test_nnls_matches_a_brute_force_search():
+    rng = np.random.default_rng(0)
+    x = np.abs(rng.normal(size=(60, 3)))
+    y = x @ np.array([0.5, 0.0, 2.0]) + rng.normal(0, 0.05, 60)
+    w = rng.uniform(1, 3, 60)
+    b = nnls(x, y, w)
+    best = None  # every active set, solved by weighted least squares, kept where feasible
+    for k in range(1, 4):
+        for cols in itertools.combinations(range(3), k):
+            sw = np.sqrt(w)
+            sol, *_ = np.linalg.lstsq(x[:, cols] * sw[:, None], y * sw, rcond=None)
+            if (sol >= 0).all():
+                full = np.zeros(3)
+                full[list(cols)] = sol
+                cost = float(np.sum(w * (x @ full - y) ** 2))
+                best = (cost, full) if best is None or cost < best[0] else best
+    assert np.allclose(b, best[1], atol=1e-6)
+
+
+def _row(**kw):
+    base = dict(has_prefill=False, has_decode=True, decodes_before=True, prefill_tokens=0.0, graph_off=False,
+                preempted_reqs=0.0, gap_excess_s=0.0, expert_imbalance=1.1, kv_transfer_s=0.0, kv_transfer_bytes=0.0)
+    base.update(kw)
+    return base
+
+
+def test_a_row_with_a_host_stall_and_a_mixed_step_names_both_with_shares():
+    rows = [_row() for _ in range(40)]
+    for i in range(5, 40, 5):  # mixed steps cost 0.1 ms per prompt token; stalls cost their gap
+        rows[i] = _row(has_prefill=True, prefill_tokens=512.0)
+    for i in range(7, 40, 6):
+        rows[i] = _row(gap_excess_s=0.040)
+    rows[20] = _row(has_prefill=True, prefill_tokens=512.0, gap_excess_s=0.040)
+    frame = pd.DataFrame(rows)
+    f = features(frame, "step")
+    lat = 0.020 + 0.0001 * frame["prefill_tokens"].to_numpy() * frame["has_prefill"] + frame["gap_excess_s"].to_numpy()
+    parts = split(lat, np.full(len(lat), 0.020), np.ones(len(lat)), f)
+    both = parts[20]
+    names = SPLIT_CAUSES + ("unknown",)
+    share = dict(zip(names, both / both.sum()))
+    assert share["mixing"] == pytest.approx(0.0512 / 0.0912, abs=0.02)
+    assert share["host_stall"] == pytest.approx(0.040 / 0.0912, abs=0.02)
+    assert parts.sum() == pytest.approx(np.clip(lat - 0.020, 0, None).sum())  # never more than the excess
+
+
+def test_an_estimated_signal_adds_no_feature():
+    frame = pd.DataFrame([_row(has_prefill=True, prefill_tokens=512.0, rq_token_allocation="estimated"),
+                          _row(has_prefill=True, prefill_tokens=512.0, rq_token_allocation="measured")])
+    f = features(frame, "step")
+    assert f[0, SPLIT_CAUSES.index("mixing")] == 0 and f[1, SPLIT_CAUSES.index("mixing")] == 512
+
+
+def _saturated() -> Timeline:
+    tl = dc.build(300)
+    st = tl.steps.copy()
+    st["running_reqs"] = 8.0
+    st["waiting_reqs"] = np.where(np.arange(len(st)) > 30, 5.0, 0.0)
+    return Timeline(st, tl.tokens, meta=tl.meta)
+
+
+def test_a_saturated_server_is_the_headline():
+    d = diagnose(_saturated())
+    assert d.verdict.startswith("Saturated")
+    assert d.regimes.saturation["engine0"]["saturated"]
+
+
+def test_a_queue_that_clears_is_not_saturation():
+    tl = dc.build(300)
+    st = tl.steps.copy()
+    st["running_reqs"] = 8.0
+    st["waiting_reqs"] = np.where(np.arange(len(st)) % 10 == 0, 2.0, 0.0)
+    d = diagnose(Timeline(st, tl.tokens, meta=tl.meta))
+    assert not d.regimes.saturation["engine0"]["saturated"] and "Saturated" not in d.verdict
+
+
+def test_spikes_carry_their_shares_in_json():
+    doc = diagnose(dc.build()).to_json()
+    mixing = [s for s in doc["spikes"] if s["cause"] == "mixing"]
+    assert mixing and all("shares" in s for s in doc["spikes"])
+    assert max(mixing[0]["shares"], key=mixing[0]["shares"].get) == "mixing"
