@@ -119,10 +119,12 @@ def _read(src: str, fmt: str, options: dict) -> Timeline:
 
 
 def _join(timelines: list[Timeline], given: list[tuple[str, str, str]], explicit: dict | None):
-    """The inputs of one server joined into one Timeline each (:mod:`.join`); every instance's
-    inputs listed in ``meta["instance_sources"]``."""
+    """The inputs of one server joined into one Timeline each (:mod:`.join`); with several inputs
+    (or ``--instance``) every instance's inputs are listed in ``meta["instance_sources"]``."""
     from mixdiag.collectors import join
 
+    if len(timelines) == 1 and not explicit:  # one input: the collector's own result, untouched
+        return timelines, [given[0][1:]]
     inputs = [join.Input(g, src, fmt, tl, *join.hints(src, fmt)) for (g, src, fmt), tl in zip(given, timelines)]
     out, pairs = [], []
     for srv in join.plan(inputs, explicit):

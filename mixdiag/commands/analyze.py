@@ -14,7 +14,7 @@ def register(sub, common):
                                    "directory, an Nsight SQLite export, a Kineto trace, engine logs, a scrape "
                                    "directory); several inputs are analysed together on one clock. Never reads "
                                    "truth.csv. The --json document is described in docs/analyze.md.")
-    p.add_argument("inputs", nargs="*", metavar="INPUT", help="run directory or capture file(s)")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="run directory or capture file(s)")
     p.add_argument("--format", default="auto", help="input format for every INPUT (default: auto-detect)")
     p.add_argument("--top", type=int, default=10, metavar="N", help="spikes listed in the human report (default 10)")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report (never overwrites)")
@@ -72,8 +72,6 @@ def run(args, console):
     joined = instance_options(args)
     inputs = list(args.inputs)  # paths named only by --instance are inputs too
     inputs += [p for paths in joined.get("join", {}).values() for p in paths if p not in inputs]
-    if not inputs:
-        raise UserError("no input given (INPUT or --instance NAME=PATH)")
     tl = load_inputs(inputs, args.format, **step_options(args), **source_options(args), **joined)
     console.note(f"loaded {tl!r}", level=1)
     from mixdiag.report import skipped_by_source, source_warnings, strict_failure

@@ -106,7 +106,7 @@ def test_analyze_instance_flag_lists_sources_and_rejects_bad_specs(run_dir, caps
     from mixdiag.cli import main
 
     log, scrapes = str(run_dir / "engine.log"), str(run_dir / "scrapes")
-    assert main(["analyze", "--json", "--instance", f"srv={log},{scrapes}"]) == 0
+    assert main(["analyze", "--json", log, "--instance", f"srv={log},{scrapes}"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [s["path"] for s in doc["instances"]["srv"]["sources"]] == [log, scrapes]
     assert doc["instances"]["srv@intervals"]["view_of"] == "srv"
