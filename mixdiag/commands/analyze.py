@@ -69,6 +69,9 @@ def run(args, console):
     console.note(f"loaded {tl!r}", level=1)
     from mixdiag.diagnosis.parallel import default_jobs
     d = diagnose(tl, jobs=args.jobs or default_jobs())
+    if tl.meta.get("since_start"):  # one dump: the run's totals since process start are the verdict, no spikes
+        from mixdiag.report_since_start import as_summary
+        d = as_summary(d, tl)
     if args.html:
         from mixdiag.ledger.device_model import device
         from mixdiag.ledger.shapes import resolve
@@ -78,10 +81,9 @@ def run(args, console):
                    context_len=args.context_len, title=f"mixdiag analyze {' '.join(args.inputs)}")
         console.note(f"wrote {args.html}")
     human, doc = render(d, top=args.top), d.to_json()
-    if tl.meta.get("since_start"):  # one dump: the run's totals since process start, not spikes
-        from mixdiag.report_since_start import summary_lines, summary_rows
-        human = "\n".join(summary_lines(tl)) + "\n(one scrape has no time axis: sample the URL with " \
-            "--duration S, or give a directory of timed scrapes, to locate spikes)"
+    if tl.meta.get("since_start"):
+        from mixdiag.report_since_start import HOW_TO_LOCATE, summary_lines, summary_rows
+        human = "\n".join([d.verdict, "", *summary_lines(tl), f"({HOW_TO_LOCATE})"])
         doc = {**doc, "since_start": summary_rows(tl)}
     console.result(human, doc)
     return 0
