@@ -69,8 +69,9 @@ def _without_le(labels: LabelKey) -> LabelKey:
     return tuple(kv for kv in labels if kv[0] != "le")
 
 
-def histogram_increase(prev: View, cur: View, base: str) -> dict[str, float] | None:
-    """ITL columns from the increase of histogram ``base`` between two scrapes; None if absent."""
+def histogram_increase(prev: View, cur: View, base: str) -> dict[str, Any] | None:
+    """ITL columns from the increase of histogram ``base`` between two scrapes (plus ``QUANTILE_BOUNDS``:
+    the quantiles that are only bucket bounds); None if absent."""
     cur_b = cur.get(base + "_bucket")
     if not cur_b:
         return None
