@@ -50,8 +50,8 @@ import numpy as np
 
 from mixdiag import wire
 
-from mixdiag.collectors.prometheus.prom_common import (ITERATION_TOKENS, TTFT_HISTOGRAMS, View, bucket_quantile,
-                                                       counter_increase, gauge_value)
+from mixdiag.collectors.prometheus.prom_common import (ITERATION_TOKENS, QUANTILE_BOUNDS, TTFT_HISTOGRAMS, View,
+                                                       bucket_quantile_bound, counter_increase, gauge_value)
 
 #: Suffix on a ``meta["metric_sources"]`` entry whose column is derived (quality ``inferred``).
 INFERRED = " [inferred]"
@@ -185,8 +185,13 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
         if h is None:
             continue
         if h[1][-1] > 0:
-            out["ttft_p50_s"] = float(bucket_quantile(0.5, *h))
-            out["ttft_p99_s"] = float(bucket_quantile(0.99, *h))
+            bounds = {}
+            for col, q in (("ttft_p50_s", 0.5), ("ttft_p99_s", 0.99)):
+                out[col], how = bucket_quantile_bound(q, *h)
+                if how:
+                    bounds[col] = how
+            if bounds:
+                out[QUANTILE_BOUNDS] = bounds
         out["arrivals"] = float(h[1][-1])
         used["ttft_p50_s"] = used["ttft_p99_s"] = base
         used["arrivals"] = base + "_count" + INFERRED

@@ -83,21 +83,39 @@ def counter_increase(prev: dict[LabelKey, float] | None, cur: dict[LabelKey, flo
     return total if seen else math.nan
 
 
-def bucket_quantile(q: float, upper: np.ndarray, cum: np.ndarray) -> float:
-    """PromQL ``histogram_quantile`` over cumulative ``cum`` counts at sorted ``upper`` bounds."""
+#: How a bucket quantile relates to the truth: inside a bucket with both edges shown (interpolated),
+#: at most the lowest bound shown, or at least the highest finite bound.
+INSIDE, AT_MOST, AT_LEAST = "", "<=", ">="
+#: Row key (dropped before the row reaches the Timeline) carrying ``{column: AT_MOST | AT_LEAST}``;
+#: ``build_timeline`` counts them into ``meta["quantile_bounds"]``.
+QUANTILE_BOUNDS = "_quantile_bounds"
+
+
+def bucket_quantile_bound(q: float, upper: np.ndarray, cum: np.ndarray) -> tuple[float, str]:
+    """``histogram_quantile`` over cumulative ``cum`` counts at sorted ``upper`` bounds, and whether
+    the value is exact to the bucket (``INSIDE``) or only a bound.
+
+    Unlike PromQL, a quantile in the lowest bucket shown is not interpolated up from 0: its lower
+    edge is not in the data (a fragment whose lowest bucket is ``le="7.5"`` says nothing about
+    where under 7.5 s the values lie), so the answer is ``(7.5, AT_MOST)``. In the ``+Inf`` bucket it
+    is ``(highest finite bound, AT_LEAST)``, as PromQL returns that bound. NaN without observations."""
     if len(upper) < 2 or not math.isinf(upper[-1]) or cum[-1] <= 0:
-        return math.nan
+        return math.nan, INSIDE
     rank = q * cum[-1]
     b = int(np.searchsorted(cum[:-1], rank, side="left"))
     if b >= len(upper) - 1:
-        return float(upper[-2])  # in the +Inf bucket: the highest finite bound is all we know
+        return float(upper[-2]), AT_LEAST
     hi = float(upper[b])
-    if b == 0 and hi <= 0:
-        return hi
-    lo = float(upper[b - 1]) if b > 0 else 0.0
-    below = float(cum[b - 1]) if b > 0 else 0.0
+    if b == 0:
+        return hi, (INSIDE if hi <= 0 else AT_MOST)
+    lo, below = float(upper[b - 1]), float(cum[b - 1])
     n = float(cum[b]) - below
-    return hi if n <= 0 else lo + (hi - lo) * (rank - below) / n
+    return (hi if n <= 0 else lo + (hi - lo) * (rank - below) / n), INSIDE
+
+
+def bucket_quantile(q: float, upper: np.ndarray, cum: np.ndarray) -> float:
+    """The value of :func:`bucket_quantile_bound` (a bound where the buckets give no more)."""
+    return bucket_quantile_bound(q, upper, cum)[0]
 
 
 def first_present(cur: View, candidates, test: Callable[[dict[LabelKey, float], Any], bool]):

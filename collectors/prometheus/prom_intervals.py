@@ -4,9 +4,12 @@ Between two consecutive scrapes of one instance an ``interval`` row gets:
 
 * counter increases (``v1 - v0``; a drop means the counter reset, so the increase is ``v1``; a
   series that appears between the scrapes was born from zero), summed over labels;
-* histogram bucket increases -> ITL quantiles by linear interpolation inside the bucket, exactly as
-  PromQL ``histogram_quantile`` does (``itl_p50_s``/``itl_p90_s``/``itl_p99_s``), ``itl_mean_s``
-  = sum increase / count increase, ``itl_count``;
+* histogram bucket increases -> ITL quantiles by linear interpolation inside the bucket, as PromQL
+  ``histogram_quantile`` does (``itl_p50_s``/``itl_p90_s``/``itl_p99_s``), ``itl_mean_s``
+  = sum increase / count increase, ``itl_count``; a quantile in the lowest bucket shown is that
+  bucket's bound (not interpolated up from 0), one in ``+Inf`` the highest finite bound, and
+  ``meta["quantile_bounds"][instance][column]`` counts the rows where the value is such a bound
+  (``{"<=": n, ">=": m}``);
 * steps by kind where the source has them (``mixdiag_engine_steps_total{kind}``): ``kind`` is
   ``mixed`` when any mixed step ran, the one kind when only one ran, ``idle`` when none ran, else
   ``unknown``; the per-kind counts go to extra columns ``<kind>_steps`` and to ``series``;
@@ -29,9 +32,9 @@ from mixdiag import wire
 from mixdiag.schema import Timeline
 
 from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, prefill_work_column, quality
-from mixdiag.collectors.prometheus.prom_common import (GAUGE_COLUMNS, ITL_HISTOGRAMS, SPLIT_LABELS, LabelKey,
-                                                       TimedScrape, View, bucket_quantile, counter_increase,
-                                                       first_present, gauge_value, is_gauge)
+from mixdiag.collectors.prometheus.prom_common import (GAUGE_COLUMNS, ITL_HISTOGRAMS, QUANTILE_BOUNDS, SPLIT_LABELS,
+                                                       LabelKey, TimedScrape, View, bucket_quantile_bound,
+                                                       counter_increase, first_present, gauge_value, is_gauge)
 
 # Per column: candidate (metric, label filter) in order of preference; the first present wins.
 COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
@@ -66,8 +69,9 @@ def _without_le(labels: LabelKey) -> LabelKey:
     return tuple(kv for kv in labels if kv[0] != "le")
 
 
-def histogram_increase(prev: View, cur: View, base: str) -> dict[str, float] | None:
-    """ITL columns from the increase of histogram ``base`` between two scrapes; None if absent."""
+def histogram_increase(prev: View, cur: View, base: str) -> dict[str, Any] | None:
+    """ITL columns from the increase of histogram ``base`` between two scrapes (plus ``QUANTILE_BOUNDS``:
+    the quantiles that are only bucket bounds); None if absent."""
     cur_b = cur.get(base + "_bucket")
     if not cur_b:
         return None
@@ -97,8 +101,13 @@ def histogram_increase(prev: View, cur: View, base: str) -> dict[str, float] | N
         count = float(cum[-1]) if math.isinf(upper[-1]) else math.nan
     ssum = counter_increase(prev.get(base + "_sum"), cur.get(base + "_sum"))
     out = {"itl_count": count, "itl_mean_s": ssum / count if count and count > 0 and math.isfinite(ssum) else math.nan}
+    bounds = {}
     for col, q in QUANTILES:
-        out[col] = bucket_quantile(q, upper, cum)
+        out[col], how = bucket_quantile_bound(q, upper, cum)
+        if how:
+            bounds[col] = how
+    if bounds:
+        out[QUANTILE_BOUNDS] = bounds  # which quantiles are only bounds (popped by _interval_row)
     return out
 
 
@@ -135,7 +144,7 @@ def _label_str(labels: LabelKey) -> str:
 
 
 def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View,
-                  used: dict[str, str], series_rows: list[dict]) -> dict:
+                  used: dict[str, str], series_rows: list[dict], bounds: dict[str, dict[str, int]]) -> dict:
     row: dict[str, Any] = {"instance": inst, "step": i, "t_start_s": t0, "t_end_s": t1, "granularity": "interval"}
     for col, cands in COUNTER_COLUMNS.items():
         c = first_present(cur, cands, lambda s, c: True)
@@ -150,9 +159,11 @@ def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View
         if g is not None:
             v, used[col] = g
             row[col] = v if not (col == "kv_usage" and v > 1.0) else math.nan
+    itl_bounds: dict[str, str] = {}
     for base in ITL_HISTOGRAMS:
         h = histogram_increase(prev, cur, base)
         if h is not None:
+            itl_bounds = h.pop(QUANTILE_BOUNDS, {})
             row.update(h)
             used["itl"] = base
             break
@@ -193,6 +204,9 @@ def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View
                                     "t_s": t1, "value": v})
     row.update(dialect_columns(prev, cur, row, used))  # vLLM/SGLang/mixdiag evidence columns
     row["step_source"] = "scrape"
+    for col, how in {**row.pop(QUANTILE_BOUNDS, {}), **itl_bounds}.items():
+        bounds.setdefault(col, {}).setdefault(how, 0)
+        bounds[col][how] += 1
     return row
 
 
@@ -209,8 +223,10 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
     signals: dict[str, dict[str, str]] = {}
     notes: list[str] = []
     single = len(timed) == 1
+    quantile_bounds: dict[str, dict[str, dict[str, int]]] = {}
     for inst, seq in _split(timed, base).items():
         used: dict[str, str] = {}
+        bounds: dict[str, dict[str, int]] = {}
         n_before = len(rows)
         for t, view in seq:
             for name, series in view.items():
@@ -226,13 +242,15 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
             if set(cur) <= {"up"}:  # the target was down at t1: nothing was scraped, no row
                 down += 1
                 continue
-            rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows))
+            rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows, bounds))
             pairs.append((prev, cur))
         # cross-interval: vLLM's prompt tokens counted at first token, spread back over prefill time
         prefill_work_column(rows[n_before:], pairs, used)
         if down:
             notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
         metric_sources[inst] = used
+        if bounds:
+            quantile_bounds[inst] = bounds
         sig = {col: quality(src) for col, src in used.items() if col not in ("itl",)}
         if "itl" in used:
             sig.update({c: "measured" for c in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count")})
@@ -254,4 +272,6 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
     series = pd.DataFrame(series_rows) if series_rows else None
     meta = {"source": fmt, "clock": clock, "sources": srcs, "signals": signals, "metric_sources": metric_sources,
             "notes": notes, "partial": any(s.get("partial") for s in srcs)}
+    if quantile_bounds:
+        meta["quantile_bounds"] = quantile_bounds
     return Timeline(steps=steps, series=series, meta=meta)

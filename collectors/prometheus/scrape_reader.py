@@ -204,6 +204,8 @@ def since_start(scrape, t_s: float, base: str, *, clock: str = "unix", fmt: str 
     steps, series = rows.steps, tl.series
     meta = dict(tl.meta)
     meta["signals"], meta["metric_sources"] = rows.meta["signals"], rows.meta["metric_sources"]
+    if rows.meta.get("quantile_bounds"):  # quantiles that are only bounds: the report says "<= x" / ">= x"
+        meta["quantile_bounds"] = rows.meta["quantile_bounds"]
     meta["notes"] = [n for n in meta.get("notes", []) if not n.startswith("one scrape: no intervals")]
     meta["since_start"] = {"t_start_s": t0, "t_end_s": t_s, "start_known": known}
     meta["notes"] = list(meta.get("notes", [])) + [

@@ -82,6 +82,9 @@ def run(args, console):
         console.note(w)
     from mixdiag.diagnosis.parallel import default_jobs
     d = diagnose(tl, jobs=args.jobs or default_jobs())
+    if tl.meta.get("since_start"):  # one dump: the run's totals since process start are the verdict, no spikes
+        from mixdiag.report_since_start import as_summary
+        d = as_summary(d, tl)
     if args.html:
         from mixdiag.ledger.device_model import device
         from mixdiag.ledger.shapes import resolve
@@ -94,9 +97,8 @@ def run(args, console):
     doc = {**d.to_json(), "sources": skipped_by_source(tl.meta), "inputs_ignored": list(tl.meta.get("inputs_ignored", []))}
     if tl.meta.get("since_start"):  # one dump: the run's totals since process start, not spikes
         from mixdiag.report import warnings_section
-        from mixdiag.report_since_start import summary_lines, summary_rows
-        human = "\n".join(summary_lines(tl) + warnings_section(warnings)) + "\n(one scrape has no time axis: " \
-            "sample the URL with --duration S, or give a directory of timed scrapes, to locate spikes)"
+        from mixdiag.report_since_start import HOW_TO_LOCATE, summary_lines, summary_rows
+        human = "\n".join([d.verdict, "", *summary_lines(tl), *warnings_section(warnings), f"({HOW_TO_LOCATE})"])
         doc = {**doc, "since_start": summary_rows(tl)}
     console.result(human, doc)
     return 0

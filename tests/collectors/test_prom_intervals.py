@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mixdiag.collectors.prometheus import prom_text, scrape_reader
-from mixdiag.collectors.prometheus.prom_common import bucket_quantile, counter_increase
+from mixdiag.collectors.prometheus.prom_common import bucket_quantile, bucket_quantile_bound, counter_increase
 from mixdiag.collectors.prometheus.prom_intervals import histogram_increase
 
 A, B = (("k", "a"),), (("k", "b"),)
@@ -27,19 +27,31 @@ def test_counter_increase(prev, cur, want, expect):
     assert (math.isnan(got) and math.isnan(expect)) or got == expect
 
 
-# 4 obs <= 0.1, 4 in (0.1, 0.2], 0 above; rank = q * 8, linear inside the bucket holding the rank.
-@pytest.mark.parametrize("q,cum,want", [
-    (0.25, [4, 8, 8, 8], 0.05), (0.5, [4, 8, 8, 8], 0.1), (0.75, [4, 8, 8, 8], 0.15), (1.0, [4, 8, 8, 8], 0.2),
-    (0.5, [0, 0, 0, 3], 0.3),        # everything above the last finite bound -> that bound
-    (0.5, [0, 0, 0, 0], math.nan),   # no observations
+# 4 obs <= 0.1, 4 in (0.1, 0.2], 0 above; rank = q * 8, linear inside the bucket holding the rank when
+# both its edges are shown; in the lowest bucket only its bound ("<="), in +Inf the last finite one (">=").
+@pytest.mark.parametrize("q,cum,want,how", [
+    (0.25, [4, 8, 8, 8], 0.1, "<="),   # PromQL would say 0.05, interpolating up from a 0 no bucket shows
+    (0.5, [4, 8, 8, 8], 0.1, "<="), (0.75, [4, 8, 8, 8], 0.15, ""), (1.0, [4, 8, 8, 8], 0.2, ""),
+    (0.5, [0, 8, 8, 8], 0.15, ""),   # empty lowest bucket: its bound is the next one's lower edge
+    (0.5, [0, 0, 0, 3], 0.3, ">="),  # everything above the last finite bound -> that bound
+    (0.5, [0, 0, 0, 0], math.nan, ""),   # no observations
 ])
-def test_bucket_quantile_matches_promql(q, cum, want):
+def test_bucket_quantile_stays_inside_the_buckets_shown(q, cum, want, how):
     upper = np.array([0.1, 0.2, 0.3, math.inf])
     cum = np.array(cum, dtype=float)
+    got, got_how = bucket_quantile_bound(q, upper, cum)
+    assert got_how == how
     if math.isnan(want):
-        assert math.isnan(bucket_quantile(q, upper, cum))
+        assert math.isnan(got) and math.isnan(bucket_quantile(q, upper, cum))
         return
-    assert bucket_quantile(q, upper, cum) == pytest.approx(want)
+    assert got == pytest.approx(want) and bucket_quantile(q, upper, cum) == got
+
+
+def test_a_fragment_from_le_7_5_gives_upper_bounds_not_3_75():
+    # issue 22: a fragment whose lowest bucket shown is le="7.5" gave ITL P50 3.75 s
+    upper, cum = np.array([7.5, 10.0, 20.0, math.inf]), np.array([90.0, 95.0, 99.0, 100.0])
+    assert bucket_quantile_bound(0.5, upper, cum) == (7.5, "<=")
+    assert bucket_quantile_bound(0.995, upper, cum) == (20.0, ">=")
 
 
 def test_histogram_reset_counts_every_bucket_from_zero():
