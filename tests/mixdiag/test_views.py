@@ -65,7 +65,8 @@ def test_log_lines_alone_use_the_stated_elapsed_time():
     (dict(mixed_steps=1.0, prefill_steps=0.0, decode_steps=20.0), "mixed", "mixing"),
     (dict(mixed_steps=0.0, prefill_steps=1.0, decode_steps=20.0), "unknown", "prefill_stall"),
     (dict(mixed_steps=0.0, prefill_steps=0.0, decode_steps=20.0), "decode", "unknown"),
-    ({}, "unknown", "unknown"),  # both segments in the interval, no counts: no claim of mixing
+    # no counts: prompt work far above the usual (none) beside the spike is the interval's own evidence
+    ({}, "unknown", "mixing"),
 ])
 def test_interval_rows_use_step_counts_by_kind(counts, kind, expect):
     rows = []
@@ -78,6 +79,8 @@ def test_interval_rows_use_step_counts_by_kind(counts, kind, expect):
     d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
     assert list(d.spikes["step"]) == [12]
     assert d.spikes["cause"].iloc[0] == expect
+    if not counts and expect == "mixing":  # inferred from work alone: low confidence
+        assert d.spikes["confidence"].iloc[0] <= 0.5
 
 
 def test_fused_log_and_scrapes():

@@ -96,6 +96,9 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
             return done("mixing", 0.7 + bonus, **rel_ev)
         if counted and pos("prefill_steps") and pos("decode_steps"):
             return done("prefill_stall", 0.7 + bonus, decodes_before=True, **rel_ev)
+        if counted and not pos("mixed_steps") and not pos("prefill_steps"):
+            return done("unknown", 0.3, **rel_ev, reason="the engine counted no prefill or mixed step in the interval: "
+                        "its prompt tokens were counted here but computed before")
         if above:
             return done("mixing", 0.55 + bonus, **rel_ev, **work_ev,
                         reason="prefill work in the interval or beside it stands above the instance's usual work "
