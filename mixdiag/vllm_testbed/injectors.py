@@ -46,6 +46,7 @@ class FaultRunner:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._cancel = threading.Event()
+        self._stopped = 0   # stalls in progress: overlapping stalls keep the process stopped until the last ends
 
     def schedule(self, faults: tuple[TimedFault, ...]) -> None:
         """Start one waiting thread per fault."""
@@ -80,14 +81,21 @@ class FaultRunner:
 
     def _stall(self, f: TimedFault) -> None:
         pid = self._engine_core_pid()
-        t_stop = time.time()
-        os.kill(pid, signal.SIGSTOP)
+        with self._lock:
+            t_stop = time.time()
+            if self._stopped == 0:
+                os.kill(pid, signal.SIGSTOP)
+            self._stopped += 1
         try:
-            # sleep the stall on the monotonic clock; SIGCONT even if this thread is interrupted
             self._cancel.wait(f.duration_s)
         finally:
-            os.kill(pid, signal.SIGCONT)
-            t_cont = time.time()
+            # SIGCONT when the last overlapping stall ends (and even if this thread is interrupted);
+            # each row keeps its own span, so the rows' union is when the process was stopped
+            with self._lock:
+                self._stopped -= 1
+                if self._stopped == 0:
+                    os.kill(pid, signal.SIGCONT)
+                t_cont = time.time()
         self._record(TruthRow(t_stop, t_cont, "host_stall",
                               f"SIGSTOP EngineCore pid={pid} for {t_cont - t_stop:.3f} s"))
 

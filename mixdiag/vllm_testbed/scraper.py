@@ -20,7 +20,7 @@ class Scraper(threading.Thread):
         super().__init__(name="mixdiag-scraper", daemon=True)
         self.url, self.out_dir, self.interval_s = url.rstrip("/") + "/metrics", Path(out_dir), float(interval_s)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.written = 0
         self.failed = 0
         self.last_error: str | None = None
@@ -45,13 +45,13 @@ class Scraper(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         k = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self.scrape_once()
             k = max(k + 1, int((time.monotonic() - t0) / self.interval_s) + 1)
-            self._stop.wait(max(0.0, t0 + k * self.interval_s - time.monotonic()))
+            self._halt.wait(max(0.0, t0 + k * self.interval_s - time.monotonic()))
 
     def finish(self) -> None:
         """Stop after the scrape in flight, then take one last scrape (the run's final counters)."""
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=30)
         self.scrape_once()
