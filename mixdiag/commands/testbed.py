@@ -25,7 +25,7 @@ def register(sub, common):
     v.add_argument("--faults", default="long_prompts", metavar="LIST",
                    help=f"comma-separated, or none: {', '.join(FAULTS)} (default long_prompts)")
     v.add_argument("--seed", type=int, default=0, help="draws the fault schedule and the traffic (default 0)")
-    v.add_argument("--rate", type=float, default=5.0, metavar="R", help="base load, requests/s (default 5)")
+    v.add_argument("--rate", type=float, default=2.5, metavar="R", help="base load, requests/s (default 2.5)")
     v.add_argument("--streams", type=int, default=12, metavar="N", help="base load's open streams at most (default 12)")
     v.add_argument("--max-num-batched-tokens", type=int, default=512, metavar="N",
                    help="vLLM's token budget per step (default 512; batch_limits draws its own)")

@@ -29,11 +29,12 @@ def parse_faults(text: str) -> tuple[str, ...]:
 class TrafficConfig:
     """The steady base load: short prompts, streaming, a fixed number of open streams at most."""
 
-    # ~5 req/s of ~250-token answers at ~10 ms a step keeps the 12 streams mostly busy: a decode
-    # batch of 8-12, as the issue's measurements had
-    rate: float = 5.0               # requests per second (Poisson)
+    # ~2.5 req/s of ~130-token answers at 15-30 ms a step (8-12 running, 2 busy cores) keeps a
+    # decode batch of 6-12 without outrunning the server (measured: 5 req/s of 250-token answers
+    # left two thirds of the requests unsent behind the 12 open streams)
+    rate: float = 2.5               # requests per second (Poisson)
     prompt_len: str = "uniform:32:128"
-    output_len: str = "uniform:128:384"
+    output_len: str = "uniform:64:192"
     max_concurrency: int = 12        # open streams at most (the decode batch the base load builds)
 
     def __post_init__(self):

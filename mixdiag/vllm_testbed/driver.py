@@ -75,6 +75,8 @@ def _copy_slice(src: Path, start: int, dst: Path) -> None:
 class Testbed:
     """A running ``vllm serve`` with ``server`` knobs, its logs at ``log_path`` and ``truth_log``."""
 
+    __test__ = False   # not a pytest test class despite the name
+
     def __init__(self, server: ServerConfig, log_path: Path, truth_log: Path, venv: Path | None = None,
                  say=lambda msg: None):
         self.server_cfg, self.log_path, self.truth_log = server, Path(log_path), Path(truth_log)
