@@ -8,7 +8,7 @@ Timed faults (offsets from the start of the traffic):
 * ``cpu_hog``: 1-2 busy-looping processes on the server's cores for 2-6 s, about one per 30 s;
 * ``saturation``: a burst of extra streams well above what the server sustains, 5-12 s, about one per 60 s.
 
-Whole-run faults (server knobs): ``small_kv`` (a KV cache of 12-20 blocks of 128 tokens, so
+Whole-run faults (server knobs): ``small_kv`` (a KV cache of 6-9 blocks of 128 tokens, so
 running requests are preempted), ``batch_limits`` (``--max-num-batched-tokens`` and
 ``--max-num-seqs`` drawn from small sets). ``long_prompts`` is a second load: 1500-6000-token
 prompts, Poisson with a mean gap of 8-20 s, chunked at ``--max-num-batched-tokens``.
@@ -87,10 +87,11 @@ def draw(cfg: TestbedConfig) -> FaultPlan:
         whole.append(("config", f"max_num_batched_tokens={server.max_num_batched_tokens} "
                                 f"max_num_seqs={server.max_num_seqs}"))
     if "small_kv" in cfg.faults:
-        blocks = sub["small_kv"].randint(12, 20)
-        # vLLM refuses a max_model_len the cache cannot hold once
+        blocks = sub["small_kv"].randint(6, 9)
+        # vLLM refuses a max_model_len the cache cannot hold once; it keeps one block back
+        # (measured: 13 blocks -> "estimated maximum model length is 1536")
         server = dataclasses.replace(server, num_kv_blocks=blocks,
-                                     max_model_len=min(server.max_model_len, blocks * CPU_BLOCK_TOKENS))
+                                     max_model_len=min(server.max_model_len, (blocks - 1) * CPU_BLOCK_TOKENS))
         whole.append(("kv_pressure", f"num_kv_blocks={blocks} ({blocks * CPU_BLOCK_TOKENS} tokens)"))
     long_prompts = None
     if "long_prompts" in cfg.faults:

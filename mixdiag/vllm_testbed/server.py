@@ -117,7 +117,9 @@ class VllmServer:
             lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
         except OSError:
             return "(no log)"
-        return lines[-1][:300] if lines else "(empty)"
+        # a failed start ends in shutdown noise; the cause is the last line naming an error
+        errors = [ln for ln in lines if "Error:" in ln]
+        return (errors or lines or ["(empty)"])[-1][:400]
 
 
 def _group_pids(pgid: int) -> list[int]:

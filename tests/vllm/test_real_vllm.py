@@ -186,11 +186,12 @@ def test_sigstop_stalls_are_real_and_judged(stall_run):
     assert len(stalls) >= 2
     stamps = [it.t_s for it in its]
     for s in stalls:
-        # truth of the truth: no iteration was logged while the EngineCore was stopped, so the
-        # engine's own records show a gap at least as long as the stall
-        i = bisect.bisect_left(stamps, s.t_start_s)
-        if 0 < i < len(stamps):
-            assert stamps[i] - stamps[i - 1] >= 0.9 * (s.t_end_s - s.t_start_s), (s, stamps[i - 1], stamps[i])
+        # truth of the truth: no step ran while the EngineCore was stopped, so the engine's own
+        # records show a gap nearly as long as the stall (the step in flight when SIGSTOP came
+        # may still be logged just after it: look from a little before to a little after)
+        near = [t for t in stamps if s.t_start_s - 0.2 <= t <= s.t_end_s + 0.3]
+        gap = max((b - a for a, b in zip(near, near[1:])), default=0.0)
+        assert gap >= 0.8 * (s.t_end_s - s.t_start_s), (s, gap)
     times = scrape_times(d)
     report = analyze(d / "client.jsonl")
     named = [s for s in report["spikes"] if s["cause"] == "host_stall"]
