@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup system-deps test test-fast demo clean-venv
+.PHONY: setup system-deps vllm-env test test-fast demo clean-venv
 
 $(STAMP): pyproject.toml setup.py scripts/setup_env.sh
 	PY=$(PY) bash scripts/setup_env.sh
@@ -17,7 +17,12 @@ setup: $(STAMP)
 system-deps:
 	bash scripts/setup_system.sh
 
-test: system-deps $(STAMP)
+# A real vLLM 0.32 (CPU) in .venv-vllm plus the small offline Llama it serves; the real-vLLM tests
+# (tests/vllm) need it. Idempotent: scripts/setup_vllm.sh keeps a stamp (about 4.5 min, 3.4 GB once).
+vllm-env:
+	PY=$(PY) bash scripts/setup_vllm.sh
+
+test: system-deps vllm-env $(STAMP)
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

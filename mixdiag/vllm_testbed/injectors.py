@@ -1,0 +1,126 @@
+"""Carrying out the timed faults of a :class:`~.fault_plan.FaultPlan` against a running server, and
+recording when each really happened (the truth rows of ``DIR/truth/faults.csv``).
+
+Each fault runs in a thread of its own that sleeps until its time, so faults overlap as drawn.
+Truth is the measured time of the action (``time.time()`` around ``kill``/``spawn``), never the
+planned one: on a busy machine a thread may wake late.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from mixdiag.vllm_testbed.fault_plan import TimedFault
+from mixdiag.vllm_testbed.process_guard import ProcessGuard
+
+#: A busy loop in a separate interpreter: a noisy neighbour on the server's cores.
+_HOG = "while True:\n    pass\n"
+
+
+@dataclass(frozen=True)
+class TruthRow:
+    """One injected fault: ``[t_start_s, t_end_s]`` unix seconds, its cause and what was done."""
+
+    t_start_s: float
+    t_end_s: float
+    cause: str
+    detail: str
+
+
+class FaultRunner:
+    """Runs timed faults from ``t0`` (unix seconds) on; :attr:`rows` fills as they happen."""
+
+    def __init__(self, guard: ProcessGuard, t0: float, engine_core_pid: Callable[[], int],
+                 start_burst: Callable[[TimedFault, int], object]):
+        self.guard, self.t0 = guard, t0
+        self._engine_core_pid = engine_core_pid
+        self._start_burst = start_burst
+        self.rows: list[TruthRow] = []
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._cancel = threading.Event()
+        self._stopped = 0   # stalls in progress: overlapping stalls keep the process stopped until the last ends
+
+    def schedule(self, faults: tuple[TimedFault, ...]) -> None:
+        """Start one waiting thread per fault."""
+        for i, f in enumerate(faults):
+            th = threading.Thread(target=self._run_one, args=(f, i), name=f"fault-{f.kind}-{i}", daemon=True)
+            th.start()
+            self._threads.append(th)
+
+    def _wait_until(self, t_unix: float) -> bool:
+        """Sleep until ``t_unix``; False when cancelled first."""
+        return not self._cancel.wait(max(0.0, t_unix - time.time()))
+
+    def _record(self, row: TruthRow) -> None:
+        with self._lock:
+            self.rows.append(row)
+
+    def _run_one(self, f: TimedFault, index: int) -> None:
+        if not self._wait_until(self.t0 + f.at_s):
+            return
+        try:
+            if f.kind == "host_stall":
+                self._stall(f)
+            elif f.kind == "cpu_hog":
+                self._hog(f)
+            elif f.kind == "saturation":
+                self._start_burst(f, index)   # truth from the burst's own request records
+            else:
+                raise ValueError(f"unknown timed fault {f.kind!r}")
+        except Exception as e:  # a fault that could not be injected is reported, the run goes on
+            with self._lock:
+                self.errors.append(f"{f.kind} at +{f.at_s:.1f} s: {type(e).__name__}: {e}")
+
+    def _stall(self, f: TimedFault) -> None:
+        pid = self._engine_core_pid()
+        with self._lock:
+            t_stop = time.time()
+            if self._stopped == 0:
+                os.kill(pid, signal.SIGSTOP)
+            self._stopped += 1
+        try:
+            self._cancel.wait(f.duration_s)
+        finally:
+            # SIGCONT when the last overlapping stall ends (and even if this thread is interrupted);
+            # each row keeps its own span, so the rows' union is when the process was stopped
+            with self._lock:
+                self._stopped -= 1
+                if self._stopped == 0:
+                    os.kill(pid, signal.SIGCONT)
+                t_cont = time.time()
+        self._record(TruthRow(t_stop, t_cont, "host_stall",
+                              f"SIGSTOP EngineCore pid={pid} for {t_cont - t_stop:.3f} s"))
+
+    def _hog(self, f: TimedFault) -> None:
+        n = int(f.magnitude)
+        t_start = time.time()
+        procs = [self.guard.popen([sys.executable, "-c", _HOG], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
+        try:
+            self._cancel.wait(f.duration_s)
+        finally:
+            for p in procs:
+                self.guard.stop(p, grace_s=2.0)
+            t_end = time.time()
+        self._record(TruthRow(t_start, t_end, "noisy_neighbour", f"{n} busy-loop process(es) on the server's cores"))
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for every fault thread (the ones not due yet are cancelled at ``timeout_s``)."""
+        end = time.monotonic() + timeout_s
+        for th in self._threads:
+            th.join(max(0.0, end - time.monotonic()))
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Cancel faults not yet started; a stall in progress is continued at once."""
+        self._cancel.set()
+        for th in self._threads:
+            th.join(timeout=10)
