@@ -25,7 +25,8 @@ def test_analyze_json_document(run_dir, capsys):
     assert {s["step"]: s["cause"] for s in doc["spikes"]} == EXPECTED
     for s in doc["spikes"]:
         assert set(s) == {"instance", "step", "t_s", "itl_s", "baseline_s", "cause", "confidence", "evidence",
-                          "missing_signals"}
+                          "missing_signals", "shares"}
+        assert not s["shares"] or abs(sum(s["shares"].values()) - 1) < 0.01  # shares of the row's excess
 
 
 def test_analyze_human_report_and_html(run_dir, tmp_path, capsys):

@@ -33,6 +33,8 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "ledger": (("mixdiag.ledger",), ("base",)),
     # an HTTP client that drives any OpenAI-compatible server
     "loadgen": (("mixdiag.loadgen",), ("base",)),
+    # drives a real vLLM (a separate virtualenv) as a testbed: processes, files and HTTP, nothing of the analysis
+    "vllm_testbed": (("mixdiag.vllm_testbed",), ("base", "loadgen")),
     # what-if replay of a run: the block pool is the engine's own (pure Python), the rest reads a Timeline
     "tuning": (("mixdiag.tuning",), ("base", "collectors", "diagnosis", "ledger", "engine.common", "engine.core",
                                      "report")),
@@ -43,7 +45,8 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the CLI composes everything; only commands/serve_dashboard.py opens the dashboard (checked below)
     "cli": (("mixdiag.cli", "mixdiag.__main__", "mixdiag.commands"),
             ("base", "engine.common", "engine.model", "engine.core", "engine.telemetry", "engine.testbed",
-             "engine.serving", "collectors", "diagnosis", "ledger", "loadgen", "tuning", "report", "dashboard")),
+             "engine.serving", "collectors", "diagnosis", "ledger", "loadgen", "tuning", "report", "dashboard",
+             "vllm_testbed")),
 }
 #: inside collectors/prometheus/ one direction, lowest first: shared helpers; text parsing and the dialect's name
 #: -> column table; HTTP fetching; interval building (scrape pairs, PromQL aggregates); readers; endpoint probing
@@ -52,6 +55,9 @@ PROMETHEUS_LEVELS: tuple[tuple[str, ...], ...] = (
     ("scrape_reader", "server_reader"), ("endpoint", "live"))
 #: only the engine rooms import these (tests/mixdiag/test_imports.py checks the same at run time)
 HEAVY = {"torch", "triton"}
+#: scripts of ours that run in another interpreter (never imported by mixdiag): the vLLM testbed's model builder
+#: runs as ``.venv-vllm/bin/python mixdiag/vllm_testbed/model_build.py`` (scripts/setup_vllm.sh, environment.py)
+OTHER_INTERPRETER = {"mixdiag.vllm_testbed.model_build"}
 #: package roots that hold only themselves (their __init__), never their whole subtree
 EXACT = {"mixdiag", "mixdiag.engine"}
 
@@ -100,7 +106,8 @@ def test_only_the_dashboard_command_opens_the_dashboard():
 
 @pytest.mark.parametrize("room", [r for r in ROOMS if not r.startswith("engine")])
 def test_only_the_engine_imports_torch_or_triton(room):
-    bad = sorted(m for m, p in KNOWN.items() if room_of(m) == room and third_party_of(p.read_text()) & HEAVY)
+    bad = sorted(m for m, p in KNOWN.items() if room_of(m) == room and m not in OTHER_INTERPRETER
+                 and third_party_of(p.read_text()) & HEAVY)
     assert bad == []
 
 
@@ -111,6 +118,10 @@ def test_prometheus_collectors_import_one_way():
     assert [m for m in mods if m not in level] == []
     upward = [str(e) for e in EDGES if e.importer in level and e.imported in level and level[e.imported] >= level[e.importer]]
     assert upward == []
+
+
+def test_scripts_for_another_interpreter_are_never_imported():
+    assert [str(e) for e in EDGES if e.imported in OTHER_INTERPRETER] == []
 
 
 def test_nothing_imports_the_pipeline_but_the_diagnosis_package_and_the_outputs():
