@@ -102,9 +102,10 @@ class AttributionConfig:
     shape_jump: float = 1.5
     shape_min_rows: int = 3         # ... each size seen in at least this many decode-only steps
     # Interval verdicts rest on each interval's own evidence (height, prefill work in it and its
-    # neighbours, counters). Prefill work explains a spike when it stands above the instance's
-    # usual work per interval by this many robust sigmas (steady arrivals put work in nearly every
-    # interval; the usual intervals did not spike with it). 2: the spike test's own noise guard.
+    # neighbours, counters). Prefill work at least the instance's median work per interval names
+    # mixing (less than the usual intervals held without spiking does not explain a spike); work
+    # this many robust sigmas above the median stands out and earns more confidence. 2: the spike
+    # test's own noise guard.
     work_mad_k: float = 2.0
     # The whole-run relation of prefill work and ITL excess (a permutation test) only moves
     # confidence: at most relation_weight, reached with rho >= relation_rho_full at p = 0, falling

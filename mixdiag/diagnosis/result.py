@@ -96,7 +96,9 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "relation_confidence": ("ratio", "interval rows: confidence the whole-run prefill/ITL relation added"),
     "prefill_work_near": ("count", "interval rows: prefill work in the interval (and the next, for late counters)"),
     "prefill_work_usual": ("count", "interval rows: the instance's median prefill work per interval"),
-    "prefill_work_threshold": ("count", "interval rows: work above which it explains a spike (median + k sigma)"),
+    "prefill_work_threshold": ("count", "interval rows: work above which it stands out (median + k sigma)"),
+    "prefill_count_near": ("count", "interval rows: prompt tokens counted in the interval or the next"),
+    "prefill_count_usual": ("count", "interval rows: the instance's median of that count"),
     "stamp_resolution_s": ("s", "the source's stamp grid, coarser than the step time it would measure"),
     "latency_below_resolution": ("bool", "the verdict's latency was read from too coarse stamps (confidence capped)"),
 }

@@ -13,7 +13,7 @@ from mixdiag.diagnosis.rules.interval_rules import relation_confidence
 from mixdiag.schema import Timeline
 
 MIXED = (5, 12, 19, 26, 33)   # a long prompt ran in these intervals
-STALL = 37                    # a spike with only the usual prefill work (something else slowed it)
+STALL = 37                    # a spike with no prefill work around it (something else slowed it)
 
 
 def _series(jitter_seed: int, n: int = 40) -> Timeline:
@@ -24,6 +24,7 @@ def _series(jitter_seed: int, n: int = 40) -> Timeline:
     work = traffic.integers(0, 400, n).astype(float)
     for k, s in enumerate(MIXED):
         work[s + (k % 2)] += 6000.0
+    work[STALL] = work[STALL + 1] = 0.0  # no prompt ran around the other spike
     rng = np.random.default_rng(jitter_seed)
     rows = []
     for i in range(n):
@@ -43,7 +44,7 @@ def test_same_traffic_same_causes_on_either_side_of_the_old_cut():
     got_b = dict(zip(b.spikes["step"], b.spikes["cause"]))
     assert got_a == got_b
     assert {s: got_a[s] for s in MIXED} == {s: "mixing" for s in MIXED}
-    assert got_a[STALL] == "unknown"  # usual work beside it: the prefill does not explain it
+    assert got_a[STALL] == "unknown"  # no prefill work: nothing the counters measured explains it
     ca = dict(zip(a.spikes["step"], a.spikes["confidence"]))
     cb = dict(zip(b.spikes["step"], b.spikes["confidence"]))
     # the relation moved confidence, a little, in the direction of its strength
@@ -53,13 +54,19 @@ def test_same_traffic_same_causes_on_either_side_of_the_old_cut():
     assert ev["prefill_work_near"] > ev["prefill_work_threshold"]
 
 
-def test_steady_arrivals_do_not_make_every_spike_mixing():
-    """Prefill work in every interval alike: a spike beside the usual work is not named mixing."""
+def test_steady_arrivals_name_mixing_only_where_the_interval_held_its_share():
+    """Prefill work in every interval alike: a spike in an interval with less work than usual is not
+    explained by it (unknown); one with the usual work is mixing at low confidence, below one whose
+    work stands far above the usual."""
+    work = {12: 300.0, 20: 1020.0, 25: 9000.0}  # the usual: 1000-1020 tokens
     rows = [dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval", kind="unknown",
-                 prefill_tokens=1000.0 + 10 * (i % 3), running_reqs=32.0, itl_count=300.0, itl_p50_s=0.02,
-                 itl_mean_s=0.022, itl_p99_s=0.2 if i in (12, 20) else 0.03) for i in range(30)]
+                 prefill_work_tokens=work.get(i, 1000.0 + 10 * (i % 3)), running_reqs=32.0, itl_count=300.0,
+                 itl_p50_s=0.02, itl_mean_s=0.022, itl_p99_s=0.2 if i in work else 0.03) for i in range(30)]
     d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
-    assert len(d.spikes) == 2 and set(d.spikes["cause"]) == {"unknown"}
+    got = dict(zip(d.spikes["step"], zip(d.spikes["cause"], d.spikes["confidence"])))
+    assert set(got) == set(work)
+    assert got[12][0] == "unknown" and got[20][0] == got[25][0] == "mixing"
+    assert got[20][1] < got[25][1] <= 0.6
 
 
 def test_relation_confidence_is_smooth_and_bounded():

@@ -21,7 +21,7 @@ from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
 from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
                                                  interval_decode_evidence, period_stats, periodicity, prefill_events,
                                                  qualities, rank_relation, row_qualities, step_signals,
-                                                 work_near)
+                                                 counted_work, work_near)
 from mixdiag.schema import Timeline
 
 #: Columns whose presence per instance decides the signal qualities (signals.qualities).
@@ -103,6 +103,10 @@ def interval_pipeline(rows: pd.DataFrame, quality: dict, cfg: DiagnosisConfig):
     # the interval rule's per-interval evidence; a starved interval's prefill ran alone, mixed with nothing
     sig["prefill_work_near"] = work_near(work.where(~sig["starved"]).to_numpy(dtype=float),
                                          counted_late=work.name != SPREAD_WORK)
+    sig["prefill_count_near"] = np.nan
+    if work.name == SPREAD_WORK and "prefill_tokens" in sig.columns:
+        sig["prefill_count_near"], counted = counted_work(sig["prefill_tokens"], has_itl, sig["starved"])
+        relation = relation | counted
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period, relation=relation)
     return sig, ctx, period, "interval_itl_quantiles"
 
@@ -186,7 +190,8 @@ def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
     excess = (lat / base).where(has_itl).to_numpy(dtype=float)
     known_mode = gw.per_group((sig["graph_mode"] != "unknown").to_numpy(dtype=bool), groups, np.logical_or)
     llm = interval_decode_evidence(sig, groups)
-    near = np.full(len(sig), np.nan)
+    near, count_near = np.full(len(sig), np.nan), np.full(len(sig), np.nan)
+    tokens = sig["prefill_tokens"].to_numpy(dtype=float) if "prefill_tokens" in sig.columns else None
     starved = sig["starved"].to_numpy(dtype=bool)
     out = []
     for g, inst in enumerate(present):
@@ -201,10 +206,14 @@ def interval_views(timeline: Timeline, cfg: DiagnosisConfig, insts):
         if wc is not None:
             near[lo:hi] = work_near(np.where(starved[lo:hi], np.nan, sig[wc].to_numpy(dtype=float)[lo:hi]),
                                     counted_late=wc != SPREAD_WORK)
+        if wc == SPREAD_WORK and tokens is not None:
+            count_near[lo:hi], counted = counted_work(tokens[lo:hi], itl_rows[lo:hi], starved[lo:hi])
+            relation = relation | counted
         norm = decode_graph_norm(sig.iloc[lo:hi]) if known_mode[g] else "unknown"
         # looks_like_llm_serving on interval rows: token events, too few rows to judge, or decode evidence
         llm_like = bool(inst in tok or hi - lo < cfg.signals.llm_min_rows or llm[g])
         out.append((inst, InstanceContext(quality=quality[g], graph_norm=norm, period=period, relation=relation,
                                           llm_like=llm_like)))
     sig["prefill_work_near"] = near
+    sig["prefill_count_near"] = count_near
     return sig, groups, out

@@ -388,6 +388,18 @@ def work_usual(w: np.ndarray) -> dict:
     return {"work_median": med, "work_sigma": float(1.4826 * np.median(np.abs(w - med)))}
 
 
+def counted_work(tokens, itl_rows, starved) -> tuple[np.ndarray, dict]:
+    """The prompt-token counter beside a spread work column: per interval its tokens there or in the
+    next interval (it counts a prompt when its prefill completes), starved intervals left out, and
+    its usual level over the intervals with ITL (``count_median``, ``count_sigma``). A second reading
+    of the same prefill: the spread column is an estimate, the counter a count."""
+    t = np.asarray(tokens, dtype=float)
+    near = work_near(np.where(np.asarray(starved, dtype=bool), np.nan, t), counted_late=True)
+    on = np.asarray(itl_rows, dtype=bool) & np.isfinite(t)
+    usual = work_usual(t[on])
+    return near, {"count_median": usual["work_median"], "count_sigma": usual["work_sigma"]}
+
+
 def work_near(work: np.ndarray, counted_late: bool) -> np.ndarray:
     """Per interval, the prefill work that ran in it: its own, and with ``counted_late`` (a counter
     that lands a prompt's tokens when its prefill completes - vLLM's prompt counter, arrivals) the

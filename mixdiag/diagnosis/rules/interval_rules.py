@@ -24,19 +24,31 @@ def relation_confidence(relation: dict, cfg: AttributionConfig) -> float:
     return cfg.relation_weight * min(1.0, rho / cfg.relation_rho_full) * max(0.0, 1.0 - p / cfg.relation_p_zero)
 
 
-def work_stands_out(row, ctx: InstanceContext, cfg: AttributionConfig) -> tuple[bool, dict]:
-    """Whether the prefill work in the interval or a neighbour (``prefill_work_near``) stands above
-    the instance's usual work per interval (median + ``cfg.work_mad_k`` robust sigmas): the usual
-    intervals held that much work without spiking, so only more explains the spike. With no
-    per-interval work column: whether any work counter is positive (nothing to compare with)."""
-    near = num(row.get("prefill_work_near"))
-    usual, sigma = num(ctx.relation.get("work_median")), num(ctx.relation.get("work_sigma"))
-    if near is None:
-        return False, {}
+def _level(near, usual, sigma, cfg: AttributionConfig) -> str | None:
+    """``"out"`` above usual + k sigma, ``"usual"`` at least the usual, None below it or no work."""
+    if near is None or near <= 0 or (usual is not None and near < usual):
+        return None
     thr = None if usual is None else usual + cfg.work_mad_k * (sigma or 0.0)
+    return "out" if thr is None or near > thr else "usual"
+
+
+def work_evidence(row, ctx: InstanceContext, cfg: AttributionConfig) -> tuple[str | None, dict]:
+    """How the prefill work in the interval (``prefill_work_near``; beside a spread estimate also the
+    prompt counter, ``prefill_count_near``) compares with the instance's usual work per interval:
+    ``"out"`` above the median + ``cfg.work_mad_k`` robust sigmas (far more than the usual intervals
+    held without spiking), ``"usual"`` at least the median (a typical share of the prefill that runs
+    in nearly every interval under steady arrivals), None below it or with none (less work than the
+    usual intervals held without spiking does not explain the spike). The higher reading wins."""
+    rel = ctx.relation
+    near, usual, sigma = num(row.get("prefill_work_near")), num(rel.get("work_median")), num(rel.get("work_sigma"))
+    cnear, cusual, csigma = num(row.get("prefill_count_near")), num(rel.get("count_median")), num(rel.get("count_sigma"))
+    if near is None and cnear is None:
+        return None, {}
     ev = {"prefill_work_near": near, "prefill_work_usual": usual,
-          "prefill_work_threshold": None if thr is None else round(thr, 3)}
-    return near > 0 and (thr is None or near > thr), ev
+          "prefill_work_threshold": None if usual is None else round(usual + cfg.work_mad_k * (sigma or 0.0), 3),
+          "prefill_count_near": cnear, "prefill_count_usual": cusual}
+    levels = [_level(near, usual, sigma, cfg), _level(cnear, cusual, csigma, cfg)]
+    return ("out" if "out" in levels else "usual" if "usual" in levels else None), ev
 
 
 def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig = AttributionConfig()) -> Attribution:
@@ -77,8 +89,8 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         return done("prefill_stall", 0.75, decodes_before=True, starved_interval=True,
                     reason="requests were running but no token came out in the interval while prompt tokens "
                            "were computed; the next tokens logged an ITL as long as the wait")
-    above, work_ev = work_stands_out(row, ctx, cfg)
-    work = above or any(pos(c) for c in ("prefill_tokens", "prefill_work_tokens", "large_step_share", "arrivals",
+    level, work_ev = work_evidence(row, ctx, cfg)
+    work = level is not None or any(pos(c) for c in ("prefill_tokens", "prefill_work_tokens", "large_step_share", "arrivals",
                                          "mixed_steps", "prefill_steps"))
     running = any(pos(c) for c in ("running_reqs", "decode_steps", "mixed_steps", "itl_count", "output_tokens"))
     counted = num(row.get("mixed_steps")) is not None and num(row.get("prefill_steps")) is not None
@@ -99,12 +111,13 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         if counted and not pos("mixed_steps") and not pos("prefill_steps"):
             return done("unknown", 0.3, **rel_ev, reason="the engine counted no prefill or mixed step in the interval: "
                         "its prompt tokens were counted here but computed before")
-        if above:
-            return done("mixing", 0.55 + bonus, **rel_ev, **work_ev,
-                        reason="prefill work in the interval or beside it stands above the instance's usual work "
+        if level is not None:
+            return done("mixing", (0.55 if level == "out" else 0.45) + bonus, **rel_ev, **work_ev,
+                        reason="prefill work in the interval " + ("stands far above" if level == "out" else
+                                                                   "is at least") + " the instance's usual work "
                                "per interval, with decodes running and no other fault counted")
         return done("unknown", 0.3, **rel_ev, **work_ev,
-                    reason="prefill work ran in the interval, but no more than in the instance's usual intervals, "
+                    reason="prefill work ran in the interval, but less than in the instance's usual intervals, "
                            "which did not spike with it: it does not explain the spike")
     goff = num(row.get("graph_off_decode_steps"))
     if goff is not None and goff > 0 and not work:
