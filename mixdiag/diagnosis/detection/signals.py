@@ -364,7 +364,11 @@ def rank_relation(work: pd.Series, excess: pd.Series, cfg: SignalConfig) -> dict
     m = ~(np.isnan(w) | np.isnan(e))
     w, e = w[m], e[m]
     n_work = int((w > 0).sum())
-    usual = work_usual(w)
+    # the usual work is what the intervals that did NOT rise held: the half with the least excess (a
+    # spike's own work must not set the level it is judged against; under steady mixing most intervals
+    # hold some prompt work, and only the ones whose decodes waited on more of it spiked)
+    quiet = e <= np.median(e) if len(e) else np.zeros(0, dtype=bool)
+    usual = work_usual(w[quiet] if quiet.sum() >= 3 else w)
     # one or two intervals with prefill work are a coincidence, not a relation
     if len(w) < cfg.relation_min_rows or n_work < cfg.relation_min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
         return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work} | usual
@@ -378,8 +382,8 @@ def rank_relation(work: pd.Series, excess: pd.Series, cfg: SignalConfig) -> dict
 
 
 def work_usual(w: np.ndarray) -> dict:
-    """The usual prefill work of an instance's intervals: median and robust sigma (1.4826 x MAD)
-    of ``w`` (NaN-free). Each interval's own work is read against it (rules/interval_rules.py):
+    """The usual prefill work of an instance's quiet intervals (:func:`rank_relation` passes the half
+    with the least ITL excess): median and robust sigma (1.4826 x MAD) of ``w`` (NaN-free). Each interval's own work is read against it (rules/interval_rules.py):
     steady arrivals put prefill work in nearly every interval, so only work above the usual
     explains a spike that the usual intervals did not show."""
     if not len(w):
