@@ -156,9 +156,10 @@ def _info_value(v: str):
         return {"None": None, "True": True, "False": False}[v]
     for cast in (int, float):
         try:
-            return cast(v)
+            x = cast(v)
         except ValueError:
-            pass
+            continue
+        return x if math.isfinite(x) else v  # meta is JSON: 'nan'/'inf' stay text
     return v
 
 
