@@ -152,7 +152,8 @@ def saturation_lines(regimes) -> list[str]:
     out = []
     for inst, s in sorted((regimes.saturation if regimes is not None else {}).items()):
         if s.get("saturated"):
-            out.append(f"saturated: {inst} - requests waited after {s['waiting_share']:.0%} of its rows, the running "
+            why = " for capacity" if s.get("waiting_column") == "waiting_capacity_reqs" else ""
+            out.append(f"saturated: {inst} - requests waited{why} after {s['waiting_share']:.0%} of its rows, the running "
                        f"batch at its limit ({s['running_max']:.0f}) in {s['running_at_limit_share']:.0%} of those")
     return out
 

@@ -93,6 +93,10 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("preempted_reqs", "float64", "requests", "requests preempted/retracted for lack of KV blocks", nonnegative=True),
     _c("running_reqs", "float64", "requests", "requests running after the step", nonnegative=True),
     _c("waiting_reqs", "float64", "requests", "requests waiting after the step", nonnegative=True),
+    _c("waiting_capacity_reqs", "float64", "requests",
+       "requests waiting after the step for scheduling capacity (batch slots, token budget, KV blocks), not "
+       "deferred by a transient constraint (LoRA budget, KV transfer): the saturation evidence (vLLM 0.32+)",
+       nonnegative=True),
     _c("kv_usage", "float64", "ratio", "KV-cache usage 0..1 after the step", nonnegative=True),
     _c("schedule_s", "float64", "s", "host time in the scheduler", nonnegative=True),
     _c("prepare_s", "float64", "s", "host time building the flat token stream", nonnegative=True),
@@ -109,6 +113,16 @@ STEPS_COLUMNS: tuple[Column, ...] = (
        nonnegative=True),
     _c("ttft_p50_s", "float64", "s", "interval rows: median time to first token", nonnegative=True),
     _c("ttft_p99_s", "float64", "s", "interval rows: P99 time to first token", nonnegative=True),
+    _c("tpot_p50_s", "float64", "s", "interval rows: median per-request time per output token of the requests "
+       "that finished in the interval", nonnegative=True),
+    _c("tpot_p99_s", "float64", "s", "interval rows: P99 per-request time per output token of the requests "
+       "that finished in the interval", nonnegative=True),
+    _c("rejected_reqs", "float64", "requests", "interval rows: requests the server refused at admission (a queue "
+       "limit reached)", nonnegative=True),
+    _c("flops_estimated", "float64", "FLOP", "interval rows: FLOPs per GPU the engine estimated from token counts "
+       "and the model shape (quality 'estimated': context, never evidence)", nonnegative=True),
+    _c("hbm_bytes_estimated", "float64", "bytes", "interval rows: memory bytes read + written per GPU, estimated "
+       "by the engine like flops_estimated (context, never evidence)", nonnegative=True),
     _c("large_step_share", "float64", "ratio",
        "interval rows: share of steps that scheduled more tokens than the decode batch (prefill work)",
        nonnegative=True),

@@ -53,6 +53,7 @@ _REMOTE_KVS = re.compile(r"(\S+) is still in WAITING_FOR_REMOTE_KVS state")
 _SNIFF = re.compile(rb"Avg prompt throughput: |Iteration\(\d+\): |SchedulerIterationDetails\(|SpecDecoding metrics: |"
                     rb"KV Transfer metrics: |\*\*CUDAGraph Stats:\*\*|EPLB step: |WAITING_FOR_REMOTE_KVS state|"
                     rb"\((?:EngineCore|APIServer)[\w-]* pid=\d+\) +[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d")
+_KV_USAGE = re.compile(r"^(?:[a-z]+_)?kv_cache_usage_pct$")  # gpu_, cpu_, xpu_... (the stats line's slug)
 _VALUE_UNIT = re.compile(r"^([-+]?\d+(?:\.\d+)?)\s*(tokens/s|reqs|%|tokens)?$")
 _STAT_COLS = {"running": "running_reqs", "waiting": "waiting_reqs", "pending": "waiting_reqs",
               "preemptions": "preempted_reqs"}
@@ -298,8 +299,11 @@ def _stats_row(key, t, f, iterating, prev_t, interval_s, out: LogRows) -> None:
     for src, col in _STAT_COLS.items():
         if src in f:
             row[col] = f[src]
-    if "gpu_kv_cache_usage_pct" in f:
-        row["kv_usage"] = f["gpu_kv_cache_usage_pct"] / 100.0
+    # "GPU KV cache usage" on GPUs, "CPU KV cache usage" on the CPU backend (vLLM prints the platform's
+    # device name; older releases "GPU" everywhere): every spelling is the one KV column
+    kv = next((f[k] for k in f if _KV_USAGE.match(k)), None)
+    if kv is not None:
+        row["kv_usage"] = kv / 100.0
     running = f.get("running")
     if running and gen > 0:
         # each running request gets gen/running tokens per second: its mean inter-token time

@@ -28,15 +28,22 @@ none}_steps``                 from the batch shape, not a replay: only ``graph_r
                               ≤ the mean imbalance (Jensen), so it understates spread a bit
 ``forward_s``                 SGLang ``gpu_execution_seconds_total`` (any category)          measured
 ``spec_accept_rate``          vLLM ``spec_decode_num_accepted_tokens`` / ``_draft_tokens``   measured
+``waiting_capacity_reqs``     vLLM 0.32 ``num_requests_waiting_by_reason{reason=capacity}``  measured
+                              at the interval's end (``deferred`` ones are not capacity-bound)
+``tpot_p50_s``/``tpot_p99_s``  vLLM 0.32 ``request_time_per_output_token_seconds`` increase:   measured
+                              per-request TPOT of the requests that finished in the interval
+``flops_estimated``,          vLLM 0.32 ``estimated_flops_per_gpu_total``, ``estimated_read_`` estimated
+``hbm_bytes_estimated``       + ``write_bytes_per_gpu_total`` increases: computed by vLLM from
+                              token counts and the model shape, context only (never evidence)
 (extra column)
 ``kind``                      vLLM: ``mixed`` when large steps ran while requests were       inferred
                               running (V1 batches prefill chunks with decodes); SGLang:
                               ``decode``/``prefill`` when only one pass kind ran
 ============================  ============================================================  =========
 
-``prefill_work_tokens``       vLLM ``prompt_tokens`` increase spread back over the requests'  inferred
-                              prefill time (``request_prefill_time_seconds``; post-pass over
-                              an instance's rows, :func:`prefill_work_column`)
+``prefill_work_tokens``       vLLM ``request_prefill_kv_computed_tokens`` (0.32+) or the       inferred
+                              prompt-token increase spread back over the requests' prefill
+                              time (a post-pass over an instance's rows: :mod:`.prefill_work`)
 
 Per-row qualities go to ``q_token_allocation`` / ``q_graph_mode`` / ``q_expert_imbalance`` /
 ``q_kv_transfer``; :data:`INFERRED` marks the meta-level sources that are derived, not counted.
@@ -50,11 +57,10 @@ import numpy as np
 
 from mixdiag import wire
 
-from mixdiag.collectors.prometheus.prom_common import (ITERATION_TOKENS, QUANTILE_BOUNDS, TTFT_HISTOGRAMS, View,
-                                                       bucket_quantile_bound, counter_increase, gauge_value)
+from mixdiag.collectors.prometheus.prom_common import (INFERRED, ITERATION_TOKENS, QUANTILE_BOUNDS, TTFT_HISTOGRAMS,
+                                                       View, bucket_quantile, bucket_quantile_bound, counter_increase,
+                                                       gauge_value)
 
-#: Suffix on a ``meta["metric_sources"]`` entry whose column is derived (quality ``inferred``).
-INFERRED = " [inferred]"
 
 SGLANG_PASSES = "sglang:cuda_graph_passes_total"
 #: SGLang pass mode -> graph column.
@@ -67,6 +73,13 @@ KV_BYTES = (("sglang:kv_transfer_total_mb_sum", 1e6),)
 GPU_EXECUTION = ("sglang:gpu_execution_seconds_total", "sglang:forward_execution_seconds_total")
 BALANCEDNESS = "sglang:eplb_balancedness"
 SPEC = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total")
+# vLLM 0.32 series (docs/collectors-text.md, "vLLM version drift")
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
+#: analytic counters vLLM derives from token counts and the model shape (v1/metrics/perf.py), not a
+#: device counter: context for a reader, never evidence (quality ``estimated``)
+ESTIMATED_FLOPS = "vllm:estimated_flops_per_gpu_total"
+ESTIMATED_BYTES = ("vllm:estimated_read_bytes_per_gpu_total", "vllm:estimated_write_bytes_per_gpu_total")
 
 
 def histogram_delta(prev: View, cur: View, base: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -233,121 +246,49 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
     if math.isfinite(drafts) and drafts > 0 and math.isfinite(acc):
         out["spec_accept_rate"] = acc / drafts
         used["spec_accept_rate"] = SPEC[0]
+    out.update(_vllm032_columns(prev, cur, used))
     if "q_token_allocation" not in out and row.get("kind") not in (None, "unknown"):
         out["q_token_allocation"] = "measured" if wire.STEPS_TOTAL in used.get("kind", "") else "inferred"
     return {k: v for k, v in out.items() if k not in row or k in ("kind", "graph_mode") or
             (isinstance(row.get(k), float) and math.isnan(row[k]))}
 
 
-#: Sources that count a plan, not what ran: their columns are ``estimated``.
-PLANNED = (wire.GRAPH_DISPATCH_TOTAL,)
+def _vllm032_columns(prev: View, cur: View, used: dict[str, str]) -> dict[str, Any]:
+    """Columns from the series vLLM 0.32 added: requests waiting for scheduling capacity, per-request
+    TPOT quantiles of the requests that finished, and the analytic FLOP / byte estimates."""
+    out: dict[str, Any] = {}
+    waiting = cur.get(WAITING_BY_REASON)
+    if waiting:
+        # 'capacity' = waiting for a slot in the batch or KV blocks; 'deferred' = held back by LoRA
+        # budget, a KV transfer or a blocked status: only the first says the server is full
+        vals = [v for k, v in waiting.items() if dict(k).get("reason") == "capacity" and math.isfinite(v)]
+        if vals:
+            out["waiting_capacity_reqs"] = float(sum(vals))
+            used["waiting_capacity_reqs"] = WAITING_BY_REASON + "{reason=capacity}"
+    h = histogram_delta(prev, cur, REQUEST_TPOT)
+    if h is not None:
+        # observed when a request finishes (its mean time per output token); no finish, no value
+        if h[1][-1] > 0:
+            out["tpot_p50_s"] = float(bucket_quantile(0.5, *h))
+            out["tpot_p99_s"] = float(bucket_quantile(0.99, *h))
+        used["tpot_p50_s"] = used["tpot_p99_s"] = REQUEST_TPOT
+    if ESTIMATED_FLOPS in cur:
+        v = counter_increase(prev.get(ESTIMATED_FLOPS), cur[ESTIMATED_FLOPS])
+        out["flops_estimated"] = 0.0 if math.isnan(v) else v
+        used["flops_estimated"] = ESTIMATED_FLOPS
+    if any(n in cur for n in ESTIMATED_BYTES):
+        incs = [counter_increase(prev.get(n), cur.get(n)) for n in ESTIMATED_BYTES]
+        out["hbm_bytes_estimated"] = float(sum(v for v in incs if math.isfinite(v)))
+        used["hbm_bytes_estimated"] = " + ".join(ESTIMATED_BYTES)
+    return out
+
+
+#: Sources that count a plan or an analytic estimate, not what ran: their columns are ``estimated``.
+PLANNED = (wire.GRAPH_DISPATCH_TOTAL, ESTIMATED_FLOPS, " + ".join(ESTIMATED_BYTES))
 
 
 def quality(source: str) -> str:
-    """``measured``, ``inferred`` or ``estimated`` (a planned count) for a ``meta["metric_sources"]`` entry."""
+    """``measured``, ``inferred`` or ``estimated`` (a planned count, an analytic estimate) for a ``meta["metric_sources"]`` entry."""
     if source in PLANNED:
         return "estimated"
     return "inferred" if source.endswith(INFERRED) else "measured"
-
-
-PREFILL_TIME = "vllm:request_prefill_time_seconds"
-DECODE_TIME = "vllm:request_decode_time_seconds"
-
-
-def spread_prefill_work(t0, t1, tokens, prefill_sum, prefill_count, decode_sum=None, decode_count=None,
-                        points: int = 8) -> np.ndarray:
-    """Each interval's completed prompt tokens spread back over the time their prefill ran.
-
-    Basis (formats.md §1.1 traps; vLLM ``IterationStats``): vLLM counts a prompt's tokens
-    (``prompt_tokens``, ``iteration_tokens_total``, TTFT) only when its first token comes, so the
-    intervals in which its chunks actually ran show none of them. ``request_prefill_time_seconds``
-    (first scheduling -> first token) says how far back that work reached, but it is observed when the
-    request *finishes*, so the prefill time of the requests that got their first token in interval i
-    is estimated from those finishing one mean decode time (``request_decode_time_seconds``) plus
-    one interval later: the pooled ``Δsum / Δcount`` over intervals ending in
-    ``[t1_i, t1_i + mean decode + (t1_i - t0_i)]``, else over the whole capture. First tokens are taken
-    as spread evenly over interval i (``points`` of them); each one's tokens are spread evenly over
-    ``[f - D_i, f]`` and given to the intervals that span overlaps. Work before the first interval
-    or in a gap between intervals is dropped. NaN everywhere without any prefill time observed.
-    """
-    t0, t1 = np.asarray(t0, dtype=float), np.asarray(t1, dtype=float)
-    if len(t0):
-        # times relative to the first stamp: the prefix sums below multiply times by rates, and at
-        # epoch stamps (~1.7e9 s) that product loses whole tokens to float64 cancellation
-        ref = float(np.nanmin(t0))
-        t0, t1 = t0 - ref, t1 - ref
-    tok = np.nan_to_num(np.asarray(tokens, dtype=float))
-    ps = np.nan_to_num(np.asarray(prefill_sum, dtype=float))
-    pc = np.nan_to_num(np.asarray(prefill_count, dtype=float))
-    n = len(t0)
-    if n == 0 or pc.sum() <= 0:
-        return np.full(n, np.nan)
-    pooled = ps.sum() / pc.sum()
-    lag = 0.0
-    if decode_sum is not None and decode_count is not None:
-        dc = np.nan_to_num(np.asarray(decode_count, dtype=float))
-        if dc.sum() > 0:
-            lag = float(np.nan_to_num(np.asarray(decode_sum, dtype=float)).sum() / dc.sum())
-    # mean prefill time of the requests finishing in the window after each interval (prefix sums over
-    # the intervals in end-time order: O(n log n) for hour-long captures)
-    order = np.argsort(t1, kind="stable")
-    ends, cs, cc = t1[order], np.concatenate(([0.0], np.cumsum(ps[order]))), np.concatenate(([0.0], np.cumsum(pc[order])))
-    lo = np.searchsorted(ends, t1, side="left")
-    hi = np.searchsorted(ends, t1 + lag + (t1 - t0), side="right")
-    c = cc[hi] - cc[lo]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        dur = np.where(c > 0, (cs[hi] - cs[lo]) / c, pooled)
-    frac = (np.arange(points) + 0.5) / points
-    f = (t0[:, None] + frac[None, :] * (t1 - t0)[:, None]).ravel()    # first-token times
-    d = np.repeat(np.maximum(dur, 0.0), points)
-    w = np.repeat(tok / points, points)
-    # cumulative work done by time x: each point's w spread evenly over [f - d, f] (a ramp), or all
-    # at f when d = 0; an interval gets C(t1) - C(t0)
-    ramp = d > 0
-    a, fr, rate = f[ramp] - d[ramp], f[ramp], w[ramp] / d[ramp]
-    ia, ifr = np.argsort(a), np.argsort(fr)
-    a_s, fr_s = a[ia], fr[ifr]
-    ra, rf = np.concatenate(([0.0], np.cumsum(rate[ia]))), np.concatenate(([0.0], np.cumsum(rate[ifr])))
-    rxa, rxf = (np.concatenate(([0.0], np.cumsum(rate[ia] * a_s))),
-                np.concatenate(([0.0], np.cumsum(rate[ifr] * fr_s))))
-    fp = np.sort(f[~ramp])
-    wp = np.concatenate(([0.0], np.cumsum(w[~ramp][np.argsort(f[~ramp])])))
-
-    def done_by(x):
-        """(cumulative work by x, the magnitude of the terms it cancels: its round-off scale)"""
-        ka, kf = np.searchsorted(a_s, x, side="right"), np.searchsorted(fr_s, x, side="right")
-        started = x * ra[ka] - rxa[ka]      # sum over a <= x of rate * (x - a)
-        ended = x * rf[kf] - rxf[kf]        # minus, for f <= x, rate * (x - f)
-        done = started - ended + wp[np.searchsorted(fp, x, side="left")]
-        scale = np.abs(x) * (ra[ka] + rf[kf]) + np.abs(rxa[ka]) + np.abs(rxf[kf]) + wp[-1]
-        return done, scale
-
-    (c1, s1), (c0, s0) = done_by(t1), done_by(t0)
-    work = c1 - c0
-    # Each ramp's share of an interval is >= 0, so a negative is round-off of the prefix sums (bounded
-    # by the number of terms summed x eps x their magnitude): clip that to 0. A larger negative is no
-    # round-off and is left for the schema check to report.
-    tol = (len(f) + 4) * np.finfo(float).eps * (s1 + s0)
-    return np.where((work < 0) & (work >= -tol), 0.0, work)
-
-
-def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: dict[str, str]) -> None:
-    """Add ``prefill_work_tokens`` to one instance's interval rows (``pairs``: their scrape pairs)
-    when the prompt counter is vLLM's and vLLM's prefill-time histogram is exposed."""
-    if not rows or not used.get("prefill_tokens", "").startswith("vllm:"):
-        return
-    if not any(PREFILL_TIME + "_count" in cur for _, cur in pairs):
-        return
-
-    def inc(name):
-        return [counter_increase(prev.get(name), cur.get(name)) for prev, cur in pairs]
-
-    work = spread_prefill_work([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
-                               [r.get("prefill_tokens", math.nan) for r in rows],
-                               inc(PREFILL_TIME + "_sum"), inc(PREFILL_TIME + "_count"),
-                               inc(DECODE_TIME + "_sum"), inc(DECODE_TIME + "_count"))
-    if not np.isfinite(work).any():
-        return
-    for r, v in zip(rows, work):
-        r["prefill_work_tokens"] = float(v)
-    used["prefill_work_tokens"] = PREFILL_TIME + INFERRED

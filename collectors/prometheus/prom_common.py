@@ -20,6 +20,8 @@ from mixdiag.collectors.text_input import LineStats
 LabelKey = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 View = dict[str, dict[LabelKey, float]]  # one instance's samples in one scrape
 
+#: Suffix on a ``meta["metric_sources"]`` entry whose column is derived (quality ``inferred``).
+INFERRED = " [inferred]"
 #: Labels that split a target into several Timeline instances (vLLM DP engines, SGLang DP ranks).
 SPLIT_LABELS = ("engine", "dp_rank")
 
@@ -55,9 +57,9 @@ class TimedScrape:
 
 
 def match_labels(labels: LabelKey, want: dict) -> bool:
-    """Whether ``labels`` hold every ``name: value`` of ``want``."""
+    """Whether ``labels`` hold every ``name: value`` of ``want`` (a tuple value: any one of them)."""
     d = dict(labels)
-    return all(d.get(k) == v for k, v in want.items())
+    return all(d.get(k) in v if isinstance(v, tuple) else d.get(k) == v for k, v in want.items())
 
 
 def counter_increase(prev: dict[LabelKey, float] | None, cur: dict[LabelKey, float] | None,

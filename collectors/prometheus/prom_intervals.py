@@ -31,10 +31,12 @@ import pandas as pd
 from mixdiag import wire
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, prefill_work_column, quality
+from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, quality
+from mixdiag.collectors.prometheus.prefill_work import prefill_work_column
 from mixdiag.collectors.prometheus.prom_common import (GAUGE_COLUMNS, ITL_HISTOGRAMS, QUANTILE_BOUNDS, SPLIT_LABELS,
-                                                       LabelKey, TimedScrape, View, bucket_quantile_bound,
-                                                       counter_increase, first_present, gauge_value, is_gauge)
+                                                       LabelKey, TimedScrape, View,
+                                                       bucket_quantile_bound, counter_increase, first_present,
+                                                       gauge_value, is_gauge)
 
 # Per column: candidate (metric, label filter) in order of preference; the first present wins.
 COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
@@ -47,12 +49,21 @@ COUNTER_COLUMNS: dict[str, list[tuple[str, dict]]] = {
                     ("sglang:realtime_tokens_total", {"mode": "decode"})],
     "output_tokens": [(wire.GENERATION_TOKENS_TOTAL, {}), ("vllm:generation_tokens_total", {}),
                       ("sglang:generation_tokens_total", {})],
-    "prefix_hit_tokens": [(wire.PREFIX_CACHE_HITS_TOTAL, {}), ("vllm:prefix_cache_hits_total", {}),
+    # vLLM 0.32: cached prompt tokens (local + external tiers) of the requests whose prefill finished,
+    # then the same split by tier, then by source (local cache hit + KV received from elsewhere);
+    # the older prefix_cache_hits counts local hits only, at scheduling (docs/collectors-text.md)
+    "prefix_hit_tokens": [(wire.PREFIX_CACHE_HITS_TOTAL, {}), ("vllm:prompt_tokens_cached_total", {}),
+                          ("vllm:prompt_tokens_cached_by_source_total", {}),
+                          ("vllm:prompt_tokens_by_source_total", {"source": ("local_cache_hit", "external_kv_transfer")}),
+                          ("vllm:prefix_cache_hits_total", {}),
                           ("vllm:gpu_prefix_cache_hits_total", {}),
                           ("sglang:realtime_tokens_total", {"mode": "prefill_cache"}),
                           ("sglang:cached_tokens_total", {})],
+    # vLLM's request_num_preemptions histogram counts a request's preemptions when it finishes: a
+    # fallback only (and the capture-level corroboration, :func:`preemption_note`)
     "preempted_reqs": [(wire.PREEMPTIONS_TOTAL, {}), ("vllm:num_preemptions_total", {}),
-                       ("sglang:num_retracted_requests_total", {})],
+                       ("sglang:num_retracted_requests_total", {}), ("vllm:request_num_preemptions_sum", {})],
+    "rejected_reqs": [("vllm:admission_rejections_total", {})],
     "kv_transfer_bytes": [(wire.KV_TRANSFER_BYTES_TOTAL, {}), ("vllm:nixl_bytes_transferred_sum", {})],
     "kv_transfer_s": [(wire.KV_TRANSFER_SECONDS_TOTAL, {}), ("vllm:nixl_xfer_time_seconds_sum", {})],
 }
@@ -61,7 +72,8 @@ KINDS = ("prefill", "decode", "mixed", "idle")
 #: Counters split by a bounded category label whose increases go to ``series`` as ``<name>:increase``.
 CATEGORY_COUNTERS = ((wire.STEPS_TOTAL, "kind"), (wire.GRAPH_DISPATCH_TOTAL, "mode"),
                      (wire.GRAPH_REPLAYS_TOTAL, "mode"), ("sglang:cuda_graph_passes_total", "mode"),
-                     ("sglang:realtime_tokens_total", "mode"), ("vllm:prompt_tokens_by_source_total", "source"))
+                     ("sglang:realtime_tokens_total", "mode"), ("vllm:prompt_tokens_by_source_total", "source"),
+                     ("vllm:prompt_tokens_cached_by_source_total", "source"), ("vllm:admission_rejections_total", "reason"))
 QUANTILES = (("itl_p50_s", 0.5), ("itl_p90_s", 0.9), ("itl_p99_s", 0.99))
 
 
@@ -140,7 +152,51 @@ def _split(timed: list[TimedScrape], base: str) -> dict[str, list[tuple[float, V
 
 
 def _label_str(labels: LabelKey) -> str:
-    return ",".join(f"{k}={v}" for k, v in labels)
+    return ",".join(f"{k}={'|'.join(v) if isinstance(v, tuple) else v}" for k, v in labels)
+
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:request_num_preemptions_sum")
+_INFO_LABELS_DROPPED = ("engine", "model_name", "instance", "job")
+
+
+def _info_value(v: str):
+    """A vLLM ``*_info`` label value as the Python value vLLM printed (``str(x)``): None, bool, int, float or str."""
+    if v in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[v]
+    for cast in (int, float):
+        try:
+            x = cast(v)
+        except ValueError:
+            continue
+        return x if math.isfinite(x) else v  # meta is JSON: 'nan'/'inf' stay text
+    return v
+
+
+def cache_config(seq: list[tuple[float, View]]) -> dict | None:
+    """vLLM's ``cache_config_info`` labels (block_size, num_gpu_blocks, cache_dtype, ...) as of the last
+    scrape that has them: the KV cache the capture ran with. None when the engine does not expose it."""
+    for _, view in reversed(seq):
+        for labels in view.get(CACHE_CONFIG_INFO, {}):
+            return {k: _info_value(v) for k, v in labels if k not in _INFO_LABELS_DROPPED}
+    return None
+
+
+def preemption_note(inst: str, seq: list[tuple[float, View]]) -> str | None:
+    """Corroboration of ``preempted_reqs``: vLLM counts a preemption when it happens
+    (``num_preemptions_total``) and again, per request, when the request finishes (the
+    ``request_num_preemptions`` histogram). Over a capture the two agree up to the requests still
+    running (or aborted) at its end; one scrape compares the totals since the server started."""
+    if not seq or not all(n in seq[-1][1] for n in PREEMPTIONS):
+        return None
+    first, last = (seq[0][1] if len(seq) > 1 else {}), seq[-1][1]
+    counted, finished = (counter_increase(first.get(n), last.get(n)) for n in PREEMPTIONS)
+    if not (math.isfinite(counted) and math.isfinite(finished)):
+        return None
+    span = "over the capture" if len(seq) > 1 else "since the server started"
+    return (f"{inst}: {counted:g} preemption(s) {span} as they happened (vllm:num_preemptions_total), "
+            f"{finished:g} in the requests that finished (vllm:request_num_preemptions)"
+            + ("" if counted >= finished else ": the per-request count is the larger, a counter reset?"))
 
 
 def _interval_row(inst: str, i: int, t0: float, prev: View, t1: float, cur: View,
@@ -222,6 +278,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
     metric_sources: dict[str, dict[str, str]] = {}
     signals: dict[str, dict[str, str]] = {}
     notes: list[str] = []
+    caches: dict[str, dict] = {}
     single = len(timed) == 1
     quantile_bounds: dict[str, dict[str, dict[str, int]]] = {}
     for inst, seq in _split(timed, base).items():
@@ -251,6 +308,12 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
         metric_sources[inst] = used
         if bounds:
             quantile_bounds[inst] = bounds
+        note = preemption_note(inst, seq)
+        if note:
+            notes.append(note)
+        cfg = cache_config(seq)
+        if cfg is not None:
+            caches[inst] = cfg
         sig = {col: quality(src) for col, src in used.items() if col not in ("itl",)}
         if "itl" in used:
             sig.update({c: "measured" for c in ("itl_p50_s", "itl_p90_s", "itl_p99_s", "itl_mean_s", "itl_count")})
@@ -274,4 +337,10 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
             "notes": notes, "partial": any(s.get("partial") for s in srcs)}
     if quantile_bounds:
         meta["quantile_bounds"] = quantile_bounds
+    if caches:
+        # one server's KV cache; several instances: the first's, and every one's where they differ
+        first = caches[sorted(caches)[0]]
+        meta["runtime"] = {"cache_config": first}
+        if any(c != first for c in caches.values()):
+            meta["runtime"]["cache_config_by_instance"] = caches
     return Timeline(steps=steps, series=series, meta=meta)

@@ -15,6 +15,7 @@ the mapping functions, when a verb runs.
 from __future__ import annotations
 
 import argparse
+import math
 
 from mixdiag.errors import UserError
 from mixdiag.wire import DOMAIN
@@ -139,6 +140,10 @@ def add_source_flags(p) -> None:
                    help="sample an engine's /metrics URL for S seconds (default 60; 0 = one dump, since-start summary)")
     g.add_argument("--interval", type=float, default=None, metavar="S",
                    help="scrape the /metrics URL every S seconds (default 1)")
+    g.add_argument("--clock-offset", type=float, default=None, metavar="S",
+                   help="vllm bench serve results: unix time minus time.perf_counter() on the client host "
+                        "(python3 -c 'import time; print(time.time() - time.perf_counter())' there): "
+                        "puts its perf_counter start times on the capture's clock")
     g.add_argument("--gpu-map", metavar="INST=GPU,...",
                    help="which GPUs serve which instance for DCGM sm_active, e.g. vllm-0:8000=0,vllm-0:8000=1")
 
@@ -177,6 +182,10 @@ def source_options(args) -> dict:
         out["duration_s"] = args.duration
     if getattr(args, "interval", None) is not None:
         out["interval_s"] = args.interval
+    if getattr(args, "clock_offset", None) is not None:
+        if not math.isfinite(args.clock_offset):
+            raise UserError("--clock-offset must be a finite number of seconds")
+        out["clock_offset_s"] = args.clock_offset
     if getattr(args, "gpu_map", None):
         out["gpu_map"] = parse_gpu_map(args.gpu_map)
     return out

@@ -1,4 +1,4 @@
-"""dialect_columns.spread_prefill_work / prefill_work_column: vLLM counts a prompt's tokens when its first
+"""prefill_work.spread_prefill_work / prefill_work_column: vLLM counts a prompt's tokens when its first
 token comes (formats.md §1.1 traps), so interval rows get them spread back over the prefill time."""
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mixdiag.collectors.prometheus import scrape_reader
-from mixdiag.collectors.prometheus.dialect_columns import spread_prefill_work
+from mixdiag.collectors.prometheus.prefill_work import spread_finished_work, spread_prefill_work
 
 T0, T1 = [0.0, 1.0, 2.0], [1.0, 2.0, 3.0]
 

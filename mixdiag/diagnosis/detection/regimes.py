@@ -191,11 +191,18 @@ def saturation(rows: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> dict:
     """Whether the instance ran saturated: requests waited after most rows while the running batch stood at
     its ceiling. Basis: vLLM and SGLang admit a waiting request as soon as the token budget, the batch limit
     (max-num-seqs / max-running-requests) and KV blocks allow, so a queue that persists while the batch is
-    at its largest size means admission is capacity-bound, and every token's latency carries the load."""
-    waiting = _num(rows, "waiting_reqs")
+    at its largest size means admission is capacity-bound, and every token's latency carries the load.
+    Where the engine says why requests wait (vLLM 0.32 ``waiting_capacity_reqs``), only those waiting for
+    capacity count: a request deferred by a LoRA budget or a KV transfer waits on something else."""
+    waiting = _num(rows, "waiting_capacity_reqs")
+    capacity = bool(np.isfinite(waiting).any())
+    if not capacity:
+        waiting = _num(rows, "waiting_reqs")
     running = _num(rows, "running_reqs")
     seen = np.isfinite(waiting)
     out = {"saturated": False, "rows": int(seen.sum())}
+    if capacity:
+        out["waiting_column"] = "waiting_capacity_reqs"
     if seen.sum() < max(3, cfg.min_rows) or not np.isfinite(running).any():
         out["why"] = "no waiting/running counts" if not seen.any() else "too few rows with queue counts"
         return out
