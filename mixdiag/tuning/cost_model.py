@@ -143,6 +143,12 @@ def step_rows(steps: pd.DataFrame | None) -> pd.DataFrame:
     if steps is None or not len(steps):
         return pd.DataFrame()
     s = steps[(steps["granularity"] == "step") & (steps["kind"] != "idle")]
+    if "elapsed_s" in s and s["elapsed_s"].notna().any():
+        # vLLM's iteration lines are stamped once, when logged (t_start = t_end), and carry the
+        # step's own measured duration: the step ran for that long up to the stamp
+        s = s.copy()
+        zero = (s["t_end_s"] <= s["t_start_s"]) & s["elapsed_s"].notna()
+        s.loc[zero, "t_start_s"] = s.loc[zero, "t_end_s"] - s.loc[zero, "elapsed_s"]
     s = s[s["prefill_tokens"].notna() & s["decode_rows"].notna() & (s["t_end_s"] > s["t_start_s"])]
     return s.sort_values("t_start_s", kind="stable").reset_index(drop=True)
 
