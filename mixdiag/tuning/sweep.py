@@ -104,7 +104,7 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     for r in results:
         r["pareto"] = id(r) in on_front
     rec, why = frontier.recommend(results, slo_itl, slo_ttft)
-    measured = _measured(tl if traffic_tl is None else traffic_tl, wl)
+    measured = measured_p99(tl if traffic_tl is None else traffic_tl, wl)
     return {"workload": wl.summary(), "cost_model": cost.describe(), "current": cur, "measured_current": measured,
             "settings": results, "frontier": [r["label"] for r in front],
             "slo": {"itl_p99_s": slo_itl, "ttft_p99_s": slo_ttft},
@@ -139,7 +139,7 @@ def _current_value(base, knob: str):
     return getattr(base, frontier.KNOBS[knob][0][0])
 
 
-def _measured(tl, wl) -> dict:
+def measured_p99(tl, wl) -> dict:
     """The input's own P99 ITL / TTFT (to set against the replay of the current setting)."""
     import numpy as np
 
