@@ -54,8 +54,13 @@ def real_run(root: Path, chunk: int, tag: str, args, say) -> dict | None:
 
         cfg = TestbedConfig(duration_s=args.duration, seed=args.seed, faults=("long_prompts",),
                             server=ServerConfig(max_num_batched_tokens=chunk))
+        from mixdiag.errors import UserError
+
         l0, t = _load1(), time.perf_counter()
-        res = driver.run(cfg, out, say=say)
+        try:
+            res = driver.run(cfg, out, say=say)
+        except UserError as e:   # no vLLM environment, a server that died: one line, no traceback
+            raise SystemExit(f"vLLM run chunk_size={chunk} round {tag}: {e}") from None
         got = {"wall_s": round(time.perf_counter() - t, 1), "load1_before": l0, "load1_after": _load1(),
                "errors": list(res.errors)}
         (out / "bench.json").write_text(json.dumps(got))
