@@ -26,6 +26,8 @@ run CPU work; ``nice`` does not help, each session is its own scheduler autogrou
 
     .venv/bin/python benchmarks/bench_tune.py [--base 512] [--chunks 128,256,512,1024,2048,4096]
         [--rounds 3] [--keep DIR | --reuse DIR] [--json]
+
+``--engine vllm`` checks the same against a real vLLM 0.32 instead (benchmarks/bench_tune_vllm.py).
 """
 from __future__ import annotations
 
@@ -122,14 +124,30 @@ def rel(a: float, b: float) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", type=int, default=512)
-    ap.add_argument("--chunks", default="128,256,512,1024,2048,4096")
-    ap.add_argument("--rounds", type=int, default=3, help="real runs of every setting (round-robin)")
+    ap.add_argument("--engine", choices=("reference", "vllm"), default="reference",
+                    help="reference: the project's engine (default); vllm: the real vLLM testbed (benchmarks/bench_tune_vllm.py)")
+    ap.add_argument("--chunks", default=None, help="settings to run (default 128,...,4096; vllm: 256,512,1024,2048)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="real runs of every setting (round-robin); vllm: runs of the base setting (>= 2)")
+    ap.add_argument("--duration", type=float, default=35.0, help="vllm: seconds of traffic per run (default 35)")
+    ap.add_argument("--seed", type=int, default=23, help="vllm: the traffic and long-prompt seed of every run (default 23)")
     ap.add_argument("--slo-ttft-p99", type=float, default=None)
     ap.add_argument("--no-speed", action="store_true", help="skip the 10-minute sweep timing")
     ap.add_argument("--keep", default=None, help="write the real runs under this new directory (default: a temporary one)")
     ap.add_argument("--reuse", default=None, help="judge the real runs an earlier --keep DIR kept (no new runs)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.keep and args.reuse:
+        ap.error("--keep and --reuse exclude each other")
+    if args.engine == "vllm":
+        import bench_tune_vllm
+
+        args.chunks = args.chunks or "256,512,1024,2048"
+        out = bench_tune_vllm.main(args, note)
+        if args.json:
+            print(json.dumps(out))
+        return 0
+    args.chunks = args.chunks or "128,256,512,1024,2048,4096"
     from mixdiag.schema import Timeline
     from mixdiag.tuning import sweep
 

@@ -23,13 +23,16 @@ from mixdiag.collectors.text_input import LineStats, rfc3339_to_unix
 
 _RFC3339 = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr) [FP] )?")
 _COMPOSE = re.compile(r"^[\w.-]+\s+\|\s")
+# A handler whose format starts with Python logging's %(created)f (the vLLM testbed's iteration
+# records): unix seconds, 2001-2286, then a space.
+_UNIX = re.compile(r"^\s*(1\d{9}(?:\.\d+)?)\s+")
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def strip_container_prefix(line: str) -> tuple[str, float | None]:
-    """``(line without docker/CRI/compose prefix, container time as unix seconds or None)``.
+    """``(line without docker/CRI/compose or unix-seconds prefix, that time as unix seconds or None)``.
 
     ANSI colour codes (vLLM colours its level names on a terminal) are removed first.
     """
@@ -40,6 +43,11 @@ def strip_container_prefix(line: str) -> tuple[str, float | None]:
     if m:
         t = rfc3339_to_unix(m.group(1), m.group(2))
         line = line[m.end():]
+    else:
+        m = _UNIX.match(line)
+        if m:
+            t = float(m.group(1))
+            line = line[m.end():]
     m = _COMPOSE.match(line)
     if m:
         line = line[m.end():]

@@ -29,8 +29,9 @@ def base_config(tl, rows, current: dict, notes: list[str]):
         budget = int(max((rows["prefill_tokens"] + rows["decode_rows"]).max(), 1)) if len(rows) else 2048
         base = SchedulerConfig(policy=str(meta.get("policy") or "token_budget"), max_num_batched_tokens=budget,
                                chunked_prefill_size=budget)
-        notes.append(f"current setting not recorded: assumed policy {base.policy}, chunk_size {budget} "
-                     "(the largest step seen); pass --current NAME=V to correct it")
+        if not {"chunk_size", "max_batched_tokens"} & set(current):
+            notes.append(f"current setting not recorded: assumed policy {base.policy}, chunk_size {budget} "
+                         "(the largest step seen); pass --current NAME=V to correct it")
     cc = CacheConfig(**cache) if isinstance(cache, dict) else CacheConfig(num_blocks=LARGE_POOL_BLOCKS)
     if not isinstance(cache, dict):
         notes.append("KV pool size not recorded: replayed with a pool too large to preempt")
@@ -60,19 +61,24 @@ def fit_cost(tl, wl, rows, base, cache, mml, notes: list[str], ledger_model: str
 
 def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_ttft: float | None = None,
         current: dict | None = None, window_s: float | None = None, jobs: int = 0,
-        ledger_model: str = "glm-5.3", ledger_device: str = "h200") -> dict:
-    """The whole tuning result as plain data (what ``mixdiag tune --json`` prints)."""
+        ledger_model: str = "glm-5.3", ledger_device: str = "h200", traffic_tl=None) -> dict:
+    """The whole tuning result as plain data (what ``mixdiag tune --json`` prints). ``traffic_tl``:
+    where the requests come from when ``tl`` (the steps) holds no token events, e.g. client records
+    read beside an engine's iteration log (:func:`traffic_source`)."""
     t0 = time.perf_counter()
     for v in (slo_itl, slo_ttft):
         if v is not None and not v > 0:
             raise UserError("SLOs must be positive seconds")
     if not knobs:
         raise UserError("give at least one --knob NAME=V1,V2,... to sweep (e.g. --knob chunk_size=256,512,1024)")
-    wl = traffic.from_timeline(tl)
+    wl = traffic.from_timeline(tl if traffic_tl is None else traffic_tl)
     if window_s is not None:
         wl = wl.window(window_s)
     notes = list(wl.notes)
-    steps = tl.steps[tl.steps["instance"] == wl.instance] if tl.steps is not None and len(tl.steps) else None
+    step_inst = wl.instance if traffic_tl is None else _step_instance(tl)
+    if traffic_tl is not None:
+        notes.append(f"requests from the token events of {wl.instance}, step costs from the steps of {step_inst}")
+    steps = tl.steps[tl.steps["instance"] == step_inst] if tl.steps is not None and len(tl.steps) else None
     rows = cost_model.step_rows(steps)
     base, cache, mml = base_config(tl, rows, current or {}, notes)
     cost = fit_cost(tl, wl, rows, base, cache, mml, notes, ledger_model, ledger_device)
@@ -98,7 +104,7 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     for r in results:
         r["pareto"] = id(r) in on_front
     rec, why = frontier.recommend(results, slo_itl, slo_ttft)
-    measured = _measured(tl, wl)
+    measured = measured_p99(tl if traffic_tl is None else traffic_tl, wl)
     return {"workload": wl.summary(), "cost_model": cost.describe(), "current": cur, "measured_current": measured,
             "settings": results, "frontier": [r["label"] for r in front],
             "slo": {"itl_p99_s": slo_itl, "ttft_p99_s": slo_ttft},
@@ -106,11 +112,34 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
             "predicted_change": frontier.change(cur, rec), "notes": notes, "seconds": time.perf_counter() - t0}
 
 
+def traffic_source(tl, load_one, paths: list[str]):
+    """The Timeline to take requests from when the joined ``tl`` lost its token events: the join
+    keeps tokens only on the step view whose clock they set, and an engine's iteration log (exact
+    step durations) outranks a client's inferred steps, so the client's records are read on their
+    own (``load_one(path)``). None when ``tl`` has token events or no single input has any."""
+    if len(paths) < 2 or (tl.tokens is not None and len(tl.tokens)):
+        return None
+    for p in paths:
+        one = load_one(p)
+        if one.tokens is not None and len(one.tokens):
+            return one
+    return None
+
+
+def _step_instance(tl) -> str | None:
+    """The instance with the most per-step rows (the engine whose step costs are fitted)."""
+    if tl.steps is None or not len(tl.steps):
+        return None
+    st = tl.steps[tl.steps["granularity"] == "step"]
+    counts = (st if len(st) else tl.steps)["instance"].value_counts()
+    return str(max(sorted(counts.index), key=lambda k: counts[k]))
+
+
 def _current_value(base, knob: str):
     return getattr(base, frontier.KNOBS[knob][0][0])
 
 
-def _measured(tl, wl) -> dict:
+def measured_p99(tl, wl) -> dict:
     """The input's own P99 ITL / TTFT (to set against the replay of the current setting)."""
     import numpy as np
 
