@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -59,6 +60,9 @@ def ensure_run(cache: Path, name: str, faults: str, seed: int, duration: int, ge
     print(f"generating {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
+        # the driver made the directory before failing: drop it so a later call can regenerate
+        if not (run / "testbed.json").exists():
+            shutil.rmtree(run, ignore_errors=True)
         return run, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
     return run, None
 
