@@ -87,6 +87,7 @@ def score(runs: dict[str, Path]) -> dict:
     false mixing; stability of same-config pairs."""
     res = {"views": {}, "runs": {n: {**run_config(r), "dir": str(r)} for n, r in runs.items()}}
     units = {n: scoring.truth_units(r) for n, r in runs.items()}
+    small = {n: scoring.small_mixed_units(r / "truth" / "iterations.log") for n, r in runs.items()}
     res["truth"] = {n: {c: sum(u.cause == c for u in us) for c in scoring.SCORED_CAUSES} for n, us in units.items()}
     for view in VIEWS:
         pooled, per_run = {}, {}
@@ -100,11 +101,16 @@ def score(runs: dict[str, Path]) -> dict:
             by = {}
             for c in calls:
                 by[c.cause] = by.get(c.cause, 0) + 1
-            per_run[name] = {"spikes": len(calls), "by_cause": by, "tally": t,
-                             "mixing_wrong": sum(c.cause == "mixing" and not c.right for c in calls)}
+            wrong_mix = [c for c in calls if c.cause == "mixing" and not c.right]
+            per_run[name] = {"spikes": len(calls), "by_cause": by, "tally": t, "mixing_wrong": len(wrong_mix),
+                             "mixing_wrong_on_small_mixed": sum(
+                                 any(scoring.overlaps(c.t0_s, c.t1_s, u.t0_s, u.t1_s) for u in small[name])
+                                 for c in wrong_mix)}
             pooled = scoring.merge(pooled, t)
         per_cause = {c: dict(zip(("precision", "recall", "f1"), scoring.prf(t)), **t) for c, t in pooled.items()}
         res["views"][view] = {"per_run": per_run, "per_cause": per_cause, "macro_f1": scoring.macro_f1(pooled),
+                              "mixing_wrong_on_small_mixed": sum(r.get("mixing_wrong_on_small_mixed", 0)
+                                                                 for r in per_run.values()),
                               "unknown": sum(r.get("by_cause", {}).get("unknown", 0) for r in per_run.values()),
                               "spikes": sum(r.get("spikes", 0) for r in per_run.values())}
     res["views"]["g5"] = {"skipped": G5_SKIP}
@@ -174,7 +180,9 @@ def render(res: dict) -> str:
                        f"calls {p['called']} right {p['right']}  units {p['units']} found {p['found']}")
             md.append(f"| ({view}) {VIEW_NAMES[view]} | {c} | {_f(p['precision'])} | {_f(p['recall'])} | "
                       f"{_f(p['f1'])} | {p['called']} ({p['right']}) | {p['units']} ({p['found']}) |")
-        out.append(f"  macro-F1 {_f(v['macro_f1'])}; spikes {v['spikes']} (unknown {v['unknown']})")
+        out.append(f"  macro-F1 {_f(v['macro_f1'])}; spikes {v['spikes']} (unknown {v['unknown']}); wrong mixing "
+                   f"calls on a mixed step below {scoring.MIXING_MIN_PROMPT_TOKENS} prompt tokens: "
+                   f"{v['mixing_wrong_on_small_mixed']}")
         md.append(f"| ({view}) {VIEW_NAMES[view]} | **macro-F1** | | | **{_f(v['macro_f1'])}** | "
                   f"spikes {v['spikes']} (unknown {v['unknown']}) | |")
     out.append("\ncontrol (no faults): false mixing calls / spikes (target <= 10 %)")

@@ -63,6 +63,14 @@ def mixing_units(iterations_log: Path) -> list[Unit]:
             if it.context_tokens >= MIXING_MIN_PROMPT_TOKENS and it.generation_requests > 0 and not it.dummy]
 
 
+def small_mixed_units(iterations_log: Path) -> list[Unit]:
+    """Mixed iterations whose prompt work is below the threshold (short prompts joining decodes):
+    not truth, only to tell a threshold miss from a call with no mixed step at all."""
+    return [Unit("small_mixed", it.t_s - it.elapsed_s - LOG_LAG_S, it.t_s)
+            for it in read_iterations(iterations_log)
+            if 0 < it.context_tokens < MIXING_MIN_PROMPT_TOKENS and it.generation_requests > 0 and not it.dummy]
+
+
 def stall_units(faults_csv: Path) -> list[Unit]:
     """Every injected host stall as measured (stop..continue)."""
     return [Unit("host_stall", r.t_start_s, r.t_end_s) for r in read_faults(faults_csv) if r.cause == "host_stall"]
