@@ -215,6 +215,8 @@ def main(argv=None) -> int:
         for d in (Path(x) for x in a.runs.split(",") if x):
             if not (d / "testbed.json").exists():
                 ap.error(f"{d} is not a testbed run directory (no testbed.json)")
+            if d.name in runs:
+                ap.error(f"two runs named {d.name!r}: results are keyed by the directory's name")
             runs[d.name] = d
     else:
         cache = Path(a.cache)
