@@ -16,7 +16,9 @@ Tiers (what the diagnosis reads; the causes its macro-F1 is taken over - those i
       balance and no device idle time;
   (f) the same with --metrics-dialect sglang --log-format sglang: mixing, prefill_stall, ep_hotspot
       (eplb_balancedness), pd_transfer (kv_transfer_*), graph_fallback (``cuda graph:`` flag,
-      cuda_graph_passes_total), kv_pressure (num_retracted_requests) - no device idle time.
+      cuda_graph_passes_total), kv_pressure (num_retracted_requests) - no device idle time;
+  (g) a real vLLM 0.32 (the testbed): views g1-g5, scored by a strict rule against the engine's own
+      records - benchmarks/tier_g.py (``--tier g`` runs it; its own flags there).
 
 Seeds: ``--seeds tune`` (0-4) is what rules and thresholds may be tuned on; ``--seeds heldout``
 (100-104) is for the reported table only. Matching (mixdiag/diagnosis/evaluation.py): tiers a-c
@@ -288,6 +290,13 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", action="store_true", help="also print the docs' markdown tables")
     a = ap.parse_args(argv)
     tiers = [t for t in a.tiers.split(",") if t]
+    if "g" in tiers:
+        # tier (g) has its own runs (a real server, one at a time) and scoring rule: its own module
+        import tier_g
+        rc = tier_g.main(["--no-generate"] if a.no_generate else [])
+        tiers = [t for t in tiers if t != "g"]
+        if not tiers:
+            return rc
     bad = [t for t in tiers if t not in TARGETS]
     if bad:
         ap.error(f"unknown tier(s) {bad}; choose from {', '.join(TARGETS)}")
