@@ -55,9 +55,10 @@ def test_same_traffic_same_causes_on_either_side_of_the_old_cut():
 
 
 def test_steady_arrivals_name_mixing_only_where_the_interval_held_its_share():
-    """Prefill work in every interval alike: a spike in an interval with less work than usual is not
-    explained by it (unknown); one with the usual work is mixing at low confidence, below one whose
-    work stands far above the usual."""
+    """Prefill work in every interval alike: a spike in an interval with less work than the quiet
+    intervals held, or just as much, is not explained by it (unknown: on real vLLM control runs, short
+    prompts in every interval, naming 'at least the usual' called 75 % of the spikes mixing where no big
+    chunk ran); one whose work stands far above it is mixing."""
     work = {12: 300.0, 20: 1020.0, 25: 9000.0}  # the usual: 1000-1020 tokens
     rows = [dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval", kind="unknown",
                  prefill_work_tokens=work.get(i, 1000.0 + 10 * (i % 3)), running_reqs=32.0, itl_count=300.0,
@@ -65,8 +66,8 @@ def test_steady_arrivals_name_mixing_only_where_the_interval_held_its_share():
     d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
     got = dict(zip(d.spikes["step"], zip(d.spikes["cause"], d.spikes["confidence"])))
     assert set(got) == set(work)
-    assert got[12][0] == "unknown" and got[20][0] == got[25][0] == "mixing"
-    assert got[20][1] < got[25][1] <= 0.6
+    assert got[12][0] == got[20][0] == "unknown" and got[25][0] == "mixing"
+    assert got[25][1] <= 0.6
 
 
 def test_relation_confidence_is_smooth_and_bounded():
