@@ -180,18 +180,35 @@ def is_garbage(line: str) -> bool:
 
 def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
     """Read ``source`` into lines with a fresh :class:`LineStats` (``lines_total`` set)."""
-    name, text, replaced = _read_counted(source)
+    name, text, replaced = read_counted(source)
     lines, ends = split_lines(text)
-    stats = LineStats(format=fmt, path=name, lines_total=len(lines))
+    stats = line_stats(fmt, name, len(lines), replaced)
     if replaced:
-        lines = [clean_replaced(ln) if _REPLACEMENT in ln else ln for ln in lines]
+        lines = clean_lines(lines)
+    return lines, ends, stats
+
+
+def read_counted(source) -> tuple[str, str, int]:
+    """``(name, text, undecodable byte sequences replaced)`` for readers that split the text themselves."""
+    return _read_counted(source)
+
+
+def line_stats(fmt: str, name: str, n_lines: int, replaced: int) -> LineStats:
+    """A fresh :class:`LineStats` for ``n_lines`` lines, noting replaced bytes and an empty input."""
+    stats = LineStats(format=fmt, path=name, lines_total=n_lines)
+    if replaced:
         stats.bytes_replaced = replaced
         stats.note(f"{replaced} undecodable byte sequence(s) (not UTF-8) replaced; lines otherwise text "
                    "were still read")
-    if not lines:
+    if not n_lines:
         stats.partial = True
         stats.note("empty input")
-    return lines, ends, stats
+    return stats
+
+
+def clean_lines(lines: list[str]) -> list[str]:
+    """:func:`clean_replaced` on the lines that hold a replaced byte."""
+    return [clean_replaced(ln) if _REPLACEMENT in ln else ln for ln in lines]
 
 
 def rfc3339_to_unix(stamp: str, zone: str | None) -> float | None:

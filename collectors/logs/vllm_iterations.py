@@ -1,0 +1,125 @@
+"""The columnar fast path for vLLM ``Iteration(N): ...`` lines (a 10-minute log holds a million).
+
+The text is split into lines and matched by one RE2 pattern in Arrow (C++), and the captured
+fields become numpy columns at once; no Python object is made per Iteration line. The pattern is
+a strict subset of what the per-line walk in :mod:`vllm_log` reads: plain or process-tagged
+prefix, ASCII digits, the Iteration text right after the prefix and nothing after it. Every other
+line (docker-stamped, coloured, with undecodable bytes, ``Engine N:`` keys, trailing text,
+SchedulerIterationDetails, stats...) stays with the per-line walk, which gets the line numbers of
+the fast lines to keep its state (clock year, last time, an open CUDA-graph table) exact.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mixdiag.collectors.logs.log_lines import naive_to_unix
+
+# Digits are ASCII and counts at most 15 of them, so every value converts exactly (int64, float64
+# below 2**53, fractions as n / 10**k); a line outside this shape is read by the per-line walk.
+_N = "[0-9]{1,15}"
+FAST_ITERATION = (
+    r"^(?:\((?P<proc>[A-Za-z0-9_.:-]+) pid=[0-9]+\) +)?[A-Z]+ (?P<mo>[0-9]{2})-(?P<d>[0-9]{2}) "
+    r"(?P<h>[0-9]{2}):(?P<mi>[0-9]{2}):(?P<s>[0-9]{2})(?:\.(?P<frac>[0-9]{1,9}))? \[?[A-Za-z0-9_.]+:[0-9]+\] ?"
+    rf"Iteration\((?P<n>{_N})\): (?P<cr>{_N}) context requests, (?P<ct>{_N}) context tokens, "
+    rf"(?P<gr>{_N}) generation requests, (?P<gt>{_N}) generation tokens, "
+    rf"iteration elapsed time: (?P<ms>{_N}(?:\.{_N})?) ms\r?$")
+_DP = re.compile(r"_DP(\d+)")
+
+
+@dataclass
+class SplitLines:
+    """A log's lines: those for the per-line walk, and the fast Iteration lines as columns."""
+
+    n: int                       # lines in the text
+    slow: list[str]              # per-line walk, in line order (a final ``\\r`` taken off)
+    slow_ln: np.ndarray          # their line numbers
+    fast_ln: np.ndarray          # line numbers of the fast Iteration lines
+    fast: dict[str, np.ndarray]  # their columns: mo, d, h, mi, s, frac_s, key, n, cr, ct, gr, gt, elapsed_s
+
+
+def split(text: str, fast: bool = True) -> SplitLines:
+    """Split like :func:`text_input.split_lines`; with ``fast``, Iteration lines come back as columns."""
+    if not text:
+        return SplitLines(0, [], np.zeros(0, np.int64), np.zeros(0, np.int64), {})
+    lines = pc.list_flatten(pc.split_pattern(pa.array([text], pa.large_string()), "\n"))
+    if text.endswith("\n"):
+        lines = lines.slice(0, len(lines) - 1)
+    n = len(lines)
+    if not fast:
+        return SplitLines(n, _strip_cr(lines.to_pylist()), np.arange(n), np.zeros(0, np.int64), {})
+    m = pc.extract_regex(lines, FAST_ITERATION)
+    mask = m.is_valid()
+    is_fast = mask.to_numpy(zero_copy_only=False)
+    slow = _strip_cr(lines.filter(pc.invert(mask)).to_pylist())
+    del lines
+    cap = m.filter(mask)
+    col = {name: cap.field(name) for name in ("proc", "mo", "d", "h", "mi", "s", "frac", "n", "cr", "ct", "gr", "gt", "ms")}
+
+    def ints(name: str) -> np.ndarray:
+        return pc.cast(col[name], pa.int64()).to_numpy()
+
+    out = {name: ints(name) for name in ("mo", "d", "h", "mi", "s", "n", "cr", "ct", "gr", "gt")}
+    # float(x) / 1e3 per line in the walk; Arrow's string -> float64 is correctly rounded, as float() is
+    out["elapsed_s"] = pc.cast(col["ms"], pa.float64()).to_numpy() / 1e3
+    digits = pc.utf8_length(col["frac"]).to_numpy()
+    num = pc.cast(pc.if_else(pc.equal(col["frac"], ""), "0", col["frac"]), pa.int64()).to_numpy()
+    # float("0." + frac) is the double nearest num / 10**k, and so is this one IEEE division
+    out["frac_s"] = num.astype(np.float64) / np.power(10.0, digits)
+    procs = pc.dictionary_encode(col["proc"]).combine_chunks() if isinstance(col["proc"], pa.ChunkedArray) \
+        else pc.dictionary_encode(col["proc"])
+    keys = np.array([_proc_key(p) for p in procs.dictionary.to_pylist()] or ["0"], dtype=object)
+    out["key"] = keys[procs.indices.to_numpy(zero_copy_only=False)]
+    return SplitLines(n, slow, np.flatnonzero(~is_fast), np.flatnonzero(is_fast), out)
+
+
+def _strip_cr(lines: list[str]) -> list[str]:
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+
+
+def _proc_key(proc: str | None) -> str:
+    """The engine key of a process tag (``EngineCore_DP3`` -> ``3``), as the per-line walk finds it."""
+    dp = _DP.search(proc or "")
+    return str(int(dp.group(1))) if dp else "0"
+
+
+def fast_times(fast: dict[str, np.ndarray], years: np.ndarray) -> np.ndarray:
+    """Unix seconds of the fast lines (NaN where the date is impossible), as ``naive_to_unix`` gives.
+
+    A log's lines share few distinct seconds: each is converted once, the fraction added column-wise.
+    """
+    if not len(years):
+        return np.zeros(0)
+    packed = ((((years * 100 + fast["mo"]) * 100 + fast["d"]) * 100 + fast["h"]) * 100 + fast["mi"]) * 100 + fast["s"]
+    uniq, inv = np.unique(packed, return_inverse=True)
+    base = np.empty(len(uniq))
+    for i, p in enumerate(uniq.tolist()):
+        rest, s = divmod(p, 100)
+        rest, mi = divmod(rest, 100)
+        rest, h = divmod(rest, 100)
+        rest, d = divmod(rest, 100)
+        y, mo = divmod(rest, 100)
+        t = naive_to_unix(y, mo, d, f"{h:02d}:{mi:02d}:{s:02d}")
+        base[i] = np.nan if t is None else t
+    # the walk adds 0.0 without a fraction: the same double either way
+    return base[inv.reshape(-1)] + fast["frac_s"]
+
+
+def clock_years(year: int, months: np.ndarray) -> np.ndarray:
+    """The year of each clock-timed line in line order: ``year`` plus one per month that runs backwards."""
+    if not len(months):
+        return np.zeros(0, np.int64)
+    return year + np.concatenate([[0], np.cumsum(months[1:] < months[:-1])]).astype(np.int64)
+
+
+def forward_fill(t: np.ndarray) -> np.ndarray:
+    """Each NaN replaced by the last number before it (NaN while there is none)."""
+    if not len(t):
+        return t
+    idx = np.where(np.isnan(t), 0, np.arange(len(t)))
+    np.maximum.accumulate(idx, out=idx)
+    return t[idx]
