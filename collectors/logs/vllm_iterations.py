@@ -17,8 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mixdiag.collectors.logs.log_lines import naive_to_unix
-
 # Digits are ASCII and counts at most 15 of them, so every value converts exactly (int64, float64
 # below 2**53, fractions as n / 10**k); a line outside this shape is read by the per-line walk.
 _N = "[0-9]{1,15}"
@@ -85,41 +83,3 @@ def _proc_key(proc: str | None) -> str:
     """The engine key of a process tag (``EngineCore_DP3`` -> ``3``), as the per-line walk finds it."""
     dp = _DP.search(proc or "")
     return str(int(dp.group(1))) if dp else "0"
-
-
-def fast_times(fast: dict[str, np.ndarray], years: np.ndarray) -> np.ndarray:
-    """Unix seconds of the fast lines (NaN where the date is impossible), as ``naive_to_unix`` gives.
-
-    A log's lines share few distinct seconds: each is converted once, the fraction added column-wise.
-    """
-    if not len(years):
-        return np.zeros(0)
-    packed = ((((years * 100 + fast["mo"]) * 100 + fast["d"]) * 100 + fast["h"]) * 100 + fast["mi"]) * 100 + fast["s"]
-    uniq, inv = np.unique(packed, return_inverse=True)
-    base = np.empty(len(uniq))
-    for i, p in enumerate(uniq.tolist()):
-        rest, s = divmod(p, 100)
-        rest, mi = divmod(rest, 100)
-        rest, h = divmod(rest, 100)
-        rest, d = divmod(rest, 100)
-        y, mo = divmod(rest, 100)
-        t = naive_to_unix(y, mo, d, f"{h:02d}:{mi:02d}:{s:02d}")
-        base[i] = np.nan if t is None else t
-    # the walk adds 0.0 without a fraction: the same double either way
-    return base[inv.reshape(-1)] + fast["frac_s"]
-
-
-def clock_years(year: int, months: np.ndarray) -> np.ndarray:
-    """The year of each clock-timed line in line order: ``year`` plus one per month that runs backwards."""
-    if not len(months):
-        return np.zeros(0, np.int64)
-    return year + np.concatenate([[0], np.cumsum(months[1:] < months[:-1])]).astype(np.int64)
-
-
-def forward_fill(t: np.ndarray) -> np.ndarray:
-    """Each NaN replaced by the last number before it (NaN while there is none)."""
-    if not len(t):
-        return t
-    idx = np.where(np.isnan(t), 0, np.arange(len(t)))
-    np.maximum.accumulate(idx, out=idx)
-    return t[idx]

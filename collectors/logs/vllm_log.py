@@ -22,7 +22,6 @@ year is used and a note says so. Months running backwards (December -> January) 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,16 +31,14 @@ import pandas as pd
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.logs import vllm_iterations
-from mixdiag.collectors.logs.log_lines import LogRows, naive_to_unix, strip_container_prefix
+from mixdiag.collectors.logs import vllm_clock, vllm_iterations
+from mixdiag.collectors.logs.log_lines import LogRows
 from mixdiag.collectors.logs.step_frame import attach_events_frame
 from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
-from mixdiag.collectors.text_input import clean_lines, is_garbage, line_stats, read_counted, source_name
+from mixdiag.collectors.text_input import clean_lines, line_stats, read_counted, source_name
 
 FORMAT = "vllm-log"
 
-_PREFIX = re.compile(r"(?:\((?P<proc>[^)\s]+) pid=\d+\)\s+)?(?P<level>[A-Z]+) (?P<mo>\d\d)-(?P<d>\d\d) "
-                     r"(?P<hms>\d\d:\d\d:\d\d)(?:\.(?P<frac>\d+))? \[?[\w.]+:\d+\]\s?")
 _ENGINE = re.compile(r"(?:Engine (\d+)|(\d+) Engines Aggregated):\s*")
 _DP = re.compile(r"_DP(\d+)")
 _ITER = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
@@ -69,14 +66,6 @@ def sniff(head: bytes, name: str) -> bool:
     return _SNIFF.search(head) is not None  # the registry bounds how far it reads
 
 
-def _recent_year(month: int, day: int) -> int:
-    """The current year, or the one before when month-day would lie in the future (a log is past)."""
-    now = time.gmtime()
-    if (month, day) > (now.tm_mon, now.tm_mday + 1):
-        return now.tm_year - 1
-    return now.tm_year
-
-
 def read(source, *, instance: str | None = None, year: int | None = None, stats_interval_s: float = 10.0,
          fast: bool = True, **options) -> Timeline:
     """Read a vLLM log (path or file object) into step/interval rows and series; see the module doc.
@@ -90,7 +79,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     st = line_stats(FORMAT, name, sl.n, replaced)
     base = instance or Path(source_name(source)).stem
     out = LogRows(st)
-    times = _Times(sl, clean_lines(sl.slow) if replaced else sl.slow, year)
+    times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year)
     w = _walk(sl, times, out)
     steps = _line_frame(sl, times, w.steps, w.steps_ln)
     # Lines before the first timestamp (or in a log without any) take the first known time.
@@ -148,64 +137,6 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     return out.timeline(FORMAT, "unix" if times.have_time else "relative", steps_frame=steps)
 
 
-class _Times:
-    """Times of every line, the fast Iteration lines' and the walk's together, as one walk in line
-    order would give them: the clock's year rolls over where months run backwards on any line, and
-    an untimed line takes the last time before it, whichever kind of line that was."""
-
-    def __init__(self, sl: vllm_iterations.SplitLines, slow: list[str], year: int | None):
-        self.slow = slow  # the walk's lines, undecodable bytes cleaned
-        self.pre: list[tuple | None] = []  # per walk line: None (not text) or (raw, body, proc, pm)
-        t_slow: list[float] = []
-        clock_i, clock_mo, clock_d = [], [], []
-        for i, raw in enumerate(slow):
-            if is_garbage(raw):
-                self.pre.append(None)
-                t_slow.append(np.nan)
-                continue
-            line, t = strip_container_prefix(raw)
-            pm = _PREFIX.search(line)
-            if pm and t is None:
-                clock_i.append(i)
-                clock_mo.append(int(pm.group("mo")))
-                clock_d.append(int(pm.group("d")))
-            self.pre.append((raw, line[pm.end():] if pm else line, pm.group("proc") if pm else None, pm))
-            t_slow.append(np.nan if t is None else t)
-        fl = sl.fast
-        nf = len(sl.fast_ln)
-        ln = np.concatenate([sl.fast_ln, sl.slow_ln[clock_i]]).astype(np.int64)
-        order = np.argsort(ln, kind="stable")
-        mo = np.concatenate([fl.get("mo", np.zeros(0, np.int64)), np.array(clock_mo, np.int64)])[order]
-        self.first_year = self.first_clock_ln = None
-        self.year_note = None
-        if len(order):
-            d0 = int(np.concatenate([fl.get("d", np.zeros(0, np.int64)), np.array(clock_d, np.int64)])[order][0])
-            self.first_year = year if year is not None else _recent_year(int(mo[0]), d0)
-            self.first_clock_ln = int(ln[order][0])
-            if year is None:
-                self.year_note = (f"vLLM log times have no year: assumed {self.first_year}, the latest year that puts "
-                                  "the first line in the past (pass year=)")
-        years = np.empty(len(order), np.int64)
-        years[order] = vllm_iterations.clock_years(self.first_year or 0, mo)
-        self.t_fast = vllm_iterations.fast_times(fl, years[:nf]) if nf else np.zeros(0)
-        for i, y in zip(clock_i, years[nf:].tolist()):
-            pm = self.pre[i][3]
-            t = naive_to_unix(y, int(pm.group("mo")), int(pm.group("d")), pm.group("hms"), pm.group("frac"))
-            t_slow[i] = np.nan if t is None else t
-        self.t_slow = np.array(t_slow, dtype=float)
-        # an untimed line takes the last time before it; lines that are not text have none to give
-        text_slow = np.array([p is not None for p in self.pre], dtype=bool)
-        ln_all = np.concatenate([sl.fast_ln, sl.slow_ln[text_slow]])
-        t_all = np.concatenate([self.t_fast, self.t_slow[text_slow]])
-        order = np.argsort(ln_all, kind="stable")
-        filled = np.empty(len(order))
-        filled[order] = vllm_iterations.forward_fill(t_all[order])
-        self.have_time = bool(np.any(~np.isnan(t_all)))
-        self.t_row_fast = filled[:nf]
-        self.t_row_slow = np.full(len(slow), np.nan)
-        self.t_row_slow[text_slow] = filled[nf:]
-
-
 @dataclass
 class _Walked:
     """What the per-line walk collected besides ``LogRows`` series and counts."""
@@ -217,7 +148,7 @@ class _Walked:
     cg_settings: dict[str, str] = field(default_factory=dict)
 
 
-def _walk(sl: vllm_iterations.SplitLines, times: _Times, out: LogRows) -> _Walked:
+def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogRows) -> _Walked:
     """Every line the fast path left, in line order; the fast lines are counted parsed here."""
     st, w = out.stats, _Walked()
     for _ in range(len(sl.fast_ln)):
@@ -316,7 +247,7 @@ def _walk(sl: vllm_iterations.SplitLines, times: _Times, out: LogRows) -> _Walke
 _LINE_COLS = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_rows", "iteration", "elapsed_s")
 
 
-def _line_frame(sl: vllm_iterations.SplitLines, times: _Times, rows: list[dict], rows_ln: list[int]) -> pd.DataFrame:
+def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, rows: list[dict], rows_ln: list[int]) -> pd.DataFrame:
     """The step rows of every Iteration line, fast and walked, in line order."""
     f = sl.fast
     nf = len(sl.fast_ln)
