@@ -55,8 +55,8 @@ class LineStats:
     partial_reasons: list[str] = field(default_factory=list)
     bytes_replaced: int = 0
 
-    def parsed(self) -> None:
-        self.lines_parsed += 1
+    def parsed(self, n: int = 1) -> None:
+        self.lines_parsed += n
 
     def ignored(self) -> None:
         self.lines_ignored += 1
@@ -188,8 +188,20 @@ def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
     return lines, ends, stats
 
 
-def read_counted(source) -> tuple[str, str, int]:
-    """``(name, text, undecodable byte sequences replaced)`` for readers that split the text themselves."""
+def read_counted(source, ascii_bytes: bool = False) -> tuple[str, str | bytes, int]:
+    """``(name, text, undecodable byte sequences replaced)`` for readers that split the text themselves.
+
+    ``ascii_bytes``: ASCII input comes back as the bytes read (no 200 MB decoded copy of a large
+    log); anything else is decoded as usual.
+    """
+    if ascii_bytes and isinstance(source, (str, os.PathLike)) and not Path(source).is_dir():
+        try:
+            data = Path(source).read_bytes()
+        except OSError:
+            return _read_counted(source)  # the usual one-line error
+        if data.isascii():
+            return source_name(source), data, 0
+        return (source_name(source),) + decode(data)
     return _read_counted(source)
 
 

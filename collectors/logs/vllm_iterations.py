@@ -40,12 +40,19 @@ class SplitLines:
     fast: dict[str, np.ndarray]  # their columns: mo, d, h, mi, s, frac_s, key, n, cr, ct, gr, gt, elapsed_s
 
 
-def split(text: str, fast: bool = True) -> SplitLines:
-    """Split like :func:`text_input.split_lines`; with ``fast``, Iteration lines come back as columns."""
+def split(text: str | bytes, fast: bool = True) -> SplitLines:
+    """Split like :func:`text_input.split_lines` (``text``: str, or ASCII bytes); with ``fast``, Iteration
+    lines come back as columns."""
     if not text:
         return SplitLines(0, [], np.zeros(0, np.int64), np.zeros(0, np.int64), {})
-    lines = pc.list_flatten(pc.split_pattern(pa.array([text], pa.large_string()), "\n"))
-    if text.endswith("\n"):
+    if isinstance(text, bytes):  # ASCII: Arrow reads the bytes in place
+        whole = pa.Array.from_buffers(pa.large_string(), 1, [None, pa.array([0, len(text)], pa.int64()).buffers()[1],
+                                                             pa.py_buffer(text)])
+    else:
+        whole = pa.array([text], pa.large_string())
+    lines = pc.list_flatten(pc.split_pattern(whole, "\n"))
+    del whole
+    if text.endswith(b"\n" if isinstance(text, bytes) else "\n"):
         lines = lines.slice(0, len(lines) - 1)
     n = len(lines)
     if not fast:

@@ -73,7 +73,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     ``fast=False`` reads every Iteration line in the per-line walk too (the reference the
     columnar fast path is tested against).
     """
-    name, text, replaced = read_counted(source)
+    name, text, replaced = read_counted(source, ascii_bytes=True)
     sl = vllm_iterations.split(text, fast)
     del text
     st = line_stats(FORMAT, name, sl.n, replaced)
@@ -151,8 +151,7 @@ class _Walked:
 def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogRows) -> _Walked:
     """Every line the fast path left, in line order; the fast lines are counted parsed here."""
     st, w = out.stats, _Walked()
-    for _ in range(len(sl.fast_ln)):
-        st.parsed()
+    st.parsed(len(sl.fast_ln))
     table: dict | None = None            # the CUDA-graph table being read
     remote_waits: dict[tuple, set[str]] = {}  # (engine, t) -> requests still waiting for remote KV
     fast_before = np.searchsorted(sl.fast_ln, sl.slow_ln).tolist()
@@ -269,7 +268,9 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
     for c in _LINE_COLS:
         fc = fast_cols[c] if nf else np.zeros(0)
         df[c] = np.concatenate([fc.astype(np.float64), np.array([r[c] for r in rows], dtype=np.float64)])
-    return pd.DataFrame({k: v[order] for k, v in df.items()})
+    if rows:  # line order; without walked rows the fast rows are in it already
+        df = {k: v[order] for k, v in df.items()}
+    return pd.DataFrame(df)
 
 
 def _qualities(df: pd.DataFrame, out: LogRows, events: list) -> None:
