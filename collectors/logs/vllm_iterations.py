@@ -40,46 +40,67 @@ class SplitLines:
     fast: dict[str, np.ndarray]  # their columns: mo, d, h, mi, s, frac_s, key, n, cr, ct, gr, gt, elapsed_s
 
 
+#: Characters matched per Arrow call: the text is split a chunk at a time (at a newline), so its
+#: lines and captures never exist whole beside it (a 10-minute log is 200 MB).
+CHUNK_CHARS = 8 << 20
+_FIELDS = ("mo", "d", "h", "mi", "s", "n", "cr", "ct", "gr", "gt")
+
+
 def split(text: str | bytes, fast: bool = True) -> SplitLines:
     """Split like :func:`text_input.split_lines` (``text``: str, or ASCII bytes); with ``fast``, Iteration
     lines come back as columns."""
-    if not text:
-        return SplitLines(0, [], np.zeros(0, np.int64), np.zeros(0, np.int64), {})
-    if isinstance(text, bytes):  # ASCII: Arrow reads the bytes in place
-        whole = pa.Array.from_buffers(pa.large_string(), 1, [None, pa.array([0, len(text)], pa.int64()).buffers()[1],
-                                                             pa.py_buffer(text)])
-    else:
-        whole = pa.array([text], pa.large_string())
-    lines = pc.list_flatten(pc.split_pattern(whole, "\n"))
-    del whole
-    if text.endswith(b"\n" if isinstance(text, bytes) else "\n"):
-        lines = lines.slice(0, len(lines) - 1)
-    n = len(lines)
-    if not fast:
-        return SplitLines(n, _strip_cr(lines.to_pylist()), np.arange(n), np.zeros(0, np.int64), {})
-    m = pc.extract_regex(lines, FAST_ITERATION)
-    mask = m.is_valid()
-    is_fast = mask.to_numpy(zero_copy_only=False)
-    slow = _strip_cr(lines.filter(pc.invert(mask)).to_pylist())
-    del lines
-    cap = m.filter(mask)
-    col = {name: cap.field(name) for name in ("proc", "mo", "d", "h", "mi", "s", "frac", "n", "cr", "ct", "gr", "gt", "ms")}
+    nl = b"\n" if isinstance(text, bytes) else "\n"
+    buf = pa.py_buffer(text) if isinstance(text, bytes) else None
+    n, slow, slow_ln, fast_ln, parts = 0, [], [], [], []
+    keys: dict[str | None, str] = {}
+    start = 0
+    while start < len(text):
+        end = text.find(nl, start + CHUNK_CHARS)
+        end = len(text) if end < 0 else end + 1
+        if buf is not None:  # ASCII: Arrow reads the bytes in place
+            chunk = pa.Array.from_buffers(pa.large_string(), 1, [None, pa.array([0, end - start], pa.int64()).buffers()[1],
+                                                                 buf.slice(start, end - start)])
+        else:
+            chunk = pa.array([text[start:end]], pa.large_string())
+        lines = pc.list_flatten(pc.split_pattern(chunk, "\n"))
+        if text[end - 1:end] == nl:  # a chunk ends at a newline: no line after it
+            lines = lines.slice(0, len(lines) - 1)
+        start = end
+        if not fast:
+            slow += lines.to_pylist()
+            slow_ln.append(np.arange(n, n + len(lines)))
+            n += len(lines)
+            continue
+        m = pc.extract_regex(lines, FAST_ITERATION)
+        mask = m.is_valid()
+        is_fast = mask.to_numpy(zero_copy_only=False)
+        slow += lines.filter(pc.invert(mask)).to_pylist()
+        slow_ln.append(n + np.flatnonzero(~is_fast))
+        fast_ln.append(n + np.flatnonzero(is_fast))
+        n += len(lines)
+        parts.append(_columns(m.filter(mask), keys))
+    fast_cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
+    cat = (lambda a: np.concatenate(a) if a else np.zeros(0, np.int64))
+    return SplitLines(n, _strip_cr(slow), cat(slow_ln), cat(fast_ln), fast_cols)
 
-    def ints(name: str) -> np.ndarray:
-        return pc.cast(col[name], pa.int64()).to_numpy()
 
-    out = {name: ints(name) for name in ("mo", "d", "h", "mi", "s", "n", "cr", "ct", "gr", "gt")}
+def _columns(cap: pa.StructArray, keys: dict) -> dict[str, np.ndarray]:
+    """The captured fields of one chunk's fast lines as numpy columns (values exact, see above)."""
+    col = {name: cap.field(name) for name in ("proc", "frac", "ms") + _FIELDS}
+    out = {name: pc.cast(col[name], pa.int64()).to_numpy() for name in _FIELDS}
     # float(x) / 1e3 per line in the walk; Arrow's string -> float64 is correctly rounded, as float() is
     out["elapsed_s"] = pc.cast(col["ms"], pa.float64()).to_numpy() / 1e3
     digits = pc.utf8_length(col["frac"]).to_numpy()
     num = pc.cast(pc.if_else(pc.equal(col["frac"], ""), "0", col["frac"]), pa.int64()).to_numpy()
     # float("0." + frac) is the double nearest num / 10**k, and so is this one IEEE division
     out["frac_s"] = num.astype(np.float64) / np.power(10.0, digits)
-    procs = pc.dictionary_encode(col["proc"]).combine_chunks() if isinstance(col["proc"], pa.ChunkedArray) \
-        else pc.dictionary_encode(col["proc"])
-    keys = np.array([_proc_key(p) for p in procs.dictionary.to_pylist()] or ["0"], dtype=object)
-    out["key"] = keys[procs.indices.to_numpy(zero_copy_only=False)]
-    return SplitLines(n, slow, np.flatnonzero(~is_fast), np.flatnonzero(is_fast), out)
+    procs = pc.dictionary_encode(col["proc"])
+    names = procs.dictionary.to_pylist()
+    for p in names:
+        if p not in keys:
+            keys[p] = _proc_key(p)
+    out["key"] = np.array([keys[p] for p in names] or ["0"], dtype=object)[procs.indices.to_numpy(zero_copy_only=False)]
+    return out
 
 
 def _strip_cr(lines: list[str]) -> list[str]:
