@@ -250,8 +250,6 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
     """The step rows of every Iteration line, fast and walked, in line order."""
     f = sl.fast
     nf = len(sl.fast_ln)
-    if not nf and not rows:
-        return pd.DataFrame()
     kind = np.full(nf, "idle", dtype=object)
     if nf:  # the rule of _iter_row, column-wise (later assignments win, as its elif chain does first)
         kind[f["gr"] > 0] = "decode"
