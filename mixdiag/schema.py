@@ -204,6 +204,9 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
         if c.name not in df.columns:
             if c.required:
                 raise SchemaError(f"{frame}: missing required column '{c.name}'")
+            if c.dtype == "float64" and c.default is None:
+                out[c.name] = None  # all-NaN: filled below, one 2-D block for all of them
+                continue
             # a Series: the frame constructor would infer pandas' string dtype from a bare object array
             out[c.name] = pd.Series(np.full(n, c.fill(), dtype=object if c.dtype == "str" else None), index=df.index,
                                     dtype=object if c.dtype == "str" else None)
@@ -241,7 +244,14 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
     for name in df.columns:
         if name not in out:
             out[name] = df[name]
-    return pd.DataFrame(out, index=df.index, copy=False)
+    unknown = [k for k, v in out.items() if v is None]
+    if not unknown:
+        return pd.DataFrame(out, index=df.index, copy=False)
+    # the documented columns a source does not fill (most of them) as one block: a frame of a
+    # million rows stays a few blocks, so adding columns later never fragments it
+    nan = pd.DataFrame(np.full((n, len(unknown)), np.nan), columns=unknown, index=df.index)
+    known = pd.DataFrame({k: v for k, v in out.items() if v is not None}, index=df.index, copy=False)
+    return pd.concat([known, nan], axis=1)[list(out)]
 
 
 def _check_values(frame: str, df: pd.DataFrame) -> None:

@@ -64,7 +64,15 @@ def _instance_rows(steps: pd.DataFrame, insts) -> dict:
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
     pos = {str(n): order[bounds[i]:bounds[i + 1]] for i, n in enumerate(names)}
-    return {inst: steps.iloc[pos[inst]] for inst in insts if inst in pos}
+
+    def rows(p: np.ndarray) -> pd.DataFrame:
+        if len(p) == len(steps):  # one instance: the frame itself (a million-row copy costs seconds)
+            return steps
+        if p[-1] - p[0] + 1 == len(p):  # the Timeline sorts by instance: one run, a slice
+            return steps.iloc[int(p[0]):int(p[-1]) + 1]
+        return steps.iloc[p]
+
+    return {inst: rows(pos[inst]) for inst in insts if inst in pos}
 
 
 def _summary(ctx, source: str) -> dict:
@@ -93,7 +101,8 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
         tokens = rows_of(timeline.tokens, inst)
         rows = graph_off_decode_column(rows)
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
-        step_rows = rows[rows["granularity"] == "step"]
+        is_step = (rows["granularity"] == "step").to_numpy()
+        step_rows = rows if is_step.all() else rows[is_step]
         if len(step_rows):
             sig, ctx, period, source = step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst),
                                                      window_mean_latency(timeline.meta, inst))
