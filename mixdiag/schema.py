@@ -254,7 +254,8 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
     return pd.concat([known, nan], axis=1)[list(out)]
 
 
-def _check_values(frame: str, df: pd.DataFrame) -> None:
+def _check_values(frame: str, df: pd.DataFrame, in_order: bool = False) -> None:
+    """``in_order``: the rows are sorted by ``_SORT[frame]`` already (steps: no sort needed here)."""
     for c in FRAMES[frame]:
         if c.nonnegative and c.dtype != "str":
             v = df[c.name].to_numpy(dtype="float64")
@@ -269,7 +270,7 @@ def _check_values(frame: str, df: pd.DataFrame) -> None:
         if np.any(dur < 0):
             i = int(np.argmax(dur < 0))
             raise SchemaError(f"steps: column 't_end_s' is before 't_start_s' (negative duration) at row {i}")
-        if df.duplicated(["instance", "step"]).any():
+        if _repeats(df, in_order and frame == "steps"):
             raise SchemaError("steps: column 'step' repeats within an instance")
     if frame == "steps" and len(df):
         for col in ("sm_active", "kv_usage"):
@@ -278,7 +279,8 @@ def _check_values(frame: str, df: pd.DataFrame) -> None:
     tcol, keys = _MONOTONIC[frame]
     if len(df) > 1:
         by = list(keys) + (["step"] if frame == "steps" else [])
-        order = df[list(dict.fromkeys(by + [tcol]))].sort_values(by, kind="stable")  # these columns only
+        # steps sorted by (instance, step) are in this order already; else sort these columns only
+        order = df if in_order and frame == "steps" else df[list(dict.fromkeys(by + [tcol]))].sort_values(by, kind="stable")
         same = np.ones(len(order) - 1, dtype=bool)
         for k in keys:
             v = order[k].to_numpy()
@@ -301,10 +303,19 @@ def validate(frame: str, df: pd.DataFrame) -> pd.DataFrame:
     if not isinstance(df, pd.DataFrame):
         raise SchemaError(f"{frame}: expected a pandas DataFrame, got {type(df).__name__}")
     df = _coerce(frame, df)
-    _check_values(frame, df)
-    if _is_sorted(df, _SORT[frame]):
+    in_order = _is_sorted(df, _SORT[frame])
+    _check_values(frame, df, in_order)
+    if in_order:
         return df  # a reader's rows usually come sorted: no sorted copy of a million rows
     return df.sort_values(_SORT[frame], kind="stable").reset_index(drop=True)
+
+
+def _repeats(df: pd.DataFrame, in_order: bool) -> bool:
+    """Whether a (instance, step) pair repeats; rows in that order repeat only next to each other."""
+    if not in_order:
+        return bool(df.duplicated(["instance", "step"]).any())
+    inst, step = df["instance"].to_numpy(), df["step"].to_numpy()
+    return bool(np.any((inst[1:] == inst[:-1]) & (step[1:] == step[:-1])))
 
 
 def _is_sorted(df: pd.DataFrame, keys: list[str]) -> bool:
