@@ -205,7 +205,7 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
             if c.required:
                 raise SchemaError(f"{frame}: missing required column '{c.name}'")
             if c.dtype == "float64" and c.default is None:
-                out[c.name] = None  # all-NaN: filled below, one 2-D block for all of them
+                out[c.name] = None  # all-NaN: filled below
                 continue
             # a Series: the frame constructor would infer pandas' string dtype from a bare object array
             out[c.name] = pd.Series(np.full(n, c.fill(), dtype=object if c.dtype == "str" else None), index=df.index,
@@ -244,14 +244,18 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
     for name in df.columns:
         if name not in out:
             out[name] = df[name]
-    unknown = [k for k, v in out.items() if v is None]
-    if not unknown:
-        return pd.DataFrame(out, index=df.index, copy=False)
-    # the documented columns a source does not fill (most of them) as one block: a frame of a
-    # million rows stays a few blocks, so adding columns later never fragments it
-    nan = pd.DataFrame(np.full((n, len(unknown)), np.nan), columns=unknown, index=df.index)
-    known = pd.DataFrame({k: v for k, v in out.items() if v is not None}, index=df.index, copy=False)
-    return pd.concat([known, nan], axis=1)[list(out)]
+    # The documented columns a source does not fill (most of them) are NaN: each run of them in
+    # column order is one 2-D block, so a frame of a million rows stays a few dozen blocks (adding
+    # columns later never fragments it) and nothing is copied to put the columns in order.
+    keys, parts, i = list(out), [], 0
+    while i < len(keys):
+        j, nan_run = i, out[keys[i]] is None
+        while j < len(keys) and (out[keys[j]] is None) == nan_run:
+            j += 1
+        run, i = keys[i:j], j
+        parts.append(pd.DataFrame(np.full((n, len(run)), np.nan), columns=run, index=df.index) if nan_run
+                     else pd.DataFrame({c: out[c] for c in run}, index=df.index, copy=False))
+    return pd.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 
 
 def _check_values(frame: str, df: pd.DataFrame, in_order: bool = False) -> None:
