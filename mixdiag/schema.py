@@ -222,7 +222,10 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
                     raise SchemaError(f"{frame}: column '{c.name}' has {int(bad.sum())} missing values")
                 s = s.where(~bad, c.fill())
             if not (pd.api.types.is_object_dtype(s) and pd.api.types.infer_dtype(s, skipna=False) == "string"):
-                s = s.astype(str).astype(object)  # already str objects: the same values, not converted again
+                # s.astype(str).astype(object), one str object per distinct value: a million rows of
+                # "log" are a million pointers to one string, not a million strings (~60 MB)
+                codes, uniq = pd.factorize(s)
+                s = pd.Series(np.array([str(u) for u in uniq], dtype=object)[codes], index=s.index, dtype=object)
             out[c.name] = s
             if c.choices is not None:
                 wrong = ~s.isin(c.choices)
