@@ -5,6 +5,7 @@ the rules attribute each spike.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -158,6 +159,14 @@ def _absorbed(spikes: list, frames: list, inst: str, row: pd.Series, a) -> bool:
 def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
     group with no evidence shared outside it: parallel.py)."""
+    with warnings.catch_warnings():
+        # Signal frames grow column by column and are left unconsolidated on purpose: consolidating
+        # copies every column (seconds and a gigabyte on a million steps); pandas warns past 100 blocks.
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
+        return _diagnose_part(timeline, cfg, insts)
+
+
+def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     spikes = []
     has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
     owners, views = _views(timeline, cfg, insts, has_steps)
