@@ -55,8 +55,8 @@ class LineStats:
     partial_reasons: list[str] = field(default_factory=list)
     bytes_replaced: int = 0
 
-    def parsed(self) -> None:
-        self.lines_parsed += 1
+    def parsed(self, n: int = 1) -> None:
+        self.lines_parsed += n
 
     def ignored(self) -> None:
         self.lines_ignored += 1
@@ -180,18 +180,47 @@ def is_garbage(line: str) -> bool:
 
 def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
     """Read ``source`` into lines with a fresh :class:`LineStats` (``lines_total`` set)."""
-    name, text, replaced = _read_counted(source)
+    name, text, replaced = read_counted(source)
     lines, ends = split_lines(text)
-    stats = LineStats(format=fmt, path=name, lines_total=len(lines))
+    stats = line_stats(fmt, name, len(lines), replaced)
     if replaced:
-        lines = [clean_replaced(ln) if _REPLACEMENT in ln else ln for ln in lines]
+        lines = clean_lines(lines)
+    return lines, ends, stats
+
+
+def read_counted(source, ascii_bytes: bool = False) -> tuple[str, str | bytes, int]:
+    """``(name, text, undecodable byte sequences replaced)`` for readers that split the text themselves.
+
+    ``ascii_bytes``: ASCII input comes back as the bytes read (no 200 MB decoded copy of a large
+    log); anything else is decoded as usual.
+    """
+    if ascii_bytes and isinstance(source, (str, os.PathLike)) and not Path(source).is_dir():
+        try:
+            data = Path(source).read_bytes()
+        except OSError:
+            return _read_counted(source)  # the usual one-line error
+        if data.isascii():
+            return source_name(source), data, 0
+        return (source_name(source),) + decode(data)
+    return _read_counted(source)
+
+
+def line_stats(fmt: str, name: str, n_lines: int, replaced: int) -> LineStats:
+    """A fresh :class:`LineStats` for ``n_lines`` lines, noting replaced bytes and an empty input."""
+    stats = LineStats(format=fmt, path=name, lines_total=n_lines)
+    if replaced:
         stats.bytes_replaced = replaced
         stats.note(f"{replaced} undecodable byte sequence(s) (not UTF-8) replaced; lines otherwise text "
                    "were still read")
-    if not lines:
+    if not n_lines:
         stats.partial = True
         stats.note("empty input")
-    return lines, ends, stats
+    return stats
+
+
+def clean_lines(lines: list[str]) -> list[str]:
+    """:func:`clean_replaced` on the lines that hold a replaced byte."""
+    return [clean_replaced(ln) if _REPLACEMENT in ln else ln for ln in lines]
 
 
 def rfc3339_to_unix(stamp: str, zone: str | None) -> float | None:

@@ -42,8 +42,8 @@ class Console:
     def result(self, human: str | None, data: Any) -> None:
         """Print the verb's result: ``data`` as JSON in --json mode, else ``human``."""
         if self.json_mode:
-            json.dump(_clean(data), self.out, indent=2, sort_keys=False, allow_nan=False)
-            self.out.write("\n")
+            # one write: json.dump would write each token (millions for 20 000 spikes)
+            self.out.write(json.dumps(_clean(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
         elif human is not None:
             self.out.write(human.rstrip("\n") + "\n")
         self.out.flush()

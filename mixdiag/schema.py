@@ -205,15 +205,25 @@ def _is_str_dtype(s: pd.Series) -> bool:
 
 
 def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
-    """Add missing optional columns, check and cast dtypes to the canonical ones."""
-    df = df.copy()
+    """Add missing optional columns, check and cast dtypes to the canonical ones.
+
+    Builds the canonical frame column by column into a new frame at once: no deep copy of the
+    input, no block consolidation per added column (a million-row steps frame has ~50 columns).
+    """
+    n = len(df)
+    if not df.index.equals(pd.RangeIndex(n)):
+        df = df.reset_index(drop=True)  # one index for every column (copy-on-write: no data copied)
+    out: dict[str, object] = {}
     for c in FRAMES[frame]:
         if c.name not in df.columns:
             if c.required:
                 raise SchemaError(f"{frame}: missing required column '{c.name}'")
-            df[c.name] = c.fill()
-            if c.dtype == "str":
-                df[c.name] = df[c.name].astype(object)
+            if c.dtype == "float64" and c.default is None:
+                out[c.name] = None  # all-NaN: filled below
+                continue
+            # a Series: the frame constructor would infer pandas' string dtype from a bare object array
+            out[c.name] = pd.Series(np.full(n, c.fill(), dtype=object if c.dtype == "str" else None), index=df.index,
+                                    dtype=object if c.dtype == "str" else None)
             continue
         s = df[c.name]
         if c.dtype == "str":
@@ -225,11 +235,16 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
                 if c.required:
                     raise SchemaError(f"{frame}: column '{c.name}' has {int(bad.sum())} missing values")
                 s = s.where(~bad, c.fill())
-            df[c.name] = s.astype(str).astype(object)
+            if not (pd.api.types.is_object_dtype(s) and pd.api.types.infer_dtype(s, skipna=False) == "string"):
+                # s.astype(str).astype(object), one str object per distinct value: a million rows of
+                # "log" are a million pointers to one string, not a million strings (~60 MB)
+                codes, uniq = pd.factorize(s)
+                s = pd.Series(np.array([str(u) for u in uniq], dtype=object)[codes], index=s.index, dtype=object)
+            out[c.name] = s
             if c.choices is not None:
-                wrong = ~df[c.name].isin(c.choices)
+                wrong = ~s.isin(c.choices)
                 if wrong.any():
-                    raise SchemaError(f"{frame}: column '{c.name}' has value {df[c.name][wrong].iloc[0]!r}; "
+                    raise SchemaError(f"{frame}: column '{c.name}' has value {s[wrong].iloc[0]!r}; "
                                       f"allowed: {', '.join(c.choices)}")
         elif c.dtype == "int64":
             if pd.api.types.is_bool_dtype(s) or not pd.api.types.is_numeric_dtype(s):
@@ -238,17 +253,30 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
                 raise SchemaError(f"{frame}: column '{c.name}' has missing values (integer column)")
             if pd.api.types.is_float_dtype(s) and not np.all(np.mod(s.to_numpy(), 1) == 0):
                 raise SchemaError(f"{frame}: column '{c.name}' must be integer, has fractional values")
-            df[c.name] = s.astype("int64")
+            out[c.name] = s.astype("int64")
         else:
             if not (pd.api.types.is_numeric_dtype(s) or (len(s) and s.isna().all()) or len(s) == 0):
                 raise SchemaError(f"{frame}: column '{c.name}' must be numeric, got dtype {s.dtype}")
-            df[c.name] = pd.to_numeric(s, errors="raise").astype("float64") if len(s) else s.astype("float64")
-    ordered = [c.name for c in FRAMES[frame]]
-    extra = [c for c in df.columns if c not in ordered]
-    return df[ordered + extra]
+            out[c.name] = pd.to_numeric(s, errors="raise").astype("float64") if len(s) else s.astype("float64")
+    for name in df.columns:
+        if name not in out:
+            out[name] = df[name]
+    # The documented columns a source does not fill (most of them) are NaN: each run of them in
+    # column order is one 2-D block, so a frame of a million rows stays a few dozen blocks (adding
+    # columns later never fragments it) and nothing is copied to put the columns in order.
+    keys, parts, i = list(out), [], 0
+    while i < len(keys):
+        j, nan_run = i, out[keys[i]] is None
+        while j < len(keys) and (out[keys[j]] is None) == nan_run:
+            j += 1
+        run, i = keys[i:j], j
+        parts.append(pd.DataFrame(np.full((n, len(run)), np.nan), columns=run, index=df.index) if nan_run
+                     else pd.DataFrame({c: out[c] for c in run}, index=df.index, copy=False))
+    return pd.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 
 
-def _check_values(frame: str, df: pd.DataFrame) -> None:
+def _check_values(frame: str, df: pd.DataFrame, in_order: bool = False) -> None:
+    """``in_order``: the rows are sorted by ``_SORT[frame]`` already (steps: no sort needed here)."""
     for c in FRAMES[frame]:
         if c.nonnegative and c.dtype != "str":
             v = df[c.name].to_numpy(dtype="float64")
@@ -263,7 +291,7 @@ def _check_values(frame: str, df: pd.DataFrame) -> None:
         if np.any(dur < 0):
             i = int(np.argmax(dur < 0))
             raise SchemaError(f"steps: column 't_end_s' is before 't_start_s' (negative duration) at row {i}")
-        if df.duplicated(["instance", "step"]).any():
+        if _repeats(df, in_order and frame == "steps"):
             raise SchemaError("steps: column 'step' repeats within an instance")
     if frame == "steps" and len(df):
         for col in ("sm_active", "kv_usage"):
@@ -271,7 +299,9 @@ def _check_values(frame: str, df: pd.DataFrame) -> None:
                 raise SchemaError(f"steps: column '{col}' must be a ratio in [0, 1]")
     tcol, keys = _MONOTONIC[frame]
     if len(df) > 1:
-        order = df.sort_values(list(keys) + (["step"] if frame == "steps" else []), kind="stable")
+        by = list(keys) + (["step"] if frame == "steps" else [])
+        # steps sorted by (instance, step) are in this order already; else sort these columns only
+        order = df if in_order and frame == "steps" else df[list(dict.fromkeys(by + [tcol]))].sort_values(by, kind="stable")
         same = np.ones(len(order) - 1, dtype=bool)
         for k in keys:
             v = order[k].to_numpy()
@@ -294,8 +324,41 @@ def validate(frame: str, df: pd.DataFrame) -> pd.DataFrame:
     if not isinstance(df, pd.DataFrame):
         raise SchemaError(f"{frame}: expected a pandas DataFrame, got {type(df).__name__}")
     df = _coerce(frame, df)
-    _check_values(frame, df)
+    in_order = _is_sorted(df, _SORT[frame])
+    _check_values(frame, df, in_order)
+    if in_order:
+        return df  # a reader's rows usually come sorted: no sorted copy of a million rows
     return df.sort_values(_SORT[frame], kind="stable").reset_index(drop=True)
+
+
+def _repeats(df: pd.DataFrame, in_order: bool) -> bool:
+    """Whether a (instance, step) pair repeats; rows in that order repeat only next to each other."""
+    if not in_order:
+        return bool(df.duplicated(["instance", "step"]).any())
+    inst, step = df["instance"].to_numpy(), df["step"].to_numpy()
+    return bool(np.any((inst[1:] == inst[:-1]) & (step[1:] == step[:-1])))
+
+
+def _is_sorted(df: pd.DataFrame, keys: list[str]) -> bool:
+    """True when the rows are already in (stable) sort order by ``keys``; False when unsure."""
+    n = len(df)
+    if n < 2:
+        return True
+    open_pairs = np.ones(n - 1, dtype=bool)  # neighbours equal on every key so far
+    for k in keys:
+        v = df[k].to_numpy()
+        if v.dtype == object and pd.api.types.infer_dtype(v, skipna=False) != "string":
+            return False
+        try:
+            up, down = v[1:] > v[:-1], v[1:] < v[:-1]
+        except TypeError:
+            return False
+        if v.dtype.kind == "f" and np.isnan(v).any():
+            return False  # NaN sorts last, whatever the neighbours say
+        if np.any(open_pairs & down):
+            return False
+        open_pairs &= ~up
+    return True
 
 
 def empty(frame: str) -> pd.DataFrame:

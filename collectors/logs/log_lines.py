@@ -19,6 +19,7 @@ import pandas as pd
 
 from mixdiag.schema import Timeline
 
+from mixdiag.collectors.logs.step_frame import event_rows, order_steps
 from mixdiag.collectors.text_input import LineStats, rfc3339_to_unix
 
 _RFC3339 = re.compile(r"^\s*(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)(Z|[+-]\d\d:?\d\d)?\s+(?:(?:stdout|stderr) [FP] )?")
@@ -114,8 +115,15 @@ class LogRows:
         if column not in sig or order.index(quality) > order.index(sig[column]):
             sig[column] = quality
 
-    def timeline(self, fmt: str, clock: str) -> Timeline:
-        """Number the step rows per instance in line order, keep time from going backwards."""
+    def timeline(self, fmt: str, clock: str, steps_frame: pd.DataFrame | None = None) -> Timeline:
+        """Number the step rows per instance in line order, keep time from going backwards.
+
+        ``steps_frame``: the rows as a frame instead of ``self.steps`` (sorted and numbered here by
+        :func:`step_frame.order_steps`, the same rule).
+        """
+        if steps_frame is not None:
+            steps, clamped = order_steps(steps_frame) if len(steps_frame) else (None, 0)
+            return self._timeline(fmt, clock, steps, clamped)
         rows = []
         last_t: dict[str, float] = {}
         counter: dict[str, int] = {}
@@ -133,9 +141,11 @@ class LogRows:
             r["step"] = counter.get(inst, 0)
             counter[inst] = r["step"] + 1
             rows.append(r)
+        return self._timeline(fmt, clock, pd.DataFrame(rows) if rows else None, clamped)
+
+    def _timeline(self, fmt: str, clock: str, steps: pd.DataFrame | None, clamped: int) -> Timeline:
         if clamped:
             self.stats.note(f"{clamped} row(s) logged earlier than the row before them: moved forward to keep time order")
-        steps = pd.DataFrame(rows) if rows else None
         # series are samples: time order within each series (lines may be logged out of order)
         series = pd.DataFrame(sorted(self.series, key=lambda r: r["t_s"])) if self.series else None
         meta = {"source": fmt, "clock": clock, "sources": [self.stats.to_meta()], "signals": self.signals,
@@ -171,7 +181,9 @@ def attach_events(steps: list[dict], events: list[tuple[str, float | None, str, 
     for inst, evs in ev_by_inst.items():
         rows = by_inst[inst]
         rows.sort(key=lambda r: r["t_start_s"] if r["t_start_s"] is not None else -math.inf)
-        targets = _event_rows(rows, np.array([e[1] for e in evs], dtype=float))
+        t0 = np.array([np.nan if r["t_start_s"] is None else r["t_start_s"] for r in rows], dtype=float)
+        t1 = np.array([np.nan if r["t_end_s"] is None else r["t_end_s"] for r in rows], dtype=float)
+        targets = event_rows(t0, t1, np.array([e[1] for e in evs], dtype=float))
         for e, i in zip(evs, targets.tolist()):
             if i < 0:
                 orphans += 1
@@ -184,31 +196,6 @@ def attach_events(steps: list[dict], events: list[tuple[str, float | None, str, 
             r[col] = base + sum(nums) if how == "sum" else sum(nums) / len(nums)
         acc.clear()
     return orphans
-
-
-def _event_rows(rows: list[dict], t: np.ndarray) -> np.ndarray:
-    """Index into ``rows`` (sorted by start, untimed first) of each event time's row, -1 for none."""
-    n = len(rows)
-    t0 = np.array([np.nan if r["t_start_s"] is None else r["t_start_s"] for r in rows], dtype=float)
-    t1 = np.array([np.nan if r["t_end_s"] is None else r["t_end_s"] for r in rows], dtype=float)
-    idx = np.arange(n)
-    out = np.full(len(t), -1, dtype=np.int64)
-    # step rows: the last one (in row order) starting at or before t
-    step = idx[t1 == t0]
-    if len(step):
-        k = np.searchsorted(t0[step], t, side="right") - 1
-        out = np.where(k >= 0, step[np.maximum(k, 0)], out)
-    # interval rows: the first (in row order) with t0 < t <= t1. Among those starting before t, the
-    # first whose end reaches t is where the running maximum of the ends first reaches t.
-    iv = idx[t1 > t0]
-    if len(iv):
-        starts_before = np.searchsorted(t0[iv], t, side="left")
-        j = np.searchsorted(np.maximum.accumulate(t1[iv]), t, side="left")
-        out = np.where(j < starts_before, iv[np.minimum(j, len(iv) - 1)], out)
-    # logged before every row: the first row, when it ends at or after the event
-    if n and not math.isnan(t0[0]):
-        out = np.where((out < 0) & (t1[0] >= t), 0, out)
-    return out
 
 
 def _first_last_t(tl: Timeline) -> tuple[float, float] | None:

@@ -22,19 +22,23 @@ year is used and a note says so. Months running backwards (December -> January) 
 from __future__ import annotations
 
 import re
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
 
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
-from mixdiag.collectors.logs.log_lines import LogRows, attach_events, naive_to_unix, parse_number, slug, strip_container_prefix
-from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
+from mixdiag.collectors.logs import vllm_clock, vllm_iterations
+from mixdiag.collectors.logs.log_lines import LogRows
+from mixdiag.collectors.logs.step_frame import attach_events_frame
+from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
+from mixdiag.collectors.text_input import clean_lines, line_stats, read_counted, source_name
 
 FORMAT = "vllm-log"
 
-_PREFIX = re.compile(r"(?:\((?P<proc>[^)\s]+) pid=\d+\)\s+)?(?P<level>[A-Z]+) (?P<mo>\d\d)-(?P<d>\d\d) "
-                     r"(?P<hms>\d\d:\d\d:\d\d)(?:\.(?P<frac>\d+))? \[?[\w.]+:\d+\]\s?")
 _ENGINE = re.compile(r"(?:Engine (\d+)|(\d+) Engines Aggregated):\s*")
 _DP = re.compile(r"_DP(\d+)")
 _ITER = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
@@ -46,7 +50,6 @@ _KV = re.compile(r"KV Transfer metrics: (.*)$")
 _EPLB = re.compile(r"EPLB step: (.*)$")
 _CG_STATS = re.compile(r"\*\*CUDAGraph Stats:\*\*")
 _CG_SETTING = re.compile(r"^\s*-\s*(Mode|Capture sizes):\s*(.*)$")
-_CG_MODE = re.compile(r"^(?:CUDAGraphMode\.)?(NONE|PIECEWISE|FULL)$")
 _REMOTE_KVS = re.compile(r"(\S+) is still in WAITING_FOR_REMOTE_KVS state")
 # A DP engine's DEBUG log may hold only EPLB / KV-transfer lines, or only the process-tagged
 # prefix vLLM gives every line of an engine core or API server: any of these says vLLM.
@@ -54,7 +57,6 @@ _SNIFF = re.compile(rb"Avg prompt throughput: |Iteration\(\d+\): |SchedulerItera
                     rb"KV Transfer metrics: |\*\*CUDAGraph Stats:\*\*|EPLB step: |WAITING_FOR_REMOTE_KVS state|"
                     rb"\((?:EngineCore|APIServer)[\w-]* pid=\d+\) +[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d")
 _KV_USAGE = re.compile(r"^(?:[a-z]+_)?kv_cache_usage_pct$")  # gpu_, cpu_, xpu_... (the stats line's slug)
-_VALUE_UNIT = re.compile(r"^([-+]?\d+(?:\.\d+)?)\s*(tokens/s|reqs|%|tokens)?$")
 _STAT_COLS = {"running": "running_reqs", "waiting": "waiting_reqs", "pending": "waiting_reqs",
               "preemptions": "preempted_reqs"}
 
@@ -65,101 +67,118 @@ def sniff(head: bytes, name: str) -> bool:
     return _SNIFF.search(head) is not None  # the registry bounds how far it reads
 
 
-class _Clock:
-    """Month-day times -> unix seconds with an assumed year that rolls over at New Year."""
-
-    def __init__(self, year: int | None):
-        self.year = self.first_year = year
-        self.last_month = None
-
-    def at(self, mo: int, d: int, hms: str, frac: str | None) -> float | None:
-        if self.last_month is not None and mo < self.last_month:
-            self.year += 1
-        self.last_month = mo
-        return naive_to_unix(self.year, mo, d, hms, frac)
-
-
-def _recent_year(month: int, day: int) -> int:
-    """The current year, or the one before when month-day would lie in the future (a log is past)."""
-    now = time.gmtime()
-    if (month, day) > (now.tm_mon, now.tm_mday + 1):
-        return now.tm_year - 1
-    return now.tm_year
-
-
-def _stats_fields(body: str) -> tuple[dict[str, float], list[str]]:
-    """``Avg prompt throughput: 1.0 tokens/s, Running: 2 reqs, ...`` -> ({slug: value}, unreadable parts).
-
-    Lenient about drift: a field in a shape we do not know is left out (and reported), the rest kept.
-    """
-    out: dict[str, float] = {}
-    bad: list[str] = []
-    for part in body.strip().rstrip(".").split(", "):
-        key, sep, val = part.partition(": ")
-        m = _VALUE_UNIT.match(val.strip().rstrip("."))
-        if not sep or m is None:
-            bad.append(part)
-            continue
-        out[slug(key) + ("_pct" if m.group(2) == "%" else "")] = float(m.group(1))
-    return out, bad
-
-
-def _kv_pairs(body: str) -> dict[str, float]:
-    out = {}
-    for part in re.split(r",\s*(?=[A-Za-z][^=,]*=)", body):
-        key, sep, val = part.rpartition("=")
-        n = parse_number(val)
-        if sep and n is not None:
-            out[slug(key)] = n
-    return out
-
-
 def read(source, *, instance: str | None = None, year: int | None = None, stats_interval_s: float = 10.0,
-         **options) -> Timeline:
-    """Read a vLLM log (path or file object) into step/interval rows and series; see the module doc."""
-    lines, _, st = read_lines(source, FORMAT)
+         fast: bool = True, **options) -> Timeline:
+    """Read a vLLM log (path or file object) into step/interval rows and series; see the module doc.
+
+    ``fast=False`` reads every Iteration line in the per-line walk too (the reference the
+    columnar fast path is tested against).
+    """
+    name, text, replaced = read_counted(source, ascii_bytes=True)
+    sl = vllm_iterations.split(text, fast)
+    del text
+    st = line_stats(FORMAT, name, sl.n, replaced)
     base = instance or Path(source_name(source)).stem
     out = LogRows(st)
-    clock: _Clock | None = None
-    have_time = False
-    last_t: float | None = None
-    stats_rows: list[dict] = []          # periodic rows, placed after we know which engines iterate
+    times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year)
+    w = _walk(sl, times, out)
+    steps = _line_frame(sl, times, w.steps, w.steps_ln)
+    # Lines before the first timestamp (or in a log without any) take the first known time.
+    first_t = next((r["t"] for r in w.stats_rows if r["t"] is not None), None)
+    if first_t is None and len(steps):
+        timed = steps["t_start_s"].to_numpy()
+        timed = timed[~np.isnan(timed)]
+        first_t = float(timed[0]) if len(timed) else None
+    if first_t is None:
+        first_t = next((x["t_s"] for x in out.series if x["t_s"] is not None), None)
+    iterating = set(pd.unique(steps["instance"])) if len(steps) else set()
+    events = w.events
+    for r in w.stats_rows:
+        r["t"] = r["t"] if r["t"] is not None else (first_t or 0.0)
+    # each interval runs from the engine's previous stats line in time (lines can arrive out of order)
     prev_stats_t: dict[str, float] = {}
+    for r in sorted(w.stats_rows, key=lambda r: r["t"]):
+        _stats_row(r["key"], r["t"], r["fields"], iterating, prev_stats_t, stats_interval_s, out)
+        if r["key"] in iterating and r["fields"].get("preemptions"):
+            # the stats line counts preemptions since the last one; Iteration lines never do
+            events.append((r["key"], r["t"], "preempted_reqs", r["fields"]["preemptions"], "sum"))
+    if out.steps:  # interval rows come after every line's step rows
+        steps = pd.concat([steps, pd.DataFrame(out.steps)], ignore_index=True) if len(steps) else pd.DataFrame(out.steps)
+    steps["step_source"] = "log"
+    events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
+    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
+    events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
+    orphans = attach_events_frame(steps, events)
+    if orphans and not len(steps):
+        st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
+    elif orphans:
+        st.note(f"{orphans} EPLB/KV-transfer/CUDA-graph/preemption value(s) logged before any row of "
+                "their engine: kept as series only")
+    _qualities(steps, out, events)
+    steps = _name_instances(steps, out, base)
+    if w.cg_settings:
+        out.meta["cudagraph_config"] = w.cg_settings
+    if times.first_year is not None and year is None:
+        out.meta["year_assumed"] = times.first_year  # fusion may re-read with year= from unix-clock sources
+    untimed = 0
+    for x in out.series:
+        if x["t_s"] is None:
+            x["t_s"], untimed = first_t or 0.0, untimed + 1
+    if len(steps):
+        none = steps["t_start_s"].isna().to_numpy()
+        if none.any():
+            steps.loc[none, "t_start_s"] = steps.loc[none, "t_end_s"] = first_t or 0.0
+            untimed += int(none.sum())
+    if not times.have_time and (len(steps) or out.series):
+        st.note("no timestamps in the log: rows at t=0 on a relative clock; order is line order")
+    elif untimed:
+        st.note(f"{untimed} value(s) logged before the first timestamp placed at the first timestamp")
+    if sl.n and st.lines_parsed == 0 and st.lines_skipped == 0:
+        raise UserError(f"{source_name(source)}: no vLLM stats/iteration/metrics line found")
+    return out.timeline(FORMAT, "unix" if times.have_time else "relative", steps_frame=steps)
+
+
+@dataclass
+class _Walked:
+    """What the per-line walk collected besides ``LogRows`` series and counts."""
+
+    steps: list[dict] = field(default_factory=list)     # step rows of Iteration lines read here
+    steps_ln: list[int] = field(default_factory=list)   # their line numbers
+    stats_rows: list[dict] = field(default_factory=list)  # periodic rows, placed once we know who iterates
+    events: list[tuple] = field(default_factory=list)   # (key, t, column, value, how) folded into rows at the end
+    cg_settings: dict[str, str] = field(default_factory=dict)
+
+
+def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogRows) -> _Walked:
+    """Every line the fast path left, in line order; the fast lines are counted parsed here."""
+    st, w = out.stats, _Walked()
+    st.parsed(len(sl.fast_ln))
     table: dict | None = None            # the CUDA-graph table being read
-    events: list[tuple] = []             # (key, t, column, value, how) folded into rows at the end
-    cg_settings: dict[str, str] = {}
     remote_waits: dict[tuple, set[str]] = {}  # (engine, t) -> requests still waiting for remote KV
-    for raw in lines:
-        if is_garbage(raw):
-            st.skipped(raw, "not text")
+    fast_before = np.searchsorted(sl.fast_ln, sl.slow_ln).tolist()
+    year_note = times.year_note
+    prev_fast = 0
+    for i, (ln, pre) in enumerate(zip(sl.slow_ln.tolist(), times.pre)):
+        if fast_before[i] != prev_fast:
+            table = None  # an Iteration line between closes any CUDA-graph table
+            prev_fast = fast_before[i]
+        if year_note is not None and ln >= times.first_clock_ln:
+            st.note(year_note)
+            year_note = None
+        if pre is None:
+            st.skipped(times.slow[i], "not text")
             table = None
             continue
-        line, t_container = strip_container_prefix(raw)
-        pm = _PREFIX.search(line)
-        t = t_container
-        proc = None
-        if pm:
-            proc = pm.group("proc")
-            if t is None:
-                if clock is None:
-                    clock = _Clock(year if year is not None else _recent_year(int(pm.group("mo")), int(pm.group("d"))))
-                    if year is None:
-                        st.note(f"vLLM log times have no year: assumed {clock.year}, the latest year that puts "
-                                "the first line in the past (pass year=)")
-                t = clock.at(int(pm.group("mo")), int(pm.group("d")), pm.group("hms"), pm.group("frac"))
-            body = line[pm.end():]
-        else:
-            body = line
-        if t is not None:
-            have_time, last_t = True, t
-        t_row = t if t is not None else last_t
+        raw, body, proc, _ = pre
+        t_row = times.t_row_slow[i]
+        t_row = None if t_row != t_row else float(t_row)
         em = _ENGINE.search(body)
         dp = _DP.search(proc or "")
         key = ("all" if em.group(2) else str(int(em.group(1)))) if em else (str(int(dp.group(1))) if dp else "0")
         if table is not None:
             stripped = body.strip()
             if stripped.startswith("|"):
-                _table_row(table, stripped, out, raw)
+                table_row(table, stripped, out, raw)
                 continue
             if not stripped and not table["rows"]:
                 st.ignored()
@@ -167,17 +186,18 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
             table = None
         if _CG_STATS.search(body):
             st.parsed()
-            table = {"t": t_row, "key": key, "cols": None, "rows": 0, "events": events}
+            table = {"t": t_row, "key": key, "cols": None, "rows": 0, "events": w.events}
             continue
         sm = _CG_SETTING.match(body)
         if sm:
-            cg_settings[sm.group(1)] = sm.group(2).strip()
+            w.cg_settings[sm.group(1)] = sm.group(2).strip()
             st.parsed()
             continue
         im = _ITER.search(body)
         if im:
             n, ctx_req, ctx_tok, gen_req, gen_tok = (int(x) for x in im.groups()[:5])
-            out.steps.append(_iter_row(key, t_row, n, ctx_req, ctx_tok, gen_req, gen_tok, float(im.group(6)) / 1e3))
+            w.steps.append(_iter_row(key, t_row, n, ctx_req, ctx_tok, gen_req, gen_tok, float(im.group(6)) / 1e3))
+            w.steps_ln.append(ln)
             st.parsed()
             continue
         inm = _ITER_NEW.search(body)
@@ -192,18 +212,18 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
                 continue
             st.parsed()
             if kv.get("is_dummy") != "True":  # DP padding steps computed nothing
-                out.steps.append(_iter_row(key, t_row, *vals, elapsed))
+                w.steps.append(_iter_row(key, t_row, *vals, elapsed))
+                w.steps_ln.append(ln)
             continue
         if _STATS.search(body):
-            sbody = body[_STATS.search(body).start():]
-            fields, bad = _stats_fields(sbody)
+            fields, bad = stats_fields(body[_STATS.search(body).start():])
             if "avg_prompt_throughput" not in fields or "avg_generation_throughput" not in fields:
                 st.skipped(raw, "stats line without readable throughputs")
                 continue
             st.parsed()
             if bad:
                 st.note(f"stats field(s) in an unknown shape left out, e.g. {bad[0][:80]!r}")
-            stats_rows.append({"key": key, "t": t_row, "fields": fields})
+            w.stats_rows.append({"key": key, "t": t_row, "fields": fields})
             continue
         rk = _REMOTE_KVS.search(body)
         if rk:  # PD decode, DEBUG: a request waiting for its KV from the prefill instance
@@ -213,58 +233,88 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         for rx, name in ((_SPEC, "spec_decode"), (_KV, "kv_transfer"), (_EPLB, "eplb")):
             m = rx.search(body)
             if m:
-                _series_line(name, m.group(1), key, t_row, out, raw, events)
+                series_line(name, m.group(1), key, t_row, out, raw, w.events)
                 break
         else:
             st.ignored()
+    if year_note is not None:
+        st.note(year_note)
     for (key, t), reqs in remote_waits.items():
         out.add_series(key, "vllm_log:waiting_for_remote_kvs_reqs", t, float(len(reqs)))
-    # Lines before the first timestamp (or in a log without any) take the first known time.
-    known = [r["t"] for r in stats_rows] + [r["t_start_s"] for r in out.steps] + [x["t_s"] for x in out.series]
-    first_t = next((t for t in known if t is not None), None)
-    iterating = {r["instance"] for r in out.steps}
-    for r in stats_rows:
-        r["t"] = r["t"] if r["t"] is not None else (first_t or 0.0)
-    # each interval runs from the engine's previous stats line in time (lines can arrive out of order)
-    for r in sorted(stats_rows, key=lambda r: r["t"]):
-        _stats_row(r["key"], r["t"], r["fields"], iterating, prev_stats_t, stats_interval_s, out)
-        if r["key"] in iterating and r["fields"].get("preemptions"):
-            # the stats line counts preemptions since the last one; Iteration lines never do
-            events.append((r["key"], r["t"], "preempted_reqs", r["fields"]["preemptions"], "sum"))
-    for r in out.steps:
-        r["step_source"] = "log"
-    events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
-    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
-    events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
-    orphans = attach_events(out.steps, events)
-    if orphans and not out.steps:
-        st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
-    elif orphans:
-        st.note(f"{orphans} EPLB/KV-transfer/CUDA-graph/preemption value(s) logged before any row of "
-                "their engine: kept as series only")
-    _qualities(out, events, iterating)
-    year_used = clock.first_year if clock is not None else None
-    _name_instances(out, base)
-    if cg_settings:
-        out.meta["cudagraph_config"] = cg_settings
-    if year_used is not None and year is None:
-        out.meta["year_assumed"] = year_used  # fusion may re-read with year= from unix-clock sources
-    untimed = 0
-    for x in out.series:
-        if x["t_s"] is None:
-            x["t_s"], untimed = first_t or 0.0, untimed + 1
-    for r in out.steps:
-        if r["t_start_s"] is None:
-            r["t_start_s"] = r["t_end_s"] = first_t or 0.0
-            untimed += 1
-    if not have_time and (out.steps or out.series):
-        st.note("no timestamps in the log: rows at t=0 on a relative clock; order is line order")
-    elif untimed:
-        st.note(f"{untimed} value(s) logged before the first timestamp placed at the first timestamp")
-    if lines and st.lines_parsed == 0 and st.lines_skipped == 0:
-        raise UserError(f"{source_name(source)}: no vLLM stats/iteration/metrics line found")
-    out.steps.sort(key=lambda r: (r["instance"], r["t_start_s"]))  # stable: line order within a time
-    return out.timeline(FORMAT, "unix" if have_time else "relative")
+    return w
+
+
+_LINE_COLS = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_rows", "iteration", "elapsed_s")
+
+
+def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, rows: list[dict], rows_ln: list[int]) -> pd.DataFrame:
+    """The step rows of every Iteration line, fast and walked, in line order."""
+    f = sl.fast
+    nf = len(sl.fast_ln)
+    kind = np.full(nf, "idle", dtype=object)
+    if nf:  # the rule of _iter_row, column-wise (later assignments win, as its elif chain does first)
+        kind[f["gr"] > 0] = "decode"
+        kind[f["ct"] > 0] = "prefill"
+        kind[(f["ct"] > 0) & (f["gr"] > 0)] = "mixed"
+    fast_cols = {"prefill_tokens": f.get("ct"), "prefill_reqs": f.get("cr"), "decode_reqs": f.get("gr"),
+                 "decode_rows": f.get("gt"), "iteration": f.get("n"), "elapsed_s": f.get("elapsed_s")}
+    t = np.concatenate([times.t_row_fast, np.array([np.nan if r["t_start_s"] is None else r["t_start_s"]
+                                                    for r in rows], dtype=float)])
+    order = np.argsort(np.concatenate([sl.fast_ln, np.array(rows_ln, dtype=np.int64)]), kind="stable")
+    df = {"instance": np.concatenate([f.get("key", np.zeros(0, object)), np.array([r["instance"] for r in rows], dtype=object)]),
+          "t_start_s": t, "t_end_s": t, "granularity": np.full(nf + len(rows), "step", dtype=object),
+          "kind": np.concatenate([kind, np.array([r["kind"] for r in rows], dtype=object)])}
+    for c in _LINE_COLS:
+        fc = fast_cols[c] if nf else np.zeros(0)
+        df[c] = np.concatenate([fc.astype(np.float64), np.array([r[c] for r in rows], dtype=np.float64)])
+    if rows:  # line order; without walked rows the fast rows are in it already
+        df = {k: v[order] for k, v in df.items()}
+    return pd.DataFrame(df)
+
+
+def _qualities(df: pd.DataFrame, out: LogRows, events: list) -> None:
+    """Per-row and meta qualities of the columns the event lines filled."""
+    cols = {(e[0], e[2]) for e in events}
+
+    def filled(c: str) -> np.ndarray:
+        return df[c].notna().to_numpy() if c in df else np.zeros(len(df), dtype=bool)
+
+    def measured(q: str, rows: np.ndarray) -> None:
+        if rows.any():
+            if q not in df:
+                df[q] = np.full(len(df), None, dtype=object)
+            df.loc[rows, q] = "measured"
+
+    keys = [k for k, c in cols if c == "expert_imbalance"]
+    if keys and len(df):
+        measured("q_expert_imbalance", np.isin(df["instance"].to_numpy(dtype=object), keys) & filled("expert_imbalance"))
+    if len(df):
+        measured("q_kv_transfer", filled("kv_transfer_s") | filled("kv_transfer_bytes"))
+        measured("q_graph_mode", filled("graph_full_steps") | filled("graph_piecewise_steps") | filled("graph_none_steps"))
+    for k, col in cols:
+        out.signal(k, col if not col.startswith("graph_") else "graph_steps", "measured")
+
+
+def _name_instances(df: pd.DataFrame, out: LogRows, base: str) -> pd.DataFrame:
+    """Engine keys -> instance names: the base alone for one engine, else ``base/engineN``."""
+    codes, uniq = pd.factorize(df["instance"]) if len(df) else (np.zeros(0, np.int64), [])
+    keys = set(uniq) | {s["instance"] for s in out.series}
+    single = len(keys) <= 1
+
+    def name(k: str) -> str:
+        if single:
+            return base
+        return f"{base}/aggregated" if k == "all" else f"{base}/engine{k}"
+
+    if len(df):
+        df["instance"] = np.array([name(k) for k in uniq], dtype=object)[codes]
+    for s in out.series:
+        s["instance"] = name(s["instance"])
+    out.signals = {name(k): v for k, v in out.signals.items()}
+    if len(df):
+        for inst in set(pd.unique(df.loc[df["granularity"].to_numpy() == "step", "instance"])):
+            out.signals.setdefault(inst, {})["kind"] = "measured"
+    return df
 
 
 def _iter_row(key, t, n, ctx_req, ctx_tok, gen_req, gen_tok, elapsed_s) -> dict:
@@ -312,128 +362,3 @@ def _stats_row(key, t, f, iterating, prev_t, interval_s, out: LogRows) -> None:
     out.steps.append(row)
     out.signal(key, "prefill_tokens", "estimated")
     out.signal(key, "output_tokens", "estimated")
-
-
-def _series_line(name: str, body: str, key: str, t, out: LogRows, raw: str, events: list) -> None:
-    if name == "spec_decode":
-        vals: dict[str, float] = {}
-        current = None
-        positions: list[float] = []
-        for part in body.split(", "):
-            k, sep, v = part.partition(": ")
-            if sep:
-                current = slug(k)
-            else:
-                v = part  # continuation of the per-position list
-            m = _VALUE_UNIT.match(v.strip().rstrip("."))
-            if m is None or current is None:
-                out.stats.skipped(raw, f"spec-decode value {v!r}")
-                return
-            val = float(m.group(1))
-            if current == "per_position_acceptance_rate":
-                positions.append(val)
-            else:
-                vals[current + ("_pct" if m.group(2) == "%" else "")] = val
-        for i, p in enumerate(positions):
-            out.add_series(key, "vllm_log:spec_decode_per_position_acceptance_rate", t, p, f"position={i}")
-    else:
-        connector = re.match(r"KVConnectorType: ([^,]+), ", body)
-        if connector:
-            body = body[connector.end():]
-        vals = _kv_pairs(body)
-        if not vals:
-            out.stats.skipped(raw, f"{name} line without key=value pairs")
-            return
-    out.stats.parsed()
-    for k, v in vals.items():
-        out.add_series(key, f"vllm_log:{name}_{k}", t, v)
-    events.extend((key, t, col, v, how) for col, v, how in _line_columns(name, vals))
-
-
-def _line_columns(name: str, vals: dict[str, float]) -> list[tuple[str, float, str]]:
-    """Timeline columns an EPLB / KV-transfer / spec-decode line fills: (column, value, how).
-
-    EPLB ``balancedness`` is avg/max tokens per rank; ``expert_imbalance`` is max/avg, so its
-    reciprocal (``max_tokens/avg_tokens`` when both are logged). KV transfer: the NIXL stats are
-    averages over the interval's transfers; with ``Num successful transfers`` their sums are
-    count x average (without a count only the series are kept).
-    """
-    out = []
-    if name == "eplb":
-        avg, mx, bal = vals.get("avg_tokens"), vals.get("max_tokens"), vals.get("balancedness")
-        if avg and mx is not None and avg > 0:
-            out.append(("expert_imbalance", mx / avg, "mean"))
-        elif bal and bal > 0:
-            out.append(("expert_imbalance", 1.0 / bal, "mean"))
-    elif name == "kv_transfer":
-        n = vals.get("num_successful_transfers")
-        if n is not None:
-            if vals.get("avg_xfer_time_ms") is not None:
-                out.append(("kv_transfer_s", n * vals["avg_xfer_time_ms"] / 1e3, "sum"))
-            if vals.get("avg_mb_per_transfer") is not None:
-                out.append(("kv_transfer_bytes", n * vals["avg_mb_per_transfer"] * 1e6, "sum"))
-    return out
-
-
-def _qualities(out: LogRows, events: list, iterating: set) -> None:
-    """Per-row and meta qualities of the columns the event lines filled."""
-    cols = {(e[0], e[2]) for e in events}
-    for r in out.steps:
-        k = r["instance"]
-        if (k, "expert_imbalance") in cols and r.get("expert_imbalance") == r.get("expert_imbalance") \
-                and "expert_imbalance" in r:
-            r["q_expert_imbalance"] = "measured"
-        if "kv_transfer_s" in r or "kv_transfer_bytes" in r:
-            r["q_kv_transfer"] = "measured"
-        if any(c in r for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")):
-            r["q_graph_mode"] = "measured"
-    for k, col in cols:
-        out.signal(k, col if not col.startswith("graph_") else "graph_steps", "measured")
-
-
-def _table_row(table: dict, row: str, out: LogRows, raw: str) -> None:
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    if all(set(c) <= set("-: ") for c in cells):
-        out.stats.parsed()  # |---|---| separator
-        return
-    if table["cols"] is None and not any(c.isdigit() for c in cells):
-        table["cols"] = [slug(c) for c in cells]
-        out.stats.parsed()
-        return
-    cols = table["cols"] or ["unpadded_tokens", "padded_tokens", "num_paddings", "runtime_mode", "count"]
-    rec = dict(zip(cols, cells))
-    mode = _CG_MODE.match(rec.get("runtime_mode", ""))
-    try:
-        count = int(rec["count"])
-        unpadded, padded = int(rec["unpadded_tokens"]), int(rec["padded_tokens"])
-    except (KeyError, ValueError):
-        out.stats.skipped(raw, "CUDA-graph table row")
-        return
-    if mode is None or len(cells) != len(cols):
-        out.stats.skipped(raw, "CUDA-graph table row")
-        return
-    out.stats.parsed()
-    table["rows"] += 1
-    out.add_series(table["key"], "vllm_log:cudagraph_steps", table["t"], float(count),
-                   f"mode={mode.group(1)},padded_tokens={padded},unpadded_tokens={unpadded}")
-    col = {"FULL": "graph_full_steps", "PIECEWISE": "graph_piecewise_steps", "NONE": "graph_none_steps"}[mode.group(1)]
-    table["events"].append((table["key"], table["t"], col, float(count), "sum"))
-
-
-def _name_instances(out: LogRows, base: str) -> None:
-    """Engine keys -> instance names: the base alone for one engine, else ``base/engineN``."""
-    keys = {r["instance"] for r in out.steps} | {s["instance"] for s in out.series}
-    single = len(keys) <= 1
-
-    def name(k: str) -> str:
-        if single:
-            return base
-        return f"{base}/aggregated" if k == "all" else f"{base}/engine{k}"
-
-    for r in out.steps:
-        r["instance"] = name(r["instance"])
-    for s in out.series:
-        s["instance"] = name(s["instance"])
-    out.signals = {name(k): v for k, v in out.signals.items()}
-    for inst in {r["instance"] for r in out.steps if r["granularity"] == "step"}:
-        out.signals.setdefault(inst, {})["kind"] = "measured"

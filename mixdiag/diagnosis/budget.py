@@ -287,18 +287,21 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
         for (i, c), n in spikes.groupby(["instance", "cause"], sort=False).size().items():
             counts_all.setdefault(str(i), {})[str(c)] = int(n)
     names = steps["instance"].astype(str)
-    stepped = set(names[steps["granularity"] == "step"])
+    is_step = (steps["granularity"] == "step").to_numpy()
+    stepped = set(names[is_step].unique())
+    uniq = names.unique()
     only_iv = ~names.isin(stepped)
     iv_budgets = _interval_budgets(steps[only_iv], counts_all) if only_iv.any() else {}
     insts, frames = {}, []
-    for inst in sorted(set(names)):
+    for inst in sorted(set(uniq)):
         if inst in iv_budgets:
             insts[inst], u = iv_budgets[inst]
             frames.append(u)
             continue
-        rows = steps[names == inst]
+        mine = np.ones(len(steps), dtype=bool) if len(uniq) == 1 else (names == inst).to_numpy()
+        rows = steps if len(uniq) == 1 else steps[mine]  # one instance: no copy of a million rows
         counts = counts_all.get(inst, {})
-        step_rows = rows[rows["granularity"] == "step"]
+        step_rows = rows if is_step[mine].all() else rows[is_step[mine]]
         tok = rows_of(tokens, inst)
         if len(step_rows) and len(tok):
             u, source = _token_units(inst, step_rows, tok), "token_gaps"

@@ -5,6 +5,7 @@ the rules attribute each spike.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -64,7 +65,15 @@ def _instance_rows(steps: pd.DataFrame, insts) -> dict:
     order = np.argsort(codes, kind="stable")
     bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
     pos = {str(n): order[bounds[i]:bounds[i + 1]] for i, n in enumerate(names)}
-    return {inst: steps.iloc[pos[inst]] for inst in insts if inst in pos}
+
+    def rows(p: np.ndarray) -> pd.DataFrame:
+        if len(p) == len(steps):  # one instance: the frame itself (a million-row copy costs seconds)
+            return steps
+        if p[-1] - p[0] + 1 == len(p):  # the Timeline sorts by instance: one run, a slice
+            return steps.iloc[int(p[0]):int(p[-1]) + 1]
+        return steps.iloc[p]
+
+    return {inst: rows(pos[inst]) for inst in insts if inst in pos}
 
 
 def _summary(ctx, source: str) -> dict:
@@ -93,7 +102,8 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
         tokens = rows_of(timeline.tokens, inst)
         rows = graph_off_decode_column(rows)
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
-        step_rows = rows[rows["granularity"] == "step"]
+        is_step = (rows["granularity"] == "step").to_numpy()
+        step_rows = rows if is_step.all() else rows[is_step]
         if len(step_rows):
             sig, ctx, period, source = step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst),
                                                      window_mean_latency(timeline.meta, inst))
@@ -149,6 +159,14 @@ def _absorbed(spikes: list, frames: list, inst: str, row: pd.Series, a) -> bool:
 def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     """Detection and attribution for the instances ``insts`` of ``timeline`` (all of them, or a
     group with no evidence shared outside it: parallel.py)."""
+    with warnings.catch_warnings():
+        # Signal frames grow column by column and are left unconsolidated on purpose: consolidating
+        # copies every column (seconds and a gigabyte on a million steps); pandas warns past 100 blocks.
+        warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
+        return _diagnose_part(timeline, cfg, insts)
+
+
+def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     spikes = []
     has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
     owners, views = _views(timeline, cfg, insts, has_steps)

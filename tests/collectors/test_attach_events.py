@@ -3,10 +3,13 @@ import copy
 import math
 import random
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from mixdiag.collectors.logs import vllm_log
 from mixdiag.collectors.logs.log_lines import attach_events
+from mixdiag.collectors.logs.step_frame import attach_events_frame
 
 
 def scan_attach(steps, events):
@@ -48,6 +51,17 @@ def scan_attach(steps, events):
     return orphans
 
 
+def scan_attach_frame(df, events):
+    """scan_attach on the rows of a frame (untimed = NaN there, None here), written back column-wise."""
+    rows = [{k: (None if k in ("t_start_s", "t_end_s") and v != v else v) for k, v in r.items()}
+            for r in df.to_dict("records")]
+    orphans = scan_attach(rows, events)
+    for col in sorted({e[2] for e in events}):
+        if any(col in r for r in rows):
+            df[col] = np.array([r.get(col, math.nan) for r in rows], dtype=float)
+    return orphans
+
+
 def _rows(rng, n):
     rows, t = [], 100.0
     for i in range(n):
@@ -76,6 +90,14 @@ def test_merge_equals_scan(seed):
     a, b = copy.deepcopy(rows), copy.deepcopy(rows)
     assert attach_events(a, events) == scan_attach(b, events)
     assert a == b
+    # the column-wise twin the vLLM reader uses: the same values, bit for bit
+    frame = pd.DataFrame(rows, columns=["instance", "t_start_s", "t_end_s", "preempted_reqs"]).astype(
+        {"t_start_s": float, "t_end_s": float, "preempted_reqs": float})
+    assert attach_events_frame(frame, events) == scan_attach(copy.deepcopy(rows), events)
+    for col in ("preempted_reqs", "expert_imbalance", "kv_transfer_s"):
+        want = np.array([r.get(col, math.nan) for r in a], dtype=float)
+        got = frame[col].to_numpy() if col in frame else np.full(len(a), math.nan)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_vllm_log_events_land_as_the_scan_put_them(tmp_path, monkeypatch):
@@ -93,7 +115,7 @@ def test_vllm_log_events_land_as_the_scan_put_them(tmp_path, monkeypatch):
     p = tmp_path / "iter.log"
     p.write_text("\n".join(lines) + "\n")
     merged = vllm_log.read(p, year=2025).steps
-    monkeypatch.setattr(vllm_log, "attach_events", scan_attach)
+    monkeypatch.setattr(vllm_log, "attach_events_frame", scan_attach_frame)
     scanned = vllm_log.read(p, year=2025).steps
     assert merged.equals(scanned)
     assert merged["expert_imbalance"].notna().sum() == 8 and merged["kv_transfer_bytes"].sum() == 8 * 2 * 1.5e6

@@ -16,6 +16,7 @@ import pandas as pd
 from mixdiag.causes import SIGNAL_COLUMNS, SIGNALS  # noqa: F401  (SIGNALS re-exported)
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import SignalConfig
+from mixdiag.diagnosis.labels import label_codes, label_in
 
 
 def _has_data(df: pd.DataFrame, col: str) -> bool:
@@ -85,7 +86,7 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     decode-only neighbourhood), ``kv_xfer``, ``preempt``, ``gap_excess_s`` (gap minus the
     typical gap).
     """
-    s = steps.copy()
+    s = steps.copy(deep=False)  # columns are only added or replaced here: the caller's frame never changes
     kind = s["kind"]
     pt, dr = s["prefill_tokens"], s["decode_rows"].fillna(s["decode_reqs"])
     s["has_prefill"] = np.where(pt.notna(), pt > 0, kind.isin(["prefill", "mixed"]))
@@ -260,27 +261,28 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
     planned from the batch shape, not replayed: ``estimated``, unless the row says ``measured``.
     """
     out = pd.DataFrame(index=s.index)
+    n = len(s)
     for sig, col in QUALITY_COLUMNS.items():
-        q = pd.Series(quality.get(sig, "absent"), index=s.index, dtype=object)
-        if col in s.columns:
-            own = s[col].fillna("").astype(str)
-            q = q.where(~own.isin(["measured", "inferred", "estimated", "absent"]), own)
+        q = np.full(n, quality.get(sig, "absent"), dtype=object)
+        if col in s.columns:  # per distinct value, not per row (labels.py)
+            codes, labels = label_codes(s[col])
+            q = np.where(np.isin(labels, ["measured", "inferred", "estimated", "absent"])[codes], labels[codes], q)
         data = [c for c in SIGNAL_COLUMNS.get(sig, ()) if c in s.columns]
         if sig == "graph_mode":
-            empty = s["graph_mode"].fillna("unknown").eq("unknown")
-            planned = s["graph_mode"].isin(["FULL", "PIECEWISE"]) & s.get(
-                "graph_replayed", pd.Series(np.nan, index=s.index)).eq(0)
+            empty = label_in(s["graph_mode"], ["unknown"], na="unknown")
+            planned = label_in(s["graph_mode"], ["FULL", "PIECEWISE"], na="\0") & s.get(
+                "graph_replayed", pd.Series(np.nan, index=s.index)).eq(0).to_numpy()
             if col in s.columns:
-                planned &= s[col].fillna("").ne("measured")
-            q = q.where(~(planned & q.ne("absent")), "estimated")
+                planned &= ~label_in(s[col], ["measured"])
+            q = np.where(planned & (q != "absent"), "estimated", q)
         elif sig == "token_allocation":
-            empty = s[["prefill_tokens", "decode_rows", "decode_reqs"]].isna().all(axis=1) & \
-                ~s["kind"].isin(["prefill", "decode", "mixed"])
+            empty = s[["prefill_tokens", "decode_rows", "decode_reqs"]].isna().all(axis=1).to_numpy() & \
+                ~label_in(s["kind"], ["prefill", "decode", "mixed"], na="\0")
         elif sig == "expert_imbalance":
-            empty = s["expert_imbalance"].isna() & s.get("rank_skew", pd.Series(np.nan, index=s.index)).isna()
+            empty = (s["expert_imbalance"].isna() & s.get("rank_skew", pd.Series(np.nan, index=s.index)).isna()).to_numpy()
         else:
-            empty = s[data].isna().all(axis=1) if data else pd.Series(True, index=s.index)
-        out["rq_" + sig] = q.where(~empty, "absent")
+            empty = s[data].isna().all(axis=1).to_numpy() if data else np.ones(n, dtype=bool)
+        out["rq_" + sig] = pd.Series(np.where(empty, "absent", q), index=s.index, dtype=object)
     return out
 
 

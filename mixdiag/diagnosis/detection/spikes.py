@@ -59,7 +59,8 @@ def spike_rows(sig: pd.DataFrame, positions: np.ndarray) -> list:
         return [sig.iloc[i] for i in positions]
     sub = sig.iloc[positions]
     cols = [(c, sub[c].to_numpy() if isinstance(sub[c].dtype, np.dtype) else sub[c].array) for c in sub.columns]
-    return [{c: v[j] for c, v in cols} for j in range(len(sub))]
+    names = [c for c, _ in cols]
+    return [dict(zip(names, vals)) for vals in zip(*(v for _, v in cols))]  # zip: the loops run in C
 
 
 def step_timing(steps: pd.DataFrame) -> pd.DataFrame:

@@ -31,6 +31,7 @@ import pandas as pd
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.config import RegimeConfig
+from mixdiag.diagnosis.labels import label_in
 from mixdiag.diagnosis.detection.regimes import (EPISODE_COLUMNS, LatencyView, find_episodes, latency_view,
                                                 low_side_reference, reference, saturation)
 
@@ -60,7 +61,7 @@ def _flag(frame: pd.DataFrame, col: str) -> np.ndarray:
 def _not_estimated(frame: pd.DataFrame, qcol: str) -> np.ndarray:
     if qcol not in frame.columns:
         return np.ones(len(frame), dtype=bool)
-    return frame[qcol].astype(str).to_numpy() != "estimated"
+    return ~label_in(frame[qcol], ["estimated"], na="nan")  # astype(str) of a missing value: "nan"
 
 
 def _relative_excess(v: np.ndarray) -> np.ndarray:
