@@ -18,6 +18,10 @@ Read by key, lenient about drift (reference/formats.md §1.2):
 
 vLLM prints no year: pass ``year=``; otherwise a container timestamp's year, else the current
 year is used and a note says so. Months running backwards (December -> January) add a year.
+
+A 10-minute iteration log has a million lines: Iteration lines in the usual shape are matched
+and converted column-wise (vllm_iterations.py), every other line is walked here one by one, the
+line times of both come from vllm_clock.py, and the rows stay a frame (step_frame.py).
 """
 from __future__ import annotations
 
