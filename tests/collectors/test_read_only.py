@@ -30,7 +30,7 @@ def copies(tmp_path_factory):
 def test_every_collector_leaves_its_inputs_untouched(copies):
     before = _snapshot(copies)
     files = sorted(p for p in copies.rglob("*") if p.is_file())
-    read_ok = set()
+    read_ok, crashes = set(), []
     for p in files:
         for fmt in registry.formats():
             if fmt in URL_FORMATS:
@@ -39,9 +39,9 @@ def test_every_collector_leaves_its_inputs_untouched(copies):
                 registry.module(fmt).read(str(p))
                 read_ok.add((p.name, fmt))
             except UserError:
-                pass  # not this format: refused in one line, and still nothing may be written
-            except Exception:  # noqa: BLE001  a foreign format may trip a reader; writing is what is checked
-                pass
+                continue  # not this format: refused in one line (the contract), and still nothing may be written
+            except Exception as e:  # noqa: BLE001  collected: a foreign file must be refused, never crash a reader
+                crashes.append(f"{fmt} on {p.name}: {type(e).__name__}: {e}")
         if _detectable(p):  # the auto path too (sniffing reads heads)
             try:
                 load(str(p))
@@ -53,6 +53,7 @@ def test_every_collector_leaves_its_inputs_untouched(copies):
         except UserError:
             pass
     assert _snapshot(copies) == before
+    assert crashes == []
     # the check means something only if the real readers ran over their own files
     assert ("mock.sqlite", "nsys-sqlite") in read_ok and ("vllm_log_37307.txt", "vllm-log") in read_ok
     assert ("sglang_log_13023.txt", "sglang-log") in read_ok and ("vllm_metrics_11117.txt", "prom-text") in read_ok
