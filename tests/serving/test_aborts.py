@@ -1,7 +1,6 @@
 """Aborted streams leave nothing behind: /metrics' state gauges agree with /health once they are gone."""
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 
 import httpx
@@ -10,6 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mixdiag import wire
+from helpers.polling import wait_until as _wait
 
 MODEL = "mixdiag-tiny"
 
@@ -17,14 +17,6 @@ MODEL = "mixdiag-tiny"
 def _gauges(text: str, names) -> dict[str, float]:
     return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples if s.name in names}
 
-
-def _wait(pred, timeout=20.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_gauges_return_to_zero_after_aborted_streams(server):

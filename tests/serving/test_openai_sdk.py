@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from tests.serving.conftest import start
+from helpers.polling import wait_until as _wait
 
 MODEL = "mixdiag-tiny"
 
@@ -124,14 +125,6 @@ def test_models_health_metrics(server):
     text = httpx.get(server.url + "/metrics", timeout=5).text
     assert "mixdiag_engine_steps_total" in text
 
-
-def _wait(pred, timeout=20.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_queue_full_gets_429_json(tmp_path):
