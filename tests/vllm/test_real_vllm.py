@@ -174,18 +174,21 @@ def test_long_prompts_spike_and_get_no_wrong_cause(long_run):
 
 
 def test_control_names_no_mixing_without_a_big_mixed_step(control):
-    """Truth first: the control run had no step with >= 256 prompt tokens beside decodes. The
+    """The control run (short prompts only; a burst of them can still build a big mixed step). The
     diagnosis of its scrapes + log flips between runs (measured: 0 of 23 spikes called mixing in
     one run, 20 of 23 in the next, issue 23 item 4), so the strict rule (false mixing <= 10 % of
     spikes) is not asserted yet; what holds is that no other cause is invented."""
     d = control.out
     its = truth.read_iterations(d / "truth" / "iterations.log")
-    assert not any(it.context_tokens >= BIG_PREFILL and it.generation_requests > 0 for it in its), \
-        "the control traffic itself built a big mixed step"
+    # vLLM prefills every short prompt that arrived since the last step in one iteration, so a burst of
+    # Poisson arrivals (32-128 tokens each) can sum to >= 256 prompt tokens beside decodes (seen once on
+    # a fresh clone's run): that step is real mixing, counted here and not held against the diagnosis
+    big = sum(1 for it in its if it.context_tokens >= BIG_PREFILL and it.generation_requests > 0)
     times = scrape_times(d)
     spikes = spikes_by_interval(analyze(d / "scrapes", d / "vllm.log"), times)
     false_mixing = [(lo, hi) for (lo, hi), c in spikes if c == "mixing" and not big_mixed(its, lo, hi)]
-    print(f"control: {len(spikes)} spikes, mixing without a big mixed step: {len(false_mixing)}")
+    print(f"control: {big} big mixed steps from bursts of short prompts, {len(spikes)} spikes, "
+          f"mixing without a big mixed step: {len(false_mixing)}")
     assert {c for _, c in spikes} <= {"mixing", "unknown"}, sorted(c for _, c in spikes)
 
 
