@@ -31,6 +31,8 @@ def register(sub, common):
                    help="vLLM's token budget per step (default 512; batch_limits draws its own)")
     v.add_argument("--max-num-seqs", type=int, default=32, metavar="N", help="vLLM's sequences per step (default 32)")
     v.add_argument("--scrape-interval", type=float, default=1.0, metavar="S", help="/metrics every S seconds (default 1)")
+    v.add_argument("--live-analyze", action="store_true",
+                   help="also run `mixdiag analyze <url>/metrics` beside the load; its --json goes to live/analyze.json")
     v.add_argument("--venv", default=None, metavar="DIR", help="the vLLM environment (default .venv-vllm)")
     v.set_defaults(func=run)
     p.set_defaults(func=_no_engine)
@@ -45,7 +47,7 @@ def run(args, console):
     from mixdiag.vllm_testbed.config import ServerConfig, TestbedConfig, TrafficConfig, parse_faults
 
     cfg = TestbedConfig(duration_s=args.duration, seed=args.seed, faults=parse_faults(args.faults),
-                        scrape_interval_s=args.scrape_interval,
+                        scrape_interval_s=args.scrape_interval, live_analyze=args.live_analyze,
                         traffic=TrafficConfig(rate=args.rate, max_concurrency=args.streams),
                         server=ServerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                             max_num_seqs=args.max_num_seqs))

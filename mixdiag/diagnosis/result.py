@@ -233,7 +233,8 @@ class Diagnosis:
             spikes = spikes.head(top)
         rows = []
         for r in spikes.itertuples(index=False):
-            rows.append({"instance": r.instance, "step": int(r.step), "t_s": float(r.t_s), "itl_s": float(r.itl_s),
+            rows.append({"instance": r.instance, "step": int(r.step), "t_s": float(r.t_s),
+                         "t_start_s": float(r.t_start_s), "t_end_s": float(r.t_end_s), "itl_s": float(r.itl_s),
                          "baseline_s": float(r.baseline_s), "cause": r.cause, "confidence": float(r.confidence),
                          "evidence": r.evidence, "missing_signals": list(r.missing_signals),
                          "shares": self.regimes.shares_at(r.instance, int(r.step))})

@@ -85,6 +85,7 @@ class TestbedConfig:
     traffic: TrafficConfig = TrafficConfig()
     server: ServerConfig = ServerConfig()
     drain_s: float = 60.0             # after the sending window: how long requests may still finish
+    live_analyze: bool = False        # run `mixdiag analyze <url>/metrics` beside the load (tier g5)
 
     def __post_init__(self):
         if not self.duration_s >= 5:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mixdiag.errors import UserError
-from mixdiag.vllm_testbed import environment, fault_plan, log_routing, traffic, truth
+from mixdiag.vllm_testbed import environment, fault_plan, live_view, log_routing, traffic, truth
 from mixdiag.vllm_testbed.config import ServerConfig, TestbedConfig
 from mixdiag.vllm_testbed.injectors import FaultRunner, TruthRow
 from mixdiag.vllm_testbed.process_guard import ProcessGuard
@@ -49,6 +49,10 @@ class RunResult:
     iterations: int
     faults: int
     errors: tuple[str, ...]
+
+
+#: seconds the live view keeps polling after the sending window (the last requests' decodes)
+_LIVE_TAIL_S = 10.0
 
 
 def _prepare_out(out: Path) -> None:
@@ -131,6 +135,9 @@ class Testbed:
             lp = plan.long_prompts
             streams.append(traffic.Stream("long", lp.rate, cfg.duration_s, lp.prompt_len, str(lp.output_len),
                                           4, cfg.seed + 7919))
+        # the live view polls as long as the traffic is sent plus the time its last requests take
+        live = (live_view.start(self.guard, self.server.url, cfg.duration_s + _LIVE_TAIL_S, cfg.scrape_interval_s, out)
+                if cfg.live_analyze else None)
         t0 = time.time()
         running = [traffic.start(self.guard, s, self.server.url, MODEL_NAME, out / "loads") for s in streams]
         bursts: list[traffic.RunningStream] = []
@@ -164,6 +171,10 @@ class Testbed:
         scraper.finish()
         t_end = time.time()
         errors += faults.errors
+        if live is not None:
+            e = live.finish(self.guard, timeout_s=t0 + cfg.duration_s + _LIVE_TAIL_S + 120.0 - time.time())
+            if e:
+                errors.append(e)
         for r in running + bursts:
             if r.proc.returncode not in (0, None):
                 errors.append(f"mixdiag load {r.stream.name} exited {r.proc.returncode}; see {r.log}")

@@ -80,8 +80,11 @@ def test_client_spikes_of_a_served_mixing_fault_are_charged_to_mixing(tmp_path, 
     # one stream's own 200 ms gap (the others carry on): no shared stall
     ({"a": [0, .02, .04, .06, .08, .10], "b": [.001, .021, .041, .061, .081, .101],
       "c": [.002, .022, .042, .242, .262, .282]}, 9, 0),
-    # a busy client reads two chunks of one stream within 1 ms: still one cluster per read
-    ({"a": [0, .0002, .04, .06], "b": [.001, .041, .061, .081]}, 4, 0),
+    # a busy client reads two chunks of one stream within 1 ms: one read, but two engine steps (a step
+    # gives a stream one chunk), so that read becomes two steps sharing its gap: 5 steps
+    ({"a": [0, .0002, .04, .06], "b": [.001, .041, .061, .081]}, 5, 0),
+    # a read holding three chunks of each stream after a 60 ms gap: three 20 ms steps, not one slow one
+    ({"a": [0, .02, .0801, .0802, .0803], "b": [.001, .021, .0805, .0806, .0807]}, 5, 0),
 ])
 def test_client_steps_cluster_shared_arrivals(times, steps, stalls):
     rows = [(rid, float(t), i == 0) for rid, ts in times.items() for i, t in enumerate(ts)]
@@ -91,3 +94,19 @@ def test_client_steps_cluster_shared_arrivals(times, steps, stalls):
     st, tok2, summary = client_steps(tok, "client")
     assert len(st) == steps and summary["stalls"] == stalls
     assert tok2["step"].notna().all() and (st["t_end_s"].diff().dropna() > 0).all()
+
+
+def test_a_coalesced_read_is_split_into_the_steps_it_held():
+    """After a 60 ms gap both streams get three chunks in one read: three engine steps of ~20 ms (the
+    client cannot time them apart), each stream's i-th chunk in the i-th step - not one 60 ms step."""
+    times = {"a": [0, .02, .0801, .0802, .0803], "b": [.001, .021, .0805, .0806, .0807]}
+    rows = [(rid, float(t), i == 0) for rid, ts in times.items() for i, t in enumerate(ts)]
+    tok = pd.DataFrame(rows, columns=["request_id", "t_s", "is_first"]).assign(
+        instance="client", n_tokens=1, step=np.nan, arrival_s=np.nan, prompt_tokens=np.nan)
+    tok["is_first"] = tok["is_first"].astype(float)
+    st, tok2, _ = client_steps(tok, "client")
+    dur = (st["t_end_s"] - st["t_start_s"]).to_numpy()
+    assert dur[-3:] == pytest.approx([0.0601 / 3] * 3, rel=1e-6)   # the read's 60.1 ms gap, shared
+    late = tok2[tok2["t_s"] > 0.08].sort_values(["request_id", "t_s"])
+    for _, g in late.groupby("request_id"):
+        assert list(g["step"]) == [2.0, 3.0, 4.0]

@@ -122,7 +122,10 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         # should replay FULL again, so leaving it points elsewhere (e.g. a peer rank's mixed step)
         conf = 0.75 if outside is None else (0.95 if outside else 0.45)
         cands.append(("graph_fallback", conf, {"graph_norm": ctx.graph_norm, "batch_outside_full_sizes": outside}))
-    elif decode_only and alloc and not corroborates(qg):
+    elif decode_only and alloc and not corroborates(qg) and row.get("step_source") != "client":
+        # (not on client-timed steps: their batch size is the count of streams whose chunks one read
+        # delivered, and their cost includes the client's own timing noise - neither is the batch
+        # the engine ran nor what it cost)
         # no measured graph mode (a planned one is context only): the cost of the batch shape,
         # measured - every decode step of this size costs far more than the size below it
         sx = num(row.get("shape_cost_x"))
