@@ -1,12 +1,11 @@
 """An engine's /metrics URL: detection, sampling over a real socket, and the one-dump summary."""
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 
 import pytest
 
+from helpers.metrics_http import serve_metrics
 from mixdiag.collectors import load, registry
 from mixdiag.collectors.prometheus import endpoint, prom_http, scrape_reader
 from mixdiag.errors import UserError
@@ -51,33 +50,8 @@ def vllm_exposition(n: int, start_s: float = 1_000.0) -> str:
 @pytest.fixture
 def metrics_server():
     """A /metrics endpoint whose counters advance on every GET; stops by itself at teardown."""
-    state = {"n": 0}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            if self.path != "/metrics":
-                self.send_error(404)
-                return
-            state["n"] += 1
-            body = vllm_exposition(state["n"], start_s=time.time() - 100).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    th = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
-    th.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", state
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        th.join(timeout=5)
+    with serve_metrics(lambda n: vllm_exposition(n, start_s=time.time() - 100).encode()) as (url, state):
+        yield url, state
 
 
 def test_detects_endpoint_not_prometheus(metrics_server):

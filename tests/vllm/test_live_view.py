@@ -2,14 +2,13 @@
 socket, serving the real vLLM 0.32 scrapes of tests/fixtures/vllm032 one per request."""
 from __future__ import annotations
 
-import http.server
 import json
 import socket
-import threading
 from pathlib import Path
 
 import pytest
 
+from helpers.metrics_http import serve_metrics
 from mixdiag.vllm_testbed import live_view
 from mixdiag.vllm_testbed.process_guard import ProcessGuard
 
@@ -20,31 +19,8 @@ SCRAPES = sorted((Path(__file__).resolve().parents[1] / "fixtures" / "vllm032" /
 def replay_server():
     """/metrics answers with the next real scrape each time (the last one once they run out)."""
     bodies = [p.read_bytes() for p in SCRAPES]
-    served = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            if self.path != "/metrics":
-                self.send_error(404)
-                return
-            body = bodies[min(len(served), len(bodies) - 1)]
-            served.append(self.path)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", served
-    finally:
-        srv.shutdown()
-        srv.server_close()
+    with serve_metrics(lambda n: bodies[min(n, len(bodies)) - 1]) as (url, state):
+        yield url, state
 
 
 def test_argv_polls_the_metrics_path_for_the_run():
@@ -53,7 +29,7 @@ def test_argv_polls_the_metrics_path_for_the_run():
 
 
 def test_live_view_writes_the_analyzers_json(replay_server, tmp_path):
-    url, served = replay_server
+    url, state = replay_server
     guard = ProcessGuard()
     try:
         view = live_view.start(guard, url, duration_s=3.0, interval_s=1.0, run_dir=tmp_path)
@@ -61,7 +37,7 @@ def test_live_view_writes_the_analyzers_json(replay_server, tmp_path):
     finally:
         guard.stop_all()
     doc = json.loads((tmp_path / live_view.LIVE_JSON).read_text())
-    assert len(served) >= 2                      # it polled, not one dump
+    assert state["n"] >= 2                      # it polled, not one dump
     assert doc["sources"] and doc["verdict"]
     for s in doc["spikes"]:                      # the window tier g5 scores
         assert s["t_start_s"] <= s["t_end_s"]
