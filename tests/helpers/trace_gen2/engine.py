@@ -157,7 +157,9 @@ class Engine:
                 t, gready = self._copy(p, t, nb, HTOD, COMPUTE_STREAM, gready)
                 gfirst = gfirst if gfirst is not None else gready
             if pd and s.pd == "copy":   # connector thread: layer-wise KV loads on its own stream
-                per_layer = (pd.magnitude - 1.0) * healthy_gpu[r] / s.layers
+                # layer l's KV lands at (l + 1) x per_layer: the last layer waits until ~magnitude x
+                # the healthy step, so the step stretches by the drawn factor
+                per_layer = pd.magnitude * healthy_gpu[r] / s.layers
                 side = max(p.side, t)
                 ct = t
                 for layer in range(s.layers):
