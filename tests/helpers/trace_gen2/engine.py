@@ -17,6 +17,9 @@ from .schedule import Schedule
 from .shapes import Shape
 
 COMPUTE_STREAM, OUTPUT_STREAM, KV_STREAM = 7, 13, 21
+#: vLLM max_num_seqs: the padded request buffers' length (1024: the serving default on H100-class
+#: GPUs in vllm/engine/arg_utils.py usage-context defaults; UNVERIFIED for every version)
+MAX_SEQS = 1024
 # CUPTI CUpti_ActivityMemcpyKind: 1 HTOD, 2 DTOH; CUpti_ActivityMemoryKind: 2 PINNED, 3 DEVICE
 HTOD, DTOH, PINNED, DEVICE = 1, 2, 2, 3
 
@@ -150,12 +153,22 @@ class Engine:
             gready = p.gpu
             gfirst = None
             n_tok = rows[r] + prefill[r]
-            copies = ([("per_request", 8 * rows[r])] if s.inputs_on_gpu else
-                      [("input_ids", 4 * n_tok), ("positions", 8 * n_tok), ("slot_mapping", 8 * n_tok),
-                       ("query_start_loc", 4 * (rows[r] + 2)), ("seq_lens", 4 * (rows[r] + 1))])
+            reqs = rows[r] + (1 if prefill[r] else 0)   # the chunked prompt is one more request
+            if s.inputs_on_gpu:
+                # SGLang schedule_batch.py: decode inputs stay on the device (input_ids = output_ids,
+                # seq_lens.add_(1)); prepare_for_extend builds the new prompt's tensors on the CPU and
+                # moves them with .to(device, non_blocking=True)
+                copies = ([("input_ids", 8 * prefill[r]), ("seq_lens", 8 * reqs), ("req_pool_indices", 8 * reqs)]
+                          if prefill[r] else [])
+            else:
+                # vLLM gpu_model_runner._prepare_inputs: input_ids / positions copy_to_gpu(num_tokens);
+                # query_start_loc and seq_lens are padded and copied whole (copy_to_gpu() without n:
+                # max_num_seqs (+1) int32, the same size every step); slot_mapping per token
+                copies = [("input_ids", 4 * n_tok), ("positions", 8 * n_tok), ("query_start_loc", 4 * (MAX_SEQS + 1)),
+                          ("seq_lens", 4 * MAX_SEQS), ("slot_mapping", 8 * n_tok)]
             for _, nb in copies:   # vLLM gpu_model_runner._prepare_inputs: CPU buffers -> copy_to_gpu
+                gfirst = gfirst if gfirst is not None else max(gready, t + 2e3)   # the copy's start
                 t, gready = self._copy(p, t, nb, HTOD, COMPUTE_STREAM, gready)
-                gfirst = gfirst if gfirst is not None else gready
             if pd and s.pd == "copy":   # connector thread: layer-wise KV loads on its own stream
                 # layer l's KV lands at (l + 1) x per_layer: the last layer waits until ~magnitude x
                 # the healthy step, so the step stretches by the drawn factor
@@ -227,7 +240,7 @@ class Engine:
                 out_end = d2h
             else:            # async / overlap: copy stream + event; wait for the previous step's ids
                 t = self._api(p, "record", t, 2e3)
-                t, out_end = self._copy(p, t, 8 * rows[r], DTOH, OUTPUT_STREAM, g_end)
+                t, out_end = self._copy(p, t, 8 * (rows[r] + (1 if prefill[r] else 0)), DTOH, OUTPUT_STREAM, g_end)
                 t = self._api(p, "esync", t, max(p.out_prev - t, 0) + 3e3)
                 p.out_prev = out_end
             p.cpu = t + c.post_ns * rng.uniform(0.8, 1.2)
