@@ -64,6 +64,11 @@ def test_schedule_config_refuses_bad_values(kw):
         ScheduleConfig(**kw)
 
 
+def test_schedule_refuses_episodes_past_its_end():
+    with pytest.raises(ValueError):
+        Schedule(0, 10, (Episode("mixing", 8, 5, 1000.0),))
+
+
 def make(tmp_path, shape, *episodes, seed=3):
     sched = Schedule(seed, N, tuple(episodes))
     return generate(GenConfig(shape, seed, N), tmp_path / f"{shape}.sqlite", schedule=sched)

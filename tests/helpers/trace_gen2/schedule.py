@@ -79,9 +79,15 @@ class Episode:
 
 @dataclass(frozen=True)
 class Schedule:
+    """The episodes of one trace of ``n_steps`` steps (drawn from ``seed`` or built by a test)."""
+
     seed: int
     n_steps: int
     episodes: tuple[Episode, ...]
+
+    def __post_init__(self):
+        if self.n_steps < 1 or any(e.end > self.n_steps for e in self.episodes):
+            raise ValueError("every episode must end within n_steps")
 
     def at(self, step: int) -> tuple[Episode, ...]:
         """Episodes active at ``step``."""
