@@ -6,7 +6,8 @@ Two kinds of input, each with its ground truth:
   ``bench_run_args.txt`` is there). Truth: ``truth.csv`` + the run's per-step records (for
   visibility only; tiers e/f's diagnosis never reads them).
 * **foreign-engine traces** (tier d): the foreign-trace simulator's Nsight SQLite exports
-  (tests/helpers/foreign_trace) in ``<cache>/sim/<variant>__seed<N>__steps<n>.sqlite`` plus
+  (tests/helpers/foreign_trace) in ``<cache>/sim/<variant>__seed<N>__steps<n>__<faults>.sqlite`` (the
+  fault set drawn from the seed, :func:`sim_faults`) plus
   ``.truth.csv``. No reference-engine ranges: the simulator writes what vLLM/SGLang/an EP engine
   emit (their NVTX names when a variant has NVTX, else none).
 """
@@ -92,11 +93,33 @@ def ensure_ref_run(cache: Path, scenario: str, seed: int, run_set: str, n_steps:
     return out, None
 
 
-def ensure_sim_trace(cache: Path, variant: str, seed: int, n_steps: int) -> tuple[Path, pd.DataFrame]:
-    """The cached export of ``variant`` for ``seed`` and its per-(step, rank) truth."""
+#: the faults each simulated engine can inject (its defaults in tests/helpers/foreign_trace/planner.py)
+SIM_FAULTS = {"vllm": ("mixing", "graph_fallback", "host_stall", "pd_transfer"),
+              "sglang": ("prefill_stall", "graph_fallback", "host_stall", "pd_transfer"),
+              "ep2": ("ep_hotspot", "mixing", "host_stall")}
+
+
+def sim_faults(variant: str, seed: int) -> tuple[str, ...]:
+    """Tier (d)'s fault set for one trace, drawn from the seed (issue 24: no fixed scenario): each of
+    the engine's faults with probability 0.7, at least two. The simulator itself then draws where,
+    how often (3-8 % of steps) and how hard each fires from the same seed."""
+    import numpy as np
+    pool = SIM_FAULTS[SIM_VARIANTS[variant].engine]
+    rng = np.random.default_rng([seed, 0xD1])
+    pick = [f for f in pool if rng.random() < 0.7]
+    while len(pick) < 2:
+        pick = sorted(set(pick) | {str(rng.choice(pool))}, key=pool.index)
+    return tuple(pick)
+
+
+def ensure_sim_trace(cache: Path, variant: str, seed: int, n_steps: int,
+                     faults: tuple[str, ...] | None = None) -> tuple[Path, pd.DataFrame]:
+    """The cached export of ``variant`` for ``seed`` (with ``faults``, default: drawn from the seed)
+    and its per-(step, rank) truth."""
     d = cache / "sim"
     d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{variant}__seed{seed}__steps{n_steps}.sqlite"
+    faults = sim_faults(variant, seed) if faults is None else tuple(faults)
+    path = d / f"{variant}__seed{seed}__steps{n_steps}__{'+'.join(faults)}.sqlite"
     tpath = path.with_suffix(".truth.csv")
     if not (path.exists() and tpath.exists()):
         sys.path.insert(0, str(ROOT / "tests"))
@@ -104,7 +127,7 @@ def ensure_sim_trace(cache: Path, variant: str, seed: int, n_steps: int) -> tupl
         v = SIM_VARIANTS[variant]
         tmp = path.with_name(path.name + ".part")
         tmp.unlink(missing_ok=True)
-        truth = simulate(v.engine, seed, n_steps, None, v.nvtx, v.graph_trace, "nsys", tmp,
+        truth = simulate(v.engine, seed, n_steps, faults, v.nvtx, v.graph_trace, "nsys", tmp,
                          gpu_metrics_hz=v.gpu_metrics_hz)
         truth.steps.to_csv(tpath, index=False)
         tmp.rename(path)
