@@ -31,13 +31,13 @@ def _pct(v) -> str:
 
 
 def _cause_sentence(m: CauseMove) -> str:
-    word = "fall" if m.total_verdict == "down" else "rise"
-    own = "" if m.verdict in ("up", "down") else (" (its own change is within noise)" if m.verdict == "no change"
-                                                   else " (its own change: no noise estimate)")
+    word = "fall" if m.total_after_s < m.total_before_s else "rise"
+    total = {"up": "up", "down": "down", "no change": "within noise"}.get(m.total_verdict, "no noise estimate")
+    own = {"up": "up", "down": "down", "no change": "within noise"}.get(m.verdict, "no noise estimate")
     words = _TABLE_WORDS[m.table]
-    return (f"{words[0].upper()}{words[1:]} {_s(m.total_before_s)} -> {_s(m.total_after_s)} ({m.total_verdict}): "
-            f"{m.cause}'s {_s(m.before_s)} -> {_s(m.after_s)} ({_pct(m.change_pct)}), "
-            f"{100 * m.share:.0f} % of the {word}{own}")
+    return (f"{words[0].upper()}{words[1:]} {_s(m.total_before_s)} -> {_s(m.total_after_s)} ({total}): "
+            f"{m.cause}'s {_s(m.before_s)} -> {_s(m.after_s)} ({_pct(m.change_pct)}, {own}), "
+            f"{100 * m.share:.0f} % of the {word}")
 
 
 def headline(d: Diff) -> str:
@@ -46,6 +46,9 @@ def headline(d: Diff) -> str:
         lead = "Not comparable (" + "; ".join(c for c in d.caveats if c.startswith("different")) + "). "
     else:
         lead = ""
+    if not d.measurable:
+        return lead + ("Nothing to compare: neither capture measures ITL, TTFT or excess (no token events, step "
+                       "latencies or ITL histograms).")
     if d.no_change:
         return lead + ("No change: ITL, TTFT and every cause's excess are within noise "
                        f"({NOISE_BASIS.split(';')[0].removeprefix('noise: ')}).")
@@ -146,7 +149,7 @@ def render(d: Diff, top: int = 5) -> str:
     extra = _kernel_lines(d, top) + _prediction_lines(d)
     if extra:
         lines += [""] + extra
-    lines += ["", f"({NOISE_BASIS}; share: of the change of the causes' total, read when that total moved; "
+    lines += ["", f"({NOISE_BASIS}; share: of the change of the causes' total (budget: without none); "
               "excess compared per stream-second" + (", AFTER scaled to BEFORE's stream-seconds)" if d.normalised else ")")]
     return "\n".join(lines)
 
@@ -173,7 +176,7 @@ def diff_json(d: Diff) -> dict:
         return None if m is None else dict(vars(m))
     p = d.prediction
     return {"headline": headline(d), "comparable": d.comparable, "caveats": list(d.caveats),
-            "normalised": d.normalised, "no_change": d.no_change, "noise_basis": NOISE_BASIS,
+            "normalised": d.normalised, "measurable": d.measurable, "no_change": d.no_change, "noise_basis": NOISE_BASIS,
             "before": _side_json(d.before), "after": _side_json(d.after),
             "metrics": _records(d.metrics), "budget": _records(d.budget), "regimes": _records(d.regimes),
             "episodes": _records(d.episodes), "moved_by": move(d.moved_by), "moved_by_regimes": move(d.moved_by_regimes),

@@ -9,8 +9,10 @@ Rules (docs/diff.md):
   tokens), so a longer capture or more traffic does not read as more excess. When the two sides'
   stream-seconds differ by more than ``NORMALISE_X`` the table's AFTER seconds are the AFTER rate times
   BEFORE's stream-seconds (and the diff says so); otherwise the raw seconds.
-* **Which cause.** The share of the change of the causes' total excess each cause carries, read only
-  when that total moved beyond noise. The budget (budget.py) charges spikes' excess to causes and
+* **Which cause.** Each cause's share of the change of the causes' total excess (a share above 100 %: other
+  causes moved the other way). The cause named as having moved the total is the one whose own change is
+  beyond noise and largest in the total's direction; with none beyond noise, the largest share when the
+  total itself moved beyond noise; else none is named. The total's own verdict is always shown beside it. The budget (budget.py) charges spikes' excess to causes and
   sub-threshold latency to ``none``; ``none`` is no cause and stays out of the total (its row is shown).
   The regime decomposition (rules/decomposition.py) splits every row's excess by evidence, ``unknown``
   the remainder: its total includes ``unknown``.
@@ -61,7 +63,7 @@ class CauseMove:
     share: float        # of the total's change (fall or rise)
     total_before_s: float
     total_after_s: float
-    total_verdict: str  # down | up
+    total_verdict: str  # the total's own verdict: down | up | no change | unknown
     verdict: str = ""   # the cause's own change: down | up | no change | unknown
 
 
@@ -83,6 +85,12 @@ class Diff:
     kernels: pd.DataFrame | None = None  # kernels.kernel_diff(), when both sides have a breakdown
     kernels_note: str = ""
     prediction: object | None = None     # prediction.PredictionCheck when BEFORE was tuned
+
+    @property
+    def measurable(self) -> bool:
+        """False when neither side measures any compared figure (every verdict ``n/a``)."""
+        verdicts = list(self.metrics["verdict"]) + list(self.budget["verdict"]) + list(self.regimes["verdict"])
+        return any(v != "n/a" for v in verdicts)
 
     @property
     def no_change(self) -> bool:
@@ -133,18 +141,34 @@ def _cause_table(keys, before: dict, after: dict, nb: dict, na: dict, sb: float,
     t = pd.DataFrame(rows, columns=CAUSE_COLUMNS)
     tot = t.iloc[-1]
     delta_total = tot["after_s"] - tot["before_s"]
-    moved = tot["verdict"] in ("up", "down") and delta_total != 0
-    t["share_of_change"] = [(r.after_s - r.before_s) / delta_total if moved and r.cause in total_keys else math.nan
-                            for r in t.itertuples(index=False)]
-    t.loc[t["cause"] == "total", "share_of_change"] = 1.0 if moved else math.nan
-    if not moved:
+    named = t["cause"].isin(list(total_keys))
+    if delta_total != 0:
+        t["share_of_change"] = np.where(named, (t["after_s"] - t["before_s"]) / delta_total, np.nan)
+        t.loc[t["cause"] == "total", "share_of_change"] = 1.0
+    best = _mover(t[named], delta_total, str(tot["verdict"]))
+    if best is None:
         return t, None, str(tot["verdict"])
-    named = t[t["cause"].isin(list(total_keys))]
-    best = named.loc[named["share_of_change"].idxmax()]
     return t, CauseMove(table="", cause=str(best["cause"]), before_s=float(best["before_s"]), after_s=float(best["after_s"]),
                         change_pct=float(best["change_pct"]), share=float(best["share_of_change"]),
                         total_before_s=float(tot["before_s"]), total_after_s=float(tot["after_s"]),
                         total_verdict=str(tot["verdict"]), verdict=str(best["verdict"])), str(tot["verdict"])
+
+
+def _mover(named: pd.DataFrame, delta_total: float, total_verdict: str):
+    """The cause that moved the total: among causes that moved beyond noise themselves, the largest move in
+    the total's direction (else the largest move); with none beyond noise, the largest share of a total that
+    moved beyond noise; else None."""
+    if delta_total == 0:
+        return None
+    delta = named["after_s"] - named["before_s"]
+    own = named[named["verdict"].isin(["up", "down"])]
+    if len(own):
+        same = own[np.sign(delta[own.index]) == np.sign(delta_total)]
+        pick = same if len(same) else own
+        return pick.loc[delta[pick.index].abs().idxmax()]
+    if total_verdict in ("up", "down"):
+        return named.loc[named["share_of_change"].idxmax()]
+    return None
 
 
 def _episodes(b: CaptureFacts, a: CaptureFacts) -> pd.DataFrame:

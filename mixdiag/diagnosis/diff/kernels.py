@@ -40,7 +40,7 @@ def kernel_diff(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
     ``status`` (``both``, ``new`` - only after, ``gone`` - only before). Sorted by step class, then by
     the size of the change in share, largest first."""
     b, a = _summed(before, "BEFORE"), _summed(after, "AFTER")
-    j = b.join(a, how="outer", lsuffix="_before", rsuffix="_after")
+    j = b.add_suffix("_before").join(a.add_suffix("_after"), how="outer")
     tb = j["time_s_before"].fillna(0.0)
     ta = j["time_s_after"].fillna(0.0)
     cls = j.index.get_level_values("step_class")
