@@ -55,7 +55,11 @@ def headline(d: Diff) -> str:
     parts = []
     for r in d.metrics.itertuples(index=False):
         if r.verdict in ("up", "down"):
-            parts.append(f"{_LABEL[r.metric]} {duration(r.before)} -> {duration(r.after)} ({r.verdict})")
+            why = ""
+            if r.metric == "itl_p99_s" and d.p99_moved_by is not None:
+                m = d.p99_moved_by
+                why = f"; {m.cause}'s part of it {duration(m.before_s)} -> {duration(m.after_s)}"
+            parts.append(f"{_LABEL[r.metric]} {duration(r.before)} -> {duration(r.after)} ({r.verdict}{why})")
     unchanged = [_LABEL[r.metric] for r in d.metrics.itertuples(index=False) if r.verdict == "no change"]
     text = "; ".join(parts) + ("; " if parts else "")
     for m in (d.moved_by, d.moved_by_regimes):
@@ -180,6 +184,7 @@ def diff_json(d: Diff) -> dict:
             "before": _side_json(d.before), "after": _side_json(d.after),
             "metrics": _records(d.metrics), "budget": _records(d.budget), "regimes": _records(d.regimes),
             "episodes": _records(d.episodes), "moved_by": move(d.moved_by), "moved_by_regimes": move(d.moved_by_regimes),
+            "p99_moved_by": move(d.p99_moved_by),
             "kernels": _records(d.kernels), "kernels_note": d.kernels_note,
             "prediction": None if p is None else {"recommendation": p.recommendation, "current": p.current,
                                                    "rows": [dict(vars(r)) for r in p.rows], "notes": list(p.notes)}}

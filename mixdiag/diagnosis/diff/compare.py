@@ -68,6 +68,16 @@ class CauseMove:
 
 
 @dataclass(frozen=True)
+class P99Move:
+    """The cause whose part of P99 ITL (P99 minus P99 without it: budget.py's ``p99_reduction_s``) moved most,
+    in the direction P99 moved."""
+
+    cause: str
+    before_s: float
+    after_s: float
+
+
+@dataclass(frozen=True)
 class Diff:
     """BEFORE and AFTER side by side (frames, columns above) with what moved."""
 
@@ -82,6 +92,7 @@ class Diff:
     normalised: bool
     moved_by: CauseMove | None          # from the budget (spike excess)
     moved_by_regimes: CauseMove | None  # from the regime decomposition
+    p99_moved_by: P99Move | None = None  # when P99 ITL moved beyond noise and both sides have P99 parts
     kernels: pd.DataFrame | None = None  # kernels.kernel_diff(), when both sides have a breakdown
     kernels_note: str = ""
     prediction: object | None = None     # prediction.PredictionCheck when BEFORE was tuned
@@ -171,6 +182,22 @@ def _mover(named: pd.DataFrame, delta_total: float, total_verdict: str):
     return None
 
 
+def _p99_mover(metrics: pd.DataFrame, budget: pd.DataFrame) -> P99Move | None:
+    """Which cause's part of P99 moved most in P99's direction (None unless P99 moved beyond noise)."""
+    row = metrics.set_index("metric").loc["itl_p99_s"]
+    if row["verdict"] not in ("up", "down"):
+        return None
+    t = budget[~budget["cause"].isin(["total", "none"])]
+    t = t[np.isfinite(t["p99_part_before_s"]) & np.isfinite(t["p99_part_after_s"])]
+    if not len(t):
+        return None
+    d = (t["p99_part_after_s"] - t["p99_part_before_s"]) * (1 if row["verdict"] == "up" else -1)
+    best = t.loc[d.idxmax()]
+    if not d.max() > 0:
+        return None
+    return P99Move(str(best["cause"]), float(best["p99_part_before_s"]), float(best["p99_part_after_s"]))
+
+
 def _episodes(b: CaptureFacts, a: CaptureFacts) -> pd.DataFrame:
     eb = b.episodes.set_index("cause") if len(b.episodes) else pd.DataFrame(columns=["episodes", "excess_s"])
     ea = a.episodes.set_index("cause") if len(a.episodes) else pd.DataFrame(columns=["episodes", "excess_s"])
@@ -233,11 +260,12 @@ def diff(before: CaptureFacts, after: CaptureFacts, *, kernels: pd.DataFrame | N
     if move_r is not None:
         move_r = CauseMove(**{**vars(move_r), "table": "regimes"})
     caveats, comparable = _caveats(before, after)
+    p99_move = _p99_mover(metrics, budget)
     if not (sb > 0 and sa > 0):
         caveats.append("a side has no measured stream time: excess cannot be normalised")
     return Diff(before=before, after=after, metrics=metrics, budget=budget, regimes=regimes,
                 episodes=_episodes(before, after), caveats=tuple(caveats), comparable=comparable,
-                normalised=normalised, moved_by=move_b, moved_by_regimes=move_r, kernels=kernels,
+                normalised=normalised, moved_by=move_b, moved_by_regimes=move_r, p99_moved_by=p99_move, kernels=kernels,
                 kernels_note=kernels_note, prediction=prediction)
 
 
