@@ -171,7 +171,7 @@ def _side_json(f) -> dict:
     return {"inputs": list(f.inputs), "formats": list(f.formats), "instances": list(f.instances),
             "itl_source": f.itl_source, "budget_sources": list(f.budget_sources), "ttft_source": f.ttft_source,
             "duration_s": f.duration_s, "stream_s": f.stream_s, "tokens": f.tokens, "requests": f.requests, **fig,
-            "verdict": f.verdict, "spikes": dict(f.spikes)}
+            "verdict": f.verdict, "spikes": dict(f.spikes), "partial": list(f.partial)}
 
 
 def diff_json(d: Diff) -> dict:

@@ -118,3 +118,17 @@ def test_inputs_are_never_written(small_chunk_runs, tmp_path, capsys):
     assert main(["diff", str(run), str(run), "-q"]) == 0
     capsys.readouterr()
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == snap
+
+
+def test_partial_input_is_analysed_and_flagged(capsys):
+    cut = str(FIX / "logs" / "vllm_metrics_11117.txt")  # two histograms without +Inf/_count: read in part
+    rc, out, err = _run(["diff", cut, cut, "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["before"]["partial"] == [cut] and "exposition cut" in err
+    assert any(c.startswith("BEFORE is partial") for c in doc["caveats"])
+
+
+def test_a_capture_without_latency_has_nothing_to_compare(capsys):
+    log = str(FIX / "logs" / "vllm_log_37307.txt")  # vLLM's 10 s stats lines only: no ITL, no excess
+    rc, out, _ = _run(["diff", log, log, "-q"], capsys)
+    assert rc == 0 and out.startswith("Nothing to compare:")

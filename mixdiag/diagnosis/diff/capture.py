@@ -66,6 +66,7 @@ class CaptureFacts:
     episodes: pd.DataFrame = field(repr=False)  # cause, episodes, excess_s (one row per cause with episodes)
     spikes: dict[str, int] = field(default_factory=dict)
     verdict: str = ""
+    partial: tuple[str, ...] = ()     # inputs read only in part (collectors' "partial" flag): analysed, and said so
 
     @property
     def has_trace(self) -> bool:
@@ -220,4 +221,5 @@ def capture_facts(tl: Timeline, d: Diagnosis, inputs: tuple[str, ...] = (),
         duration_s=float(span[1] - span[0]), stream_s=stream, tokens=tokens, requests=_requests(tl),
         itl_p50_s=itl50, itl_p99_s=itl99, ttft_p50_s=tt50, ttft_p99_s=tt99, ttft_source=tsrc,
         budget_s=excess, budget_noise=bnoise, p99_part_s=parts, regimes_s=reg, regimes_noise=rnoise,
-        episodes=_episodes(d), spikes=dict(d.by_cause), verdict=d.verdict)
+        episodes=_episodes(d), spikes=dict(d.by_cause), verdict=d.verdict,
+        partial=tuple(str(s.get("path")) for s in tl.meta.get("sources", []) if s.get("partial")))

@@ -45,8 +45,8 @@ NOISE_BASIS = (f"noise: half-width of the 95 % interval of a time-block bootstra
                f"blocks, {NoiseConfig().resamples} seeded resamples) per side; a difference beyond both sides' noise "
                "in quadrature moved, else 'no change'")
 METRIC_COLUMNS = ["metric", "unit", "before", "after", "change", "change_pct", "noise", "verdict"]
-CAUSE_COLUMNS = ["cause", "spikes_before", "spikes_after", "before_s", "after_s", "after_raw_s", "rate_before",
-                 "rate_after", "noise_rate", "change_pct", "verdict", "share_of_change", "p99_part_before_s",
+CAUSE_COLUMNS = ["cause", "spikes_before", "spikes_after", "before_s", "after_s", "after_raw_s", "per_stream_before",
+                 "per_stream_after", "noise_per_stream", "change_pct", "verdict", "share_of_change", "p99_part_before_s",
                  "p99_part_after_s"]
 EPISODE_COLUMNS = ["cause", "episodes_before", "episodes_after", "excess_before_s", "excess_after_s"]
 
@@ -145,8 +145,8 @@ def _cause_table(keys, before: dict, after: dict, nb: dict, na: dict, sb: float,
         rows.append({"cause": c, "spikes_before": int(sum(spikes_b.get(k, 0) for k in CAUSES)) if c == "total"
                      else int(spikes_b.get(c, 0)),
                      "spikes_after": int(sum(spikes_a.get(k, 0) for k in CAUSES)) if c == "total" else int(spikes_a.get(c, 0)),
-                     "before_s": vb, "after_s": shown, "after_raw_s": va, "rate_before": rb, "rate_after": ra,
-                     "noise_rate": noise, "change_pct": 100 * (shown - vb) / vb if vb > 0 else math.nan,
+                     "before_s": vb, "after_s": shown, "after_raw_s": va, "per_stream_before": rb, "per_stream_after": ra,
+                     "noise_per_stream": noise, "change_pct": 100 * (shown - vb) / vb if vb > 0 else math.nan,
                      "verdict": _verdict(rb, ra, nb.get(nkey, math.nan), na.get(nkey, math.nan)),
                      "p99_part_before_s": (parts_b or {}).get(c, math.nan), "p99_part_after_s": (parts_a or {}).get(c, math.nan)})
     t = pd.DataFrame(rows, columns=CAUSE_COLUMNS)
@@ -214,6 +214,9 @@ def _ratio(x: float, y: float) -> float:
 
 def _caveats(b: CaptureFacts, a: CaptureFacts) -> tuple[list[str], bool]:
     out, comparable = [], True
+    for name, f in (("BEFORE", b), ("AFTER", a)):
+        if f.partial:
+            out.append(f"{name} is partial ({', '.join(f.partial)} read only in part): analysed as read")
     if b.itl_source != a.itl_source:
         comparable = False
         out.append(f"different views: ITL from {b.itl_source} before, from {a.itl_source} after - the quantiles "
