@@ -108,8 +108,8 @@ def ratio_noise(t: np.ndarray, numerators: np.ndarray, denominator: np.ndarray,
     span = np.array([lo, hi])
     bn = _block_of(np.r_[t, span], cfg.blocks)[: len(t)]
     bd = _block_of(np.r_[td, span], cfg.blocks)[: len(td)]
-    num_b = np.zeros((cfg.blocks, k))
-    np.add.at(num_b, bn, np.nan_to_num(num))
+    num = np.nan_to_num(num)
+    num_b = np.stack([np.bincount(bn, weights=num[:, j], minlength=cfg.blocks) for j in range(k)], axis=1)
     den_b = np.bincount(bd, weights=np.nan_to_num(den), minlength=cfg.blocks)
     counts = _counts(cfg)
     d = counts @ den_b
