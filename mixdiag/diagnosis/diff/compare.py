@@ -33,6 +33,7 @@ from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.budget import BUDGET_CAUSES
 from mixdiag.diagnosis.diff.capture import CaptureFacts, Figure
 from mixdiag.diagnosis.diff.noise import NoiseConfig, beyond_noise
+from mixdiag.diagnosis.diff.prediction import PredictionCheck
 
 #: stream-seconds differing by more than this share: excess compared per stream-second
 NORMALISE_X = 0.10
@@ -95,7 +96,7 @@ class Diff:
     p99_moved_by: P99Move | None = None  # when P99 ITL moved beyond noise and both sides have P99 parts
     kernels: pd.DataFrame | None = None  # kernels.kernel_diff(), when both sides have a breakdown
     kernels_note: str = ""
-    prediction: object | None = None     # prediction.PredictionCheck when BEFORE was tuned
+    prediction: PredictionCheck | None = None  # when BEFORE was tuned (mixdiag tune --save)
 
     @property
     def measurable(self) -> bool:
@@ -133,7 +134,7 @@ def _rate(v: float, stream: float) -> float:
 
 def _cause_table(keys, before: dict, after: dict, nb: dict, na: dict, sb: float, sa: float, normalised: bool,
                  spikes_b: dict, spikes_a: dict, parts_b: dict | None, parts_a: dict | None,
-                 total_keys) -> tuple[pd.DataFrame, CauseMove | None, str]:
+                 total_keys) -> tuple[pd.DataFrame, CauseMove | None]:
     rows = []
     for c in [*keys, "total"]:
         vb = sum(before.get(k, 0.0) for k in total_keys) if c == "total" else before.get(c, 0.0)
@@ -158,11 +159,11 @@ def _cause_table(keys, before: dict, after: dict, nb: dict, na: dict, sb: float,
         t.loc[t["cause"] == "total", "share_of_change"] = 1.0
     best = _mover(t[named], delta_total, str(tot["verdict"]))
     if best is None:
-        return t, None, str(tot["verdict"])
+        return t, None
     return t, CauseMove(table="", cause=str(best["cause"]), before_s=float(best["before_s"]), after_s=float(best["after_s"]),
                         change_pct=float(best["change_pct"]), share=float(best["share_of_change"]),
                         total_before_s=float(tot["before_s"]), total_after_s=float(tot["after_s"]),
-                        total_verdict=str(tot["verdict"]), verdict=str(best["verdict"])), str(tot["verdict"])
+                        total_verdict=str(tot["verdict"]), verdict=str(best["verdict"]))
 
 
 def _mover(named: pd.DataFrame, delta_total: float, total_verdict: str):
@@ -243,7 +244,7 @@ def _caveats(b: CaptureFacts, a: CaptureFacts) -> tuple[list[str], bool]:
 
 
 def diff(before: CaptureFacts, after: CaptureFacts, *, kernels: pd.DataFrame | None = None, kernels_note: str = "",
-         prediction=None) -> Diff:
+         prediction: PredictionCheck | None = None) -> Diff:
     """BEFORE and AFTER compared (module doc); ``kernels``/``prediction`` computed by the caller."""
     metrics = pd.DataFrame([_metric("itl_p50_s", "s", before.itl_p50_s, after.itl_p50_s),
                             _metric("itl_p99_s", "s", before.itl_p99_s, after.itl_p99_s),
@@ -252,10 +253,10 @@ def diff(before: CaptureFacts, after: CaptureFacts, *, kernels: pd.DataFrame | N
     sb, sa = before.stream_s, after.stream_s
     normalised = bool(sb > 0 and sa > 0 and abs(sa / sb - 1) > NORMALISE_X)
     spiked = [c for c in BUDGET_CAUSES if c != "none"]
-    budget, move_b, _ = _cause_table(BUDGET_CAUSES, before.budget_s, after.budget_s, before.budget_noise,
+    budget, move_b = _cause_table(BUDGET_CAUSES, before.budget_s, after.budget_s, before.budget_noise,
                                      after.budget_noise, sb, sa, normalised, before.spikes, after.spikes,
                                      before.p99_part_s, after.p99_part_s, spiked)
-    regimes, move_r, _ = _cause_table(CAUSES, before.regimes_s, after.regimes_s, before.regimes_noise,
+    regimes, move_r = _cause_table(CAUSES, before.regimes_s, after.regimes_s, before.regimes_noise,
                                       after.regimes_noise, sb, sa, normalised, before.spikes, after.spikes,
                                       None, None, CAUSES)
     if move_b is not None:
