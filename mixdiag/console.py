@@ -30,6 +30,11 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+def json_text(data: Any) -> str:
+    """``data`` as the JSON text ``--json`` prints (NaN/inf as null, numpy scalars as numbers), newline-ended."""
+    return json.dumps(_clean(data), indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
 class Console:
     """Where a verb writes: one JSON document, or human lines; notes and progress on stderr."""
 
@@ -43,7 +48,7 @@ class Console:
         """Print the verb's result: ``data`` as JSON in --json mode, else ``human``."""
         if self.json_mode:
             # one write: json.dump would write each token (millions for 20 000 spikes)
-            self.out.write(json.dumps(_clean(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+            self.out.write(json_text(data))
         elif human is not None:
             self.out.write(human.rstrip("\n") + "\n")
         self.out.flush()

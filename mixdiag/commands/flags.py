@@ -198,3 +198,32 @@ def add_serve_flags(p, port: int = 8050) -> None:
     g.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     g.add_argument("--port", type=int, default=port, help=f"port (default {port})")
+
+
+# ---- two captures (diff) ----------------------------------------------------------------------
+def add_diff_flags(p) -> None:
+    """``BEFORE AFTER`` (each one path or PATH,PATH,...: one capture read from several inputs) and the
+    flags of ``mixdiag diff``."""
+    p.add_argument("before", metavar="BEFORE", help="the first capture: a path, or PATH,PATH,... read as one capture")
+    p.add_argument("after", metavar="AFTER", help="the second capture, likewise")
+    p.add_argument("--format", default="auto", help="input format for every path (default: auto-detect)")
+    p.add_argument("--tuned", metavar="FILE",
+                   help="the 'mixdiag tune --json' document (or 'mixdiag tune --save FILE') made on BEFORE: show "
+                        "its recommendation's predicted P99 ITL/TTFT against what AFTER measured")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page (never overwrites)")
+    p.add_argument("--top", type=int, default=5, metavar="N", help="kernels listed per step class (default 5)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="worker processes diagnosing a fleet's instances (default: the CPUs other work leaves idle)")
+
+
+def side_paths(text: str) -> list[str]:
+    """One side's paths: ``text`` itself when it names an existing path (a comma in a file name), else its
+    comma-separated parts; UserError when empty."""
+    from pathlib import Path
+
+    if Path(text).exists():
+        return [text]
+    parts = [x.strip() for x in text.split(",") if x.strip()]
+    if not parts:
+        raise UserError(f"{text!r}: expected a path or PATH,PATH,...")
+    return parts

@@ -27,6 +27,8 @@ def register(sub, common):
     p.add_argument("--window", type=float, default=None, metavar="S", help="tune on the first S seconds of traffic")
     p.add_argument("--jobs", type=int, default=0, metavar="N", help="replay processes (default: up to 2)")
     p.add_argument("--html", metavar="FILE", help="also write the frontier plot as a self-contained HTML file")
+    p.add_argument("--save", metavar="FILE", help="also write the --json document to FILE (never overwrites): "
+                                                 "'mixdiag diff BEFORE AFTER --tuned FILE' checks the recommendation")
     h = p.add_argument_group("fallback step costs (inputs without per-step durations)")
     h.add_argument("--model", default="glm-5.3", metavar="PRESET", help="ledger model preset (default glm-5.3)")
     h.add_argument("--device", default="h200", help="device model (h200, h100, a100; default h200)")
@@ -40,6 +42,8 @@ def run(args, console):
 
     if args.html and Path(args.html).exists():
         raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
+    if args.save and Path(args.save).exists():
+        raise UserError(f"{args.save} exists; choose another path for --save (mixdiag never overwrites your files)")
     if args.window is not None and args.window <= 0:
         raise UserError("--window must be > 0 seconds")
     if args.jobs < 0:
@@ -61,6 +65,12 @@ def run(args, console):
 
         write_html(res, args.html, title=f"mixdiag tune {' '.join(args.inputs)}")
         console.note(f"wrote {args.html}")
+    if args.save:
+        from mixdiag.console import json_text
+
+        with open(args.save, "x", encoding="utf-8") as f:  # "x": never overwrite, even if created meanwhile
+            f.write(json_text(res))
+        console.note(f"wrote {args.save}")
     console.result(render(res, headline(res)), res)
     return 0
 
