@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pandas as pd
 
@@ -112,8 +114,49 @@ def plan(seed: int, n_steps: int, mixing: bool, steady: bool = False) -> pd.Data
     return pd.DataFrame(rows, columns=["kind", "prefill_tokens", "decode_rows", "sampled_reqs"])
 
 
+class KinetoSink:
+    """The same rows as Chrome-trace JSON the way ``torch.profiler`` writes it (format as in
+    tests/helpers/foreign_trace/kineto_writer.py: ``ts``/``dur`` in µs from ``baseTimeNanoseconds``, GPU
+    rows on ``pid`` = device / ``tid`` = stream, ``args.correlation``). Kineto has no graph-level rows: a
+    replay shows its nodes under the ``cudaGraphLaunch`` correlation, here one node kernel per replay."""
+
+    COPY = {1: "Memcpy HtoD (Pinned -> Device)", 2: "Memcpy DtoH (Device -> Pinned)"}
+
+    def __init__(self, path: Path):
+        self.path, self.base, self.ev = Path(path), T0 - 10_000_000, []
+
+    def _us(self, t: int) -> float:
+        return round((t - self.base) / 1000.0, 3)
+
+    def _x(self, cat, name, pid, tid, s, e, **args):
+        self.ev.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": self._us(s),
+                        "dur": round((e - s) / 1000.0, 3), "args": args})
+
+    def call(self, s, e, name, corr, tid):
+        self._x("cuda_runtime", name.rsplit("_v", 1)[0], PID, tid & 0xFFFFFF, s, e, correlation=corr)
+
+    def kernel(self, s, e, corr, pid, *, name, short=None, stream=COMPUTE):
+        self._x("kernel", name, 0, stream, s, e, correlation=corr, device=0, stream=stream)
+
+    def copy(self, s, e, corr, pid, nbytes, kind, *, stream=COMPUTE):
+        self._x("gpu_memcpy", self.COPY[kind], 0, stream, s, e, correlation=corr, device=0, stream=stream, bytes=nbytes)
+
+    def graph_trace(self, s, e, corr, pid, *, stream=COMPUTE):
+        self.kernel(s, e, corr, pid, name=GEMM, stream=stream)
+
+    def close(self) -> Path:
+        doc = {"schemaVersion": 1, "baseTimeNanoseconds": self.base, "traceEvents": self.ev,
+               "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "numSms": 132}]}
+        self.path.write_text(json.dumps(doc, separators=(",", ":")))
+        return self.path
+
+    @staticmethod
+    def seconds(ns):
+        return ns / 1e9          # unix = baseTimeNanoseconds + ts
+
+
 class _Writer:
-    def __init__(self, ex: NsysExport):
+    def __init__(self, ex):
         self.ex, self.corr, self.cpu, self.gpu = ex, 100, T0, {COMPUTE: T0, COPY_STREAM: T0}
         self.first: int | None = None
         self.last = 0
@@ -152,11 +195,12 @@ class _Writer:
         return e
 
 
-def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60) -> tuple[Path, pd.DataFrame]:
-    """Write ``shape``'s export to ``path``; returns it and the truth (one row per step)."""
+def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60, fmt: str = "nsys") -> tuple[Path, pd.DataFrame]:
+    """Write ``shape``'s export (``fmt`` nsys: SQLite, kineto: JSON) to ``path``; returns it and the truth
+    (one row per step)."""
     rng = np.random.default_rng(seed + 1)
     steps = plan(seed, n_steps, shape.mixing, shape.steady)
-    ex = NsysExport(path, tables=TABLES)
+    ex = NsysExport(path, tables=TABLES) if fmt == "nsys" else KinetoSink(path)
     w = _Writer(ex)
     windows, pending_wait = [], None
     for p in steps.itertuples(index=False):
@@ -192,10 +236,7 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60) -> tupl
         if shape.sampled_bytes:
             d2h_end = w.copy(shape.sampled_bytes * reqs, 2, shape.d2h_stream)
             if shape.wait == "main":
-                w.call("cudaStreamSynchronize_v3020", 2 * US)
-                ex.conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = ? WHERE correlationId = ?",
-                                (max(w.cpu, d2h_end + 3 * US), w.corr))
-                w.cpu = max(w.cpu, d2h_end + 4 * US)
+                w.call("cudaStreamSynchronize_v3020", 2 * US, end=max(w.cpu + 2 * US, d2h_end + 3 * US))
             elif shape.wait in ("output-thread", "next-launch"):
                 w.call("cudaEventRecord_v3020", 2 * US)
                 if shape.wait == "output-thread":   # the output thread blocks from now until the copy lands
@@ -203,10 +244,7 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60) -> tupl
                            end=max(d2h_end + 3 * US, w.cpu + 2 * US))
                 else:                                # overlap: wait for the previous batch after launching this one
                     if pending_wait is not None:
-                        w.call("cudaEventSynchronize_v3020", 2 * US)
-                        ex.conn.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET \"end\" = ? WHERE correlationId = ?",
-                                        (max(w.cpu, pending_wait + 3 * US), w.corr))
-                        w.cpu = max(w.cpu, pending_wait + 4 * US)
+                        w.call("cudaEventSynchronize_v3020", 2 * US, end=max(w.cpu + 2 * US, pending_wait + 3 * US))
                     pending_wait = d2h_end
         if not shape.host_ahead:
             w.cpu = max(w.cpu, w.last)   # nothing launches until this step's results are back
@@ -217,7 +255,8 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60) -> tupl
     ex.close()
     truth = steps.copy()
     truth["gpu_start_ns"], truth["gpu_end_ns"] = zip(*windows)
-    truth["t_start_s"] = UTC0_S + (truth["gpu_start_ns"] - 10_000_000_000) / 1e9
+    truth["t_start_s"] = (UTC0_S + (truth["gpu_start_ns"] - 10_000_000_000) / 1e9 if fmt == "nsys"
+                          else KinetoSink.seconds(truth["gpu_start_ns"]))
     return path, truth
 
 
