@@ -111,7 +111,10 @@ def plan(seed: int, n_steps: int, mixing: bool, steady: bool = False) -> pd.Data
             rows.append(("decode", 0, running, running))
             if not steady:
                 running = max(4, running + int(rng.integers(-2, 3)))
-    return pd.DataFrame(rows, columns=["kind", "prefill_tokens", "decode_rows", "sampled_reqs"])
+    out = pd.DataFrame(rows, columns=["kind", "prefill_tokens", "decode_rows", "sampled_reqs"])
+    # host stalls (GC, detokenizer, scheduler hiccups): 20-80 ms without any call, before ~1 step in 20
+    out["host_stall_us"] = np.where(rng.random(n_steps) < 0.05, rng.integers(20_000, 80_000, n_steps), 0)
+    return out
 
 
 class KinetoSink:
@@ -156,8 +159,9 @@ class KinetoSink:
 
 
 class _Writer:
-    def __init__(self, ex):
+    def __init__(self, ex, rng: np.random.Generator):
         self.ex, self.corr, self.cpu, self.gpu = ex, 100, T0, {COMPUTE: T0, COPY_STREAM: T0}
+        self.rng = rng
         self.first: int | None = None
         self.last = 0
 
@@ -167,7 +171,8 @@ class _Writer:
         e = s + dur if end is None else end
         self.ex.call(s, e, name, self.corr, tid)
         if tid == MAIN:
-            self.cpu = e + 1 * US
+            # Python between two calls of one forward: a few µs, lognormal (torch dispatch, no sleep)
+            self.cpu = e + int(self.rng.lognormal(np.log(3.0), 0.6) * US)
         return self.corr
 
     def _gpu(self, stream: int, dur: int, after: int = 0) -> tuple[int, int]:
@@ -201,13 +206,13 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60, fmt: st
     rng = np.random.default_rng(seed + 1)
     steps = plan(seed, n_steps, shape.mixing, shape.steady)
     ex = NsysExport(path, tables=TABLES) if fmt == "nsys" else KinetoSink(path)
-    w = _Writer(ex)
+    w = _Writer(ex, rng)
     windows, pending_wait = [], None
     for p in steps.itertuples(index=False):
         prompt = p.prefill_tokens > 0
         tokens, reqs = p.prefill_tokens + p.decode_rows, p.sampled_reqs
         # the host schedules between forwards (0.3-0.9 ms); a synchronous engine has waited for the GPU
-        w.cpu += int(rng.uniform(300, 900)) * US
+        w.cpu += (int(rng.uniform(300, 900)) + int(p.host_stall_us)) * US
         w.first, w.last = None, 0
         if not shape.prompt_copies_only or prompt:
             for i, b in enumerate(shape.token_copies):
@@ -221,6 +226,7 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60, fmt: st
         else:
             extra = shape.per_layer_prompt if (prompt and shape.per_layer_prompt is not None) else shape.per_layer
             for _ in range(shape.layers):
+                w.cpu += int(rng.uniform(10, 100)) * US     # eager mode: module and op overhead per layer
                 w.kernel(("rms_norm_kernel", "rms_norm_kernel"), kern_us // 4 * US)
                 w.kernel((GEMM, GEMM), kern_us * US)
                 for a in shape.attention(prompt):

@@ -17,15 +17,15 @@ outside every step), or None when the trace does not show the marker it needs. B
    without the output copy): the engine thread schedules and prepares the next batch on the CPU
    between two forwards (vLLM ``EngineCore.step``: schedule -> ``execute_model``; SGLang
    ``event_loop_*``: ``get_next_batch_to_run`` -> ``run_batch``), so its calls come in bursts
-   separated by host gaps 10-100x longer than the gaps between launches inside a forward - even
-   when the GPU never idles (async scheduling, overlap). Used only when the host gaps are bimodal.
+   separated by host gaps longer than the gaps inside a forward - even when the GPU never idles
+   (async scheduling, overlap). Used only when the host gaps are bimodal.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces.steps.activity import D2H, GRAPH_LAUNCH, SYNC, Calls, Items
+from mixdiag.collectors.traces.steps.activity import D2H, GRAPH_LAUNCH, H2D, SYNC, Calls, Items
 
 #: Fewer positive gaps than this are too few for a distribution.
 MIN_GAPS = 16
@@ -73,27 +73,68 @@ def sync_steps(calls: Calls, items: Items, call_idx: np.ndarray, main_tid) -> np
     return np.where(main, step, -1)
 
 
-def launch_gap_steps(calls: Calls, main_tid) -> np.ndarray | None:
-    """Per call: the host burst it belongs to on the engine thread (launches, graph launches, copies,
-    waits), bursts split where the thread issued nothing for longer than the Otsu threshold of its
-    own gaps; None when those gaps are not bimodal or fewer than two bursts result."""
+def launch_gap_steps(calls: Calls, main_tid, signature: np.ndarray) -> np.ndarray | None:
+    """Per call: the host burst it belongs to on the engine thread, or None when the thread's gaps
+    are not bimodal.
+
+    The thread's gaps often have more than two classes: a few µs between launches, 10-100 µs of Python
+    between layers in eager mode, the scheduling gap between forwards, rare host stalls. Every valley
+    of the log-gap histogram (Otsu, recursively on each side) is a candidate; the step split is the one
+    whose bursts all hold the most of what a forward issues once (``signature``: per call, bits for
+    its call type and the GPU work it issued - input copies, output copies, collectives). Splitting at
+    per-layer pauses leaves the input copies in one burst of each step; splitting at stalls keeps
+    everything but merges steps, so among equally complete splits the finest wins. Failure case: an
+    engine that issues nothing once per step (no copies, no per-step collective) splits at its finest
+    valley - per-layer pauses then read as steps.
+    """
     main = calls.tid == main_tid
     idx = np.flatnonzero(main)
     if len(idx) < MIN_GAPS:
         return None
     idx = idx[np.argsort(calls.start[idx], kind="stable")]
     s, e = calls.start[idx], calls.end[idx]
-    thr = otsu_gap(s, e)
-    if thr is None:
-        return None
     run_end = np.maximum.accumulate(e)
-    brk = np.concatenate([[False], (s[1:] - run_end[:-1]) > thr])
-    burst = np.cumsum(brk)
-    if burst[-1] < 1:
+    gaps = np.concatenate([[0], s[1:] - run_end[:-1]])
+    sig = signature[idx]
+    best, best_score = None, -1
+    for thr in sorted(valleys(gaps[1:])):
+        burst = np.cumsum(gaps > thr)
+        n = int(burst[-1]) + 1
+        if n < 2:
+            continue
+        bits = [b for b in range(int(sig.max()).bit_length()) if (sig >> b & 1).any()]
+        complete = sum(len(np.unique(burst[(sig >> b & 1) > 0])) >= COMPLETE_SHARE * n for b in bits)
+        if complete > best_score:
+            best, best_score = burst, complete
+    if best is None:
         return None
     out = np.full(len(calls.start), -1, dtype=np.int64)
-    out[idx] = burst
+    out[idx] = best
     return out
+
+
+#: A call type / GPU-work bit must appear in at least this share of bursts to count as once-per-step.
+COMPLETE_SHARE = 0.9
+
+
+def call_signature(calls: Calls, items: Items, call_idx: np.ndarray, comm_flag: int) -> np.ndarray:
+    """Per call: bit ``what`` (launch, graph launch, copy, wait) plus 16 when it issued an H2D copy,
+    32 a D2H copy, 64 a collective kernel (``comm_flag`` in the item flags)."""
+    sig = np.left_shift(1, np.clip(calls.what, 0, 3)).astype(np.int64)
+    ok = call_idx >= 0
+    bits = np.where((items.what == 2) & (items.kind == H2D), 16, 0) | np.where((items.what == 2) & (items.kind == D2H), 32, 0)
+    bits = bits | np.where((items.what == 0) & (items.flags & comm_flag > 0), 64, 0)
+    np.bitwise_or.at(sig, call_idx[ok], bits[ok])
+    return sig
+
+
+def valleys(gaps: np.ndarray, depth: int = 3) -> list[int]:
+    """Every Otsu threshold of ``gaps`` (ns), splitting each side again while it stays bimodal."""
+    g = gaps[gaps > 100]
+    thr = _otsu(g)
+    if thr is None or depth == 0:
+        return []
+    return valleys(g[g <= thr], depth - 1) + [thr] + valleys(g[g > thr], depth - 1)
 
 
 def otsu_gap(start: np.ndarray, end: np.ndarray) -> int | None:
@@ -102,7 +143,10 @@ def otsu_gap(start: np.ndarray, end: np.ndarray) -> int | None:
     if len(start) < 3:
         return None
     run_end = np.maximum.accumulate(end)
-    gaps = start[1:] - run_end[:-1]
+    return _otsu(start[1:] - run_end[:-1])
+
+
+def _otsu(gaps: np.ndarray) -> int | None:
     gaps = gaps[gaps > 100]
     if len(gaps) < MIN_GAPS:
         return None

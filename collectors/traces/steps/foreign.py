@@ -27,9 +27,10 @@ import pandas as pd
 
 from mixdiag.collectors.traces.steps.activity import (D2H, GRAPH_LAUNCH, H2D, LAUNCH, MEMCPY, SYNC,  # noqa: F401
                                                       Activity, Calls, Items)
-from mixdiag.collectors.traces.steps.boundaries import (gap_threshold, launch_gap_steps, otsu_gap, range_steps,
-                                                        sync_steps)
+from mixdiag.collectors.traces.steps.boundaries import (call_signature, gap_threshold, launch_gap_steps, otsu_gap,
+                                                        range_steps, sync_steps)
 from mixdiag.collectors.traces.steps.evidence import rank_skew, transfers
+from mixdiag.collectors.traces.steps.kernel_names import COMM
 from mixdiag.collectors.traces.steps.token_inference import infer_tokens
 from mixdiag.collectors.traces.steps.reconstruct import graph_counts, graph_modes, split_on_gaps
 
@@ -94,7 +95,7 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
             call_step = sync_steps(calls, items, call_idx, main_tid)
             how = "sync" if holds(call_step) else None
         if how is None and gap_ns is None:
-            call_step = launch_gap_steps(calls, main_tid)
+            call_step = launch_gap_steps(calls, main_tid, call_signature(calls, items, call_idx, COMM))
             if holds(call_step) and _bursts_beat_gpu_gaps(call_step, items, on_main):
                 how = "launch"
         if how is None:
