@@ -31,6 +31,9 @@ from mixdiag.collectors.traces.steps.activity import D2H, GRAPH_LAUNCH, H2D, SYN
 MIN_GAPS = 16
 #: Otsu's two classes must lie at least this many decades apart to count as bimodal.
 MIN_DECADES = 1.0
+#: Inside one class of a bimodal split, a further valley is a candidate at half that separation
+#: (per-layer pauses of 30-100 µs against a 0.3-1 ms scheduling gap).
+SUB_DECADES = 0.5
 
 
 def range_steps(calls: Calls, ranges: pd.DataFrame, names, main_tid) -> np.ndarray | None:
@@ -96,14 +99,14 @@ def launch_gap_steps(calls: Calls, main_tid, signature: np.ndarray) -> np.ndarra
     run_end = np.maximum.accumulate(e)
     gaps = np.concatenate([[0], s[1:] - run_end[:-1]])
     sig = signature[idx]
+    present = [m for m in ((sig >> b & 1) > 0 for b in range(int(sig.max()).bit_length())) if m.any()]
     best, best_score = None, -1
     for thr in sorted(valleys(gaps[1:])):
         burst = np.cumsum(gaps > thr)
         n = int(burst[-1]) + 1
         if n < 2:
             continue
-        bits = [b for b in range(int(sig.max()).bit_length()) if (sig >> b & 1).any()]
-        complete = sum(len(np.unique(burst[(sig >> b & 1) > 0])) >= COMPLETE_SHARE * n for b in bits)
+        complete = sum(int((np.bincount(burst[has], minlength=n) > 0).sum()) >= COMPLETE_SHARE * n for has in present)
         if complete > best_score:
             best, best_score = burst, complete
     if best is None:
@@ -128,13 +131,15 @@ def call_signature(calls: Calls, items: Items, call_idx: np.ndarray, comm_flag: 
     return sig
 
 
-def valleys(gaps: np.ndarray, depth: int = 3) -> list[int]:
-    """Every Otsu threshold of ``gaps`` (ns), splitting each side again while it stays bimodal."""
+def valleys(gaps: np.ndarray, depth: int = 3, min_decades: float = MIN_DECADES) -> list[int]:
+    """Every Otsu threshold of ``gaps`` (ns): the first where the classes lie ``min_decades`` apart,
+    then each side again while its classes lie :data:`SUB_DECADES` apart (candidates only: the caller
+    judges them)."""
     g = gaps[gaps > 100]
-    thr = _otsu(g)
+    thr = _otsu(g, min_decades)
     if thr is None or depth == 0:
         return []
-    return valleys(g[g <= thr], depth - 1) + [thr] + valleys(g[g > thr], depth - 1)
+    return valleys(g[g <= thr], depth - 1, SUB_DECADES) + [thr] + valleys(g[g > thr], depth - 1, SUB_DECADES)
 
 
 def otsu_gap(start: np.ndarray, end: np.ndarray) -> int | None:
@@ -146,7 +151,7 @@ def otsu_gap(start: np.ndarray, end: np.ndarray) -> int | None:
     return _otsu(start[1:] - run_end[:-1])
 
 
-def _otsu(gaps: np.ndarray) -> int | None:
+def _otsu(gaps: np.ndarray, min_decades: float = MIN_DECADES) -> int | None:
     gaps = gaps[gaps > 100]
     if len(gaps) < MIN_GAPS:
         return None
@@ -164,7 +169,7 @@ def _otsu(gaps: np.ndarray) -> int | None:
     k = int(np.nanargmax(between[:-1]))
     lo_mean = m0[k] / w0[k]
     hi_mean = (mt - m0[k]) / (1 - w0[k])
-    if hi_mean - lo_mean < MIN_DECADES:
+    if hi_mean - lo_mean < min_decades:
         return None
     return int(10 ** edges[k + 1])
 
