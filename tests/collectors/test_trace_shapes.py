@@ -73,6 +73,15 @@ CASES = [
                fa2_splitkv, (4, 8, 8), (4, 4), False, None, COMPUTE, "none", True, False, True,
                per_layer=DEEPEP_LL, per_layer_prompt=DEEPEP_NORMAL),
          "launch-gaps", {"decode": "decode", "mixed": "unknown"}, False, comm=True),
+    Case(Shape("vllm_pp_stage0_full_graphs",
+               "As vllm_pp_stage0_fa2_deepep with CUDA graphs: decode batches replay one FULL graph "
+               "(vllm/v1/cudagraph_dispatcher.py: uniform decode -> FULL; DeepEP low-latency is graph-capturable), "
+               "so a decode burst is the input copies, one cudaGraphLaunch and the stage's send. Inside a "
+               "graph-level replay no attention kernel shows and no sampled-id copy counts requests: kinds stay "
+               "unknown, boundaries do not.",
+               fa2_splitkv, (4, 8, 8), (4, 4), False, None, COMPUTE, "none", True, True, True,
+               per_layer=DEEPEP_LL, per_layer_prompt=DEEPEP_NORMAL),
+         "launch-gaps", {"decode": "unknown", "mixed": "unknown"}, False, comm=True),
     Case(Shape("vllm_sync_fa3",
                f"vLLM V1 sync scheduling on Hopper with FlashAttention-3 (hopper/flash_api.cpp: one "
                f"FlashAttnFwdSm90 cutlass kernel for every phase, a name neither FA2 pattern matches). "
@@ -120,7 +129,8 @@ def test_shape_reconstructs(tmp_path, case, fmt, seed):
     assert (got == want).all(), dict(zip(truth["kind"], got))
     prompt = truth["kind"].to_numpy() != "decode"
     pt = s["prefill_tokens"].to_numpy()[sc.matched]
-    assert (pt[~prompt] == 0).all()                        # decode steps: no prompt tokens
+    dec = ~prompt & (got == "decode")
+    assert (pt[dec] == 0).all() and np.isnan(pt[~prompt & ~dec]).all()   # decode: none; unknown kind: unknown
     if case.tokens_inferred:                               # measured from the token-proportional copies
         assert np.array_equal(pt[prompt], truth["prefill_tokens"].to_numpy()[prompt])
         rows = s["decode_rows"].to_numpy()[sc.matched]

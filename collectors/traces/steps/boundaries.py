@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces.steps.activity import D2H, GRAPH_LAUNCH, H2D, SYNC, Calls, Items
+from mixdiag.collectors.traces.steps.activity import D2H, GRAPH_LAUNCH, H2D, LAUNCH, SYNC, Calls, Items
 
 #: Fewer positive gaps than this are too few for a distribution.
 MIN_GAPS = 16
@@ -81,14 +81,16 @@ def launch_gap_steps(calls: Calls, main_tid, signature: np.ndarray) -> np.ndarra
     are not bimodal.
 
     The thread's gaps often have more than two classes: a few µs between launches, 10-100 µs of Python
-    between layers in eager mode, the scheduling gap between forwards, rare host stalls. Every valley
-    of the log-gap histogram (Otsu, recursively on each side) is a candidate; the step split is the one
-    whose bursts all hold the most of what a forward issues once (``signature``: per call, bits for
-    its call type and the GPU work it issued - input copies, output copies, collectives). Splitting at
-    per-layer pauses leaves the input copies in one burst of each step; splitting at stalls keeps
-    everything but merges steps, so among equally complete splits the finest wins. Failure case: an
-    engine that issues nothing once per step (no copies, no per-step collective) splits at its finest
-    valley - per-layer pauses then read as steps.
+    between layers in eager mode, the scheduling (or waiting) gap between forwards, rare host stalls.
+    Every valley of the log-gap histogram (Otsu, recursively on each side) is a candidate split. Walking
+    from the coarsest split to finer ones, a refinement is kept while the bursts it adds look like
+    steps: of the work kinds every coarser burst held (``signature`` bits other than a plain launch:
+    input / output copies, graph launches, collectives, waits), at least half are held by at least half
+    of the new bursts. Splitting at stalls merges steps (the refinement to the scheduling gap adds
+    bursts that hold copies and sends: kept); splitting at per-layer pauses adds fragments without the
+    step's input copies (dropped). Failure cases: an engine that issues nothing but launches splits at
+    its finest valley (per-layer pauses read as steps); one whose once-per-step work sits in under half
+    of its steps stays at a coarser split (steps merge between stalls).
     """
     main = calls.tid == main_tid
     idx = np.flatnonzero(main)
@@ -99,16 +101,22 @@ def launch_gap_steps(calls: Calls, main_tid, signature: np.ndarray) -> np.ndarra
     run_end = np.maximum.accumulate(e)
     gaps = np.concatenate([[0], s[1:] - run_end[:-1]])
     sig = signature[idx]
-    present = [m for m in ((sig >> b & 1) > 0 for b in range(int(sig.max()).bit_length())) if m.any()]
-    best, best_score = None, -1
-    for thr in sorted(valleys(gaps[1:])):
+    present = [m for b, m in ((b, (sig >> b & 1) > 0) for b in range(int(sig.max()).bit_length()))
+               if b != LAUNCH and m.any()]
+    best, held = None, None
+    for thr in sorted(valleys(gaps[1:]), reverse=True):          # coarsest first
         burst = np.cumsum(gaps > thr)
         n = int(burst[-1]) + 1
         if n < 2:
             continue
-        complete = sum(int((np.bincount(burst[has], minlength=n) > 0).sum()) >= COMPLETE_SHARE * n for has in present)
-        if complete > best_score:
-            best, best_score = burst, complete
+        now = np.array([int((np.bincount(burst[m], minlength=n) > 0).sum()) for m in present], dtype=np.int64)
+        if best is not None:
+            n_old = int(best[-1]) + 1
+            full = held >= COMPLETE_SHARE * n_old                  # work every coarser burst held
+            new_share = (now - held) / max(n - n_old, 1)
+            if full.any() and (new_share[full] >= 0.5).sum() < 0.5 * full.sum():
+                break                                              # the new bursts are fragments
+        best, held = burst, now
     if best is None:
         return None
     out = np.full(len(calls.start), -1, dtype=np.int64)
@@ -116,7 +124,7 @@ def launch_gap_steps(calls: Calls, main_tid, signature: np.ndarray) -> np.ndarra
     return out
 
 
-#: A call type / GPU-work bit must appear in at least this share of bursts to count as once-per-step.
+#: A work kind held by at least this share of a split's bursts counts as held by every burst.
 COMPLETE_SHARE = 0.9
 
 
