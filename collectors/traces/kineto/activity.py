@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.traces.steps import ranges as sr
+from mixdiag.collectors.traces.steps.kernel_names import kernel_flags
 from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
 
 RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "runtime", "driver")
@@ -43,12 +44,6 @@ def _call_kind(name: str) -> int:
         if rx.match(name):
             return what
     return -1
-
-
-def _kernel_flags(name: str) -> int:
-    f = 1 if sr.PREFILL_KERNEL_RE.search(name) else (2 if sr.DECODE_KERNEL_RE.search(name) else 0)
-    return (f | (8 if sr.TRANSFER_KERNEL_RE.search(name) else 0) | (4 if sr.COMM_KERNEL_RE.search(name) else 0)
-            | (16 if sr.EP_EXCHANGE_RE.search(name) else 0))
 
 
 def _copy_kind(name: str) -> int:
@@ -95,7 +90,7 @@ def read_activity(df: pd.DataFrame, base_ns: int, *, group_base: int = 0,
         stream = np.where(sub["stream"].to_numpy() >= 0, sub["stream"].to_numpy(), _ints(sub["tid"]))
         z = np.zeros(len(s), dtype=np.int64)
         if kind == 0:
-            flags, nbytes, ckind = _by_name(sub["name"], _kernel_flags), z, z
+            flags, nbytes, ckind = _by_name(sub["name"], kernel_flags), z, z
         else:
             flags, nbytes, ckind = z, sub["bytes"].to_numpy(dtype=np.int64), _by_name(sub["name"], _copy_kind)
         parts.append((s, e, dev, stream, sub["corr"].to_numpy(dtype=np.int64), z + kind, nbytes, ckind, flags))

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.traces.steps import ranges as sr
+from mixdiag.collectors.traces.steps.kernel_names import kernel_flags
 from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, LAUNCH, MEMCPY, SYNC, Activity, Calls, Items
 from mixdiag.collectors.traces.nsys.db import GRAPH_TRACE, KERNEL, NVTX, PID_MASK, RUNTIME, STRINGS, NsysDb
 from mixdiag.collectors.traces.nsys.kernels import fetch_columns, launch_names
@@ -28,18 +29,7 @@ def _flags(db: NsysDb) -> np.ndarray:
     for i, s in db.conn.execute(f"SELECT id, value FROM {STRINGS}"):
         if not s or i is None or i < 0:
             continue
-        f = 0
-        if sr.PREFILL_KERNEL_RE.search(s):
-            f |= 1
-        elif sr.DECODE_KERNEL_RE.search(s):
-            f |= 2
-        if sr.TRANSFER_KERNEL_RE.search(s):
-            f |= 8
-        if sr.COMM_KERNEL_RE.search(s):
-            f |= 4
-        if sr.EP_EXCHANGE_RE.search(s):
-            f |= 16
-        flags[i] = f
+        flags[i] = kernel_flags(s)
     return flags
 
 

@@ -6,10 +6,14 @@ reader builds it in :mod:`..nsys.activity`). Per process, steps are found by, be
 1. ``range``: a known step range name (:data:`.ranges.STEP_RANGES`, or ``--step-range``);
    work launched inside a range on its thread is the step's;
 2. ``sync``: the engine thread's sampled-token pattern - every step ends with a device-to-host
-   copy of the sampled ids that the thread then waits for (``cudaStreamSynchronize`` /
-   ``cudaEventSynchronize``); the thread is the one that launches most kernels;
-3. ``gap``: GPU idle gaps longer than a threshold taken from the trace's own gap distribution
+   copy of the sampled ids that some thread of the process waits for (``cudaStreamSynchronize`` /
+   ``cudaEventSynchronize``); the engine thread is the one that launches most kernels;
+3. ``launch``: the engine thread's bursts of calls between host gaps (scheduling between forwards),
+   when those gaps are bimodal and the GPU's own idle gaps do not show the iterations;
+4. ``gap``: GPU idle gaps longer than a threshold taken from the trace's own gap distribution
    (Otsu split of the log-gap histogram) unless given.
+
+The finders of 1-3 live in :mod:`.boundaries`.
 
 Each GPU item is joined to its launch call by correlation id inside its process, so the step of a
 kernel or copy is the step of its call; no Python loop runs per kernel. Token allocation comes from
@@ -18,58 +22,20 @@ before, rank skew) is computed here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
+from mixdiag.collectors.traces.steps.activity import (D2H, GRAPH_LAUNCH, H2D, LAUNCH, MEMCPY, SYNC,  # noqa: F401
+                                                      Activity, Calls, Items)
+from mixdiag.collectors.traces.steps.boundaries import (call_signature, gap_threshold, launch_gap_steps, otsu_gap,
+                                                        range_steps, sync_steps)
 from mixdiag.collectors.traces.steps.evidence import rank_skew, transfers
+from mixdiag.collectors.traces.steps.kernel_names import COMM
 from mixdiag.collectors.traces.steps.token_inference import infer_tokens
 from mixdiag.collectors.traces.steps.reconstruct import graph_counts, graph_modes, split_on_gaps
 
-LAUNCH, GRAPH_LAUNCH, MEMCPY, SYNC = 0, 1, 2, 3
-H2D, D2H = 1, 2
-#: Fewer positive GPU gaps than this are too few for a distribution: the default threshold is used.
-MIN_GAPS = 16
-
-
-@dataclass
-class Items:
-    """GPU work items of one export. ``what``: 0 kernel, 1 graph row, 2 copy. Copies carry
-    ``nbytes``/``kind``; kernels ``flags`` (bit 1 prefill family, 2 decode family, 4 comm, 8
-    transfer kernel, 16 EP exchange) and ``graph`` (1 when replayed from a CUDA graph, node-level trace)."""
-
-    grp: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    dev: np.ndarray
-    stream: np.ndarray
-    corr: np.ndarray
-    what: np.ndarray
-    nbytes: np.ndarray
-    kind: np.ndarray
-    flags: np.ndarray
-    graph: np.ndarray
-
-
-@dataclass
-class Calls:
-    """Runtime calls: ``what`` is LAUNCH, GRAPH_LAUNCH, MEMCPY or SYNC."""
-
-    grp: np.ndarray
-    tid: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    corr: np.ndarray
-    what: np.ndarray
-
-
-@dataclass
-class Activity:
-    items: Items
-    calls: Calls | None
-    ranges: pd.DataFrame            # grp, tid, start, end, name (step and transfer ranges only)
-    notes: list[str] = field(default_factory=list)
+#: Per-row step_source -> meta step_source, best method first.
+SOURCES = {"range": "nvtx-engine-naming", "sync": "sync-pattern", "launch": "launch-gaps", "gap": "kernel-gaps"}
 
 
 def _sub(obj, sel):
@@ -104,8 +70,7 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
     steps = pd.concat(frames, ignore_index=True)
     rank_skew(steps)
     steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
-    src = {"range": "nvtx-engine-naming", "sync": "sync-pattern", "gap": "kernel-gaps"}
-    return steps, notes, src[min(sources, key=["range", "sync", "gap"].index)]
+    return steps, notes, SOURCES[min(sources, key=list(SOURCES).index)]
 
 
 # ---- one process ---------------------------------------------------------------------------
@@ -124,11 +89,15 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
     if main_tid is not None:
         # a method that puts no GPU work in any step (ranges around host-only calls) is no method
         holds = lambda cs: cs is not None and bool((cs[call_idx[on_main]] >= 0).any())  # noqa: E731
-        call_step = _range_steps(calls, ranges, names, main_tid)
+        call_step = range_steps(calls, ranges, names, main_tid)
         how = "range" if holds(call_step) else None
         if how is None:
-            call_step = _sync_steps(calls, items, call_idx, main_tid)
+            call_step = sync_steps(calls, items, call_idx, main_tid)
             how = "sync" if holds(call_step) else None
+        if how is None and gap_ns is None:
+            call_step = launch_gap_steps(calls, main_tid, call_signature(calls, items, call_idx, COMM))
+            if holds(call_step) and _bursts_beat_gpu_gaps(call_step, items, on_main):
+                how = "launch"
         if how is None:
             call_step = None
     if call_step is not None:
@@ -173,6 +142,23 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
     return out, how, notes
 
 
+def _bursts_beat_gpu_gaps(call_step: np.ndarray, items: Items, on_main: np.ndarray) -> bool:
+    """Host bursts are the engine's iterations; GPU idle gaps are too, unless the GPU never idles
+    between them (async scheduling, overlap): prefer the bursts when the GPU shows no bimodal gaps
+    or fewer than half as many gap-separated windows as the engine thread has bursts."""
+    k = np.flatnonzero(on_main & (items.what != 2))
+    if not len(k):
+        return False
+    k = k[np.argsort(items.start[k], kind="stable")]
+    thr = otsu_gap(items.start[k], items.end[k])
+    if thr is None:
+        return True
+    run_end = np.maximum.accumulate(items.end[k])
+    windows = 1 + int(((items.start[k][1:] - run_end[:-1]) > thr).sum())
+    bursts = len(np.unique(call_step[call_step >= 0]))
+    return windows < 0.5 * bursts
+
+
 def _transfer_candidates(items: Items, call_idx: np.ndarray, on_main) -> np.ndarray:
     """Copies and transfer kernels that may move KV: off the compute streams (those the engine
     thread's kernels run on, else the busiest kernel stream) and issued by another thread. Items
@@ -210,76 +196,6 @@ def join_on(keys: np.ndarray, probe: np.ndarray) -> np.ndarray:
 
 def pid_text(g) -> str:
     return str(int(g) >> 24 & 0xFFFFFF) if int(g) > 0xFFFFFF else f"group {int(g)}"
-
-
-def _range_steps(calls: Calls, ranges: pd.DataFrame, names, main_tid) -> np.ndarray | None:
-    if ranges is None or not len(ranges):
-        return None
-    for name in names:
-        r = ranges[(ranges["name"] == name) & (ranges["tid"] == main_tid)]
-        if len(r) < 2:
-            continue
-        s = r["start"].to_numpy(dtype=np.int64)
-        e = r["end"].to_numpy(dtype=np.int64)
-        o = np.argsort(s, kind="stable")
-        s, e = s[o], e[o]
-        outer = s >= np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]])
-        s, e = s[outer], e[outer]
-        k = np.searchsorted(s, calls.start, side="right") - 1
-        ok = (k >= 0) & (calls.tid == main_tid) & (calls.start <= e[np.maximum(k, 0)])
-        return np.where(ok, k, -1)
-    return None
-
-
-def _sync_steps(calls: Calls, items: Items, call_idx: np.ndarray, main_tid) -> np.ndarray | None:
-    """Boundaries = the engine thread's D2H copy calls followed by launches of the next step."""
-    main = calls.tid == main_tid
-    d2h_calls = call_idx[(items.what == 2) & (items.kind == D2H) & (call_idx >= 0)]
-    d2h_calls = d2h_calls[main[d2h_calls]]
-    n_sync = int((main & (calls.what == SYNC)).sum())
-    if len(d2h_calls) < 2 or n_sync < 0.5 * len(np.unique(d2h_calls)):
-        return None
-    b = np.unique(calls.start[d2h_calls])
-    lt = np.sort(calls.start[main & (calls.what <= GRAPH_LAUNCH)])
-    # keep the last copy of a run of copies with no launch between them (the step's last output)
-    nxt = np.searchsorted(lt, np.append(b[1:], np.iinfo(np.int64).max)) - np.searchsorted(lt, b)
-    b = b[(nxt > 0) | (np.arange(len(b)) == len(b) - 1)]
-    if len(b) < 2:
-        return None
-    step = np.searchsorted(b, calls.start, side="left")
-    return np.where(main, step, -1)
-
-
-def gap_threshold(start: np.ndarray, end: np.ndarray, default_ns: int = 500_000) -> int:
-    """Idle gap that separates steps: Otsu split of the log10 histogram of positive GPU gaps.
-
-    Falls back to ``default_ns`` when the gaps are not bimodal (classes less than 10x apart) or
-    too few to tell.
-    """
-    if len(start) < 3:
-        return default_ns
-    run_end = np.maximum.accumulate(end)
-    gaps = start[1:] - run_end[:-1]
-    gaps = gaps[gaps > 100]
-    if len(gaps) < MIN_GAPS:
-        return default_ns
-    lg = np.log10(gaps.astype("float64"))
-    hist, edges = np.histogram(lg, bins=64)
-    p = hist / hist.sum()
-    mids = (edges[:-1] + edges[1:]) / 2
-    w0 = np.cumsum(p)
-    m0 = np.cumsum(p * mids)
-    mt = m0[-1]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        between = (mt * w0 - m0) ** 2 / (w0 * (1 - w0))
-    if not np.isfinite(between[:-1]).any():
-        return default_ns
-    k = int(np.nanargmax(between[:-1]))
-    lo_mean = m0[k] / w0[k]
-    hi_mean = (mt - m0[k]) / (1 - w0[k])
-    if hi_mean - lo_mean < 1.0:
-        return default_ns
-    return int(10 ** edges[k + 1])
 
 
 def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.DataFrame:
@@ -359,6 +275,9 @@ def method_notes(steps, step_range: str | None, step_source: str) -> list[str]:
         notes.append(f"no '{step_range}' ranges on an engine thread: steps found another way")
     if step_source == "kernel-gaps":
         notes.append("no step ranges and no sync pattern: steps split on GPU idle gaps (heuristic)")
+    elif step_source == "launch-gaps":
+        notes.append("no step ranges and no sampled-token copy per step: steps are the engine thread's bursts "
+                     "of launches between host gaps (heuristic)")
     elif step_source == "sync-pattern":
         notes.append("steps from the engine thread's sampled-token copy + synchronize pattern (heuristic)")
     return notes

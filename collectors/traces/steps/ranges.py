@@ -1,7 +1,7 @@
 """Names the trace collectors recognise in foreign engines' traces: an extendable table.
 
 Source names stop here (house rule): the collectors read these tables, the diagnosis never sees
-them. Add an engine by adding rows; order matters only in :data:`STEP_RANGES` (outermost first:
+them. Kernel names are in :mod:`.kernel_names`. Add an engine by adding rows; order matters only in :data:`STEP_RANGES` (outermost first:
 the first name present in a process wins).
 """
 from __future__ import annotations
@@ -30,25 +30,7 @@ ENGINE_STEP_NAMES: tuple[str, ...] = tuple(n for n, eng, _ in STEP_RANGES if eng
 TRANSFER_RANGE_RE = re.compile(r"nixl|ucx|mooncake|kv_?transfer|kv_?connector|send_kv|recv_kv|"
                                r"start_load_kv|wait_for_layer_load|save_kv_layer", re.I)
 
-#: Attention kernels that only run for prefill (extend) rows: FlashAttention varlen forward,
-#: FlashInfer prefill wrappers, Triton/SGLang extend attention, FlashMLA/cutlass MLA prefill.
-PREFILL_KERNEL_RE = re.compile(r"flash_fwd_kernel|flash_fwd_varlen|BatchPrefill|SinglePrefill|"
-                               r"extend_attention|context_attention|mla_prefill|fmha_.*varlen", re.I)
-#: Attention kernels of decode rows: FlashAttention split-KV, FlashInfer decode, FlashMLA, paged.
-DECODE_KERNEL_RE = re.compile(r"splitkv|BatchDecode|SingleDecode|flash_mla|flashmla|paged_attention|"
-                              r"decode_attention|mla_decode", re.I)
-#: Collective / expert-parallel exchange kernels (comm share). ``combine`` alone is not enough:
-#: FlashAttention's ``flash_fwd_splitkv_combine_kernel`` is attention.
-COMM_KERNEL_RE = re.compile(r"nccl|all_?to_?all|deep_?ep|::dispatch|::combine|moe_?dispatch|moe_?combine|"
-                            r"ep_?dispatch|ep_?combine|all_?reduce|cross_device_reduce|all_?gather|"
-                            r"reduce_?scatter|pplx", re.I)
-#: Expert-parallel exchanges (all-to-all, dispatch/combine, point-to-point): the collectives whose
-#: waiting time shows an EP hotspot. All-reduce / all-gather / reduce-scatter (tensor and data
-#: parallelism) are not among them.
-EP_EXCHANGE_RE = re.compile(r"all_?to_?all|deep_?ep|::dispatch|::combine|moe_?dispatch|moe_?combine|"
-                            r"ep_?dispatch|ep_?combine|pplx|nccl.*(sendrecv|send|recv)", re.I)
-#: Kernels that move KV between instances when they run off the compute stream.
-TRANSFER_KERNEL_RE = re.compile(r"nccl.*(sendrecv|send|recv)|kv_?transfer|nixl|mooncake", re.I)
+# Kernel names (attention phase, comm, EP exchange, transfer kernels) live in .kernel_names.
 
 #: Runtime calls the engine thread blocks in for the sampled ids (sync pattern).
 SYNC_CALL_LIKE = ("cudaStreamSynchronize%", "cudaEventSynchronize%", "cudaDeviceSynchronize%",

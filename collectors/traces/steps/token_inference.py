@@ -17,6 +17,18 @@ of some engine:
 
 One prefill request per step is assumed when splitting requests into decode rows (chunked
 prefill schedules one partial prompt per step). Steps the calibration cannot read keep NaN counts.
+
+Engines that keep their inputs on the GPU (SGLang: ``prepare_for_decode`` reuses the output ids as
+input ids, ``out_cache_loc`` comes from the GPU allocator, ``seq_lens`` is bumped in place;
+``prepare_for_extend`` uploads the new prompt ids) copy nothing per decode step, so no per-copy line can
+be fitted. When most steps carry no H2D bytes (:func:`_gpu_inputs`): a step without input copies holds no
+prompt tokens (prompt ids start on the host - the tokenizer runs there - and must cross once), a step with
+them does; its prompt tokens stay unknown (NaN: the element size of the uploaded ids is not in the trace).
+
+Kernel families come from :mod:`.kernel_names`: decode-only attention -> decode; prefill and decode
+attention in one step -> mixed (vLLM's FlashInfer backend runs both wrappers on one batch); prefill
+attention alone -> prefill only where the trace shows the engine splits its attention by phase (some
+step ran both), else unknown (FlashAttention varlen runs one kernel for prefill and decode rows).
 """
 from __future__ import annotations
 
@@ -27,12 +39,57 @@ MIN_DISTINCT_D2H = 5
 MIN_DECODE_STEPS = 5
 
 
+#: A trace whose steps carry no H2D bytes at least this often keeps its inputs on the GPU.
+GPU_INPUT_SHARE = 0.5
+
+
 def _families_only(s: pd.DataFrame) -> pd.DataFrame:
     pf, df = s["prefill_family"].to_numpy(), s["decode_family"].to_numpy()
-    kind = np.where(df & ~pf, "decode", "unknown").astype(object)
+    split = bool((pf & df).any())   # the engine runs prefill and decode attention as separate kernels
+    kind = np.where(df & ~pf, "decode", np.where(pf & df, "mixed", np.where(pf & split, "prefill", "unknown")))
+    kind = kind.astype(object)
     return pd.DataFrame({"prefill_tokens": np.where(kind == "decode", 0.0, np.nan), "decode_rows": np.nan,
-                         "kind": kind, "q_token_allocation": np.where(kind == "decode", "inferred", "")},
+                         "kind": kind, "q_token_allocation": np.where(kind != "unknown", "inferred", "")},
                         index=s.index)
+
+
+def _requests(s: pd.DataFrame) -> np.ndarray:
+    """Sampled requests per step from the D2H sizes (NaN where the unit cannot be calibrated)."""
+    d2h = s["d2h_bytes"].to_numpy().astype(np.int64)
+    nz = d2h[d2h > 0]
+    if len(np.unique(nz)) < MIN_DISTINCT_D2H:
+        return np.full(len(s), np.nan)
+    unit = int(np.gcd.reduce(nz))
+    reqs = d2h / unit
+    if unit < 1 or np.median(reqs[d2h > 0]) > 65536:
+        return np.full(len(s), np.nan)
+    return np.where(d2h > 0, reqs, np.nan)
+
+
+def _gpu_inputs(s: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame | None:
+    """Kinds of an engine whose decode steps copy no inputs (see the module docstring); None when
+    the trace is not one (most steps carry input copies, none ever does, or no step copies sampled ids
+    back in sizes that calibrate a request count)."""
+    h2d = s["h2d_bytes"].to_numpy()
+    if not len(h2d) or (h2d == 0).mean() < GPU_INPUT_SHARE or not (h2d > 0).any():
+        return None
+    reqs = _requests(s)
+    if np.isnan(reqs).all():   # no sampled-id copy per step: nothing says these are an LLM engine's steps
+        return None
+    pf, df = s["prefill_family"].to_numpy(), s["decode_family"].to_numpy()
+    prompt = (h2d > 0) | pf
+    # decode rows riding along: the step samples (nearly) the whole running batch, not only new prompts
+    dec_reqs = pd.Series(np.where(~prompt, reqs, np.nan)).ffill().shift(1).to_numpy()
+    with np.errstate(invalid="ignore"):
+        rides = (df & pf) | (reqs >= 0.5 * dec_reqs)
+    known = ~np.isnan(reqs) & ~np.isnan(dec_reqs)
+    kind = np.where(~prompt, "decode", np.where(df & pf, "mixed",
+                    np.where(known, np.where(rides, "mixed", "prefill"), out["kind"].to_numpy())))
+    rows = np.where(kind == "decode", reqs, np.where(kind == "mixed", np.maximum(reqs - 1, 0),
+                                                     np.where(kind == "prefill", 0.0, np.nan)))
+    return pd.DataFrame({"prefill_tokens": np.where(kind == "decode", 0.0, np.nan), "decode_rows": rows,
+                         "kind": kind.astype(object),
+                         "q_token_allocation": np.where(kind != "unknown", "inferred", "")}, index=s.index)
 
 
 def infer_tokens(s: pd.DataFrame, hs: np.ndarray, ordinal: np.ndarray, hb: np.ndarray) -> pd.DataFrame:
@@ -42,6 +99,9 @@ def infer_tokens(s: pd.DataFrame, hs: np.ndarray, ordinal: np.ndarray, hb: np.nd
     ``hb`` are each H2D copy's step, position inside its step and bytes.
     """
     out = _families_only(s)
+    gpu = _gpu_inputs(s, out)
+    if gpu is not None:
+        return gpu
     n = len(s)
     d2h = s["d2h_bytes"].to_numpy().astype(np.int64)
     nz = d2h[d2h > 0]
