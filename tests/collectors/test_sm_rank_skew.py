@@ -10,12 +10,14 @@ from mixdiag.collectors.traces.nsys import reader as nsys
 from mixdiag.collectors.traces.steps.evidence import sm_rank_skew
 
 
-def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_skew=np.nan):
+def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_skew=np.nan, drift_ns=0):
     rows = []
     for g, vals in enumerate(sm):
         for i in range(n):
             eager = i < visible_ep  # the first steps ran eager (kernels visible), the rest replayed graphs
-            rows.append(dict(group=100 + g, step=i, gpu_start_ns=i * 10_000_000 + g, gpu_end_ns=(i + 1) * 10_000_000,
+            # ``drift_ns``: rank g's steps end g * drift_ns later (ranks that do not meet every step)
+            rows.append(dict(group=100 + g, step=i, gpu_start_ns=i * 10_000_000 + g,
+                             gpu_end_ns=(i + 1) * 10_000_000 + g * drift_ns,
                              opaque_ns=0 if eager else 9_000_000, ep_kernels=12 if eager else 0,
                              step_source=source, sm_active=vals[i], rank_skew=rank_skew if eager else np.nan))
     return pd.DataFrame(rows)
@@ -25,7 +27,12 @@ def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_
     ("balanced", {}, 1.0),
     ("rank 1 waits on 3 steps", {"sm": ((0.8,) * 8, (0.8,) * 5 + (0.4,) * 3)}, 2.0),
     ("GPU-gap windows do not match across ranks", {"source": "gap"}, None),
-    ("too few eager steps to show the ranks exchange", {"visible_ep": 2}, None),
+    ("too few eager steps to show the ranks exchange, steps drift apart", {"visible_ep": 2, "drift_ns": 3_000_000},
+     None),
+    # graph-level trace, every step a replay: the ranks' steps ending together is what shows they meet in an
+    # all-to-all every step (DeepEP low-latency dispatch/combine inside the FULL graph)
+    ("no eager step, co-terminating ranks", {"visible_ep": 0, "sm": ((0.8,) * 8, (0.8,) * 5 + (0.4,) * 3)}, 2.0),
+    ("no eager step, ranks drift by a third of a step", {"visible_ep": 0, "drift_ns": 3_000_000}, None),
 ])
 def test_sm_rank_skew_table(case, kwargs, expect):
     s = _frame(**kwargs)
@@ -60,10 +67,19 @@ def _sim(tmp_path, faults):
     return truth, out
 
 
-def test_graph_only_trace_cannot_show_ep_ranks(tmp_path):
-    # every step replays FULL: no exchange kernel is ever visible, so nothing says these are EP ranks
-    _, out = _sim(tmp_path, ("ep_hotspot",))
-    assert nsys.read(out).steps["rank_sm_skew"].isna().all()
+def test_graph_only_trace_ep_ranks_by_co_terminating_steps(tmp_path):
+    # every decode step replays FULL (graph-level trace, DeepEP low-latency kernels inside the graph): no
+    # exchange kernel is ever visible, but the ranks' steps end together, so their SM-busy asymmetry counts
+    truth, out = _sim(tmp_path, ("ep_hotspot",))
+    tl = nsys.read(out)
+    s = tl.steps
+    inst = sorted(s["instance"].unique())[0]
+    g = s[s["instance"] == inst].sort_values("t_start_s").reset_index(drop=True)
+    t = truth.steps[truth.steps["rank"] == 0].sort_values("step").reset_index(drop=True)
+    hot = (t["cause"] == "ep_hotspot").to_numpy()
+    assert hot.sum() >= 3 and g["rank_sm_skew"].notna().mean() > 0.9
+    k = g["rank_sm_skew"].to_numpy()
+    assert np.nanmedian(k[hot]) > np.nanmedian(k[~hot]) + 0.03
 
 
 def test_simulated_ep_hotspots_in_a_graph_level_trace(tmp_path):

@@ -181,7 +181,8 @@ _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kin
                  "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "sm_active", "schedule_s",
                  "prepare_s", "forward_s", "kv_transfer_s", "kv_transfer_bytes", "expert_imbalance",
                  "preempted_reqs", "gpu_kernels", "gpu_kernel_s", "graph_launches", "scheduled_tokens",
-                 "step_source", "comm_s", "comm_share", "rank_skew", "rank_sm_skew", "device_idle_before_s", "q_token_allocation",
+                 "step_source", "comm_s", "comm_share", "rank_skew", "rank_sm_skew", "kv_overlap_s", "kv_overlap_bytes", "kv_wait_s",
+                 "device_idle_before_s", "q_token_allocation",
                  "q_graph_mode", "q_expert_imbalance", "q_kv_transfer", "q_sm_active"]
 
 

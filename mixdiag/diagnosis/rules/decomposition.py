@@ -92,7 +92,8 @@ def features(rows: pd.DataFrame, granularity: str) -> np.ndarray:
         f[:, col["mixing"]] = np.where(tokens_ok & has_prefill & has_decode, prefill, 0.0)
         waited = has_prefill & ~has_decode & _flag(rows, "decodes_before")
         f[:, col["prefill_stall"]] = np.where(tokens_ok & waited, prefill, 0.0)
-        xfer_s = _num(rows, "kv_transfer_s")
+        # transfer seconds charged to the step, or a side-stream transfer running inside its span
+        xfer_s = np.maximum(_num(rows, "kv_transfer_s"), _num(rows, "kv_overlap_s"))
         f[:, col["pd_transfer"]] = np.where(kv_ok, np.where(xfer_s > 0, xfer_s, _num(rows, "kv_transfer_bytes") / 1e9), 0)
         # only a decode-only step falls back: a mixed step leaves the FULL graph by design (its cost is mixing's)
         fell_back = graph_ok & _flag(rows, "graph_off") & has_decode & ~has_prefill

@@ -46,10 +46,14 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
     qa, qg, qs = row_quality(row, ctx, "token_allocation"), row_quality(row, ctx, "graph_mode"), row_quality(row, ctx, "sm_active")
     # 1. PD KV transfer overlapping or preceding the step: measured traffic, before any host call.
     if bool(row.get("kv_xfer")):
-        kv_s = num(row.get("kv_transfer_s"))
+        # the step's own wait on a side-stream transfer (compute stream idle while it ran) is the measured
+        # part of the excess; else the transfer time charged to the step
+        wait = num(row.get("kv_wait_s"))
+        kv_s = wait if wait else num(row.get("kv_transfer_s"))
         share = min(1.0, kv_s / excess) if kv_s is not None and excess and excess > 0 else None
         conf = (0.75 if row_quality(row, ctx, "kv_transfer") == "measured" else 0.6) + (0.25 * share if share is not None else 0.0)
-        return done("pd_transfer", conf, kv_transfer_share_of_excess=None if share is None else round(share, 3))
+        return done("pd_transfer", conf, kv_transfer_share_of_excess=None if share is None else round(share, 3),
+                    kv_wait_s=wait, kv_overlap_s=num(row.get("kv_overlap_s")))
 
     # 2. host stall: a measured idle gap before the step holds most of the excess (never by elimination).
     gap_x = num(row.get("gap_excess_s"))
@@ -211,7 +215,9 @@ def _ep_hotspot(row, ctx, cfg, smd) -> tuple | None:
     # kernel-level skew (which rank is hot is not known, and a wide comm kernel hides the wait), so
     # lower confidence and no SM-down bonus (that is the same measurement).
     sk, skd = num(row.get("rank_sm_skew")), num(row.get("sm_skew_delta"))
-    replayed = row.get("graph_mode") == "FULL" and corroborates(row_quality(row, ctx, "graph_mode"))
+    # a replay hides the compute: FULL, or PIECEWISE (the MoE layers sit inside the piece graphs; only
+    # attention runs eager between them) - the caller has already required a decode-only step
+    replayed = row.get("graph_mode") in ("FULL", "PIECEWISE") and corroborates(row_quality(row, ctx, "graph_mode"))
     if replayed and skew is None and sk is not None and sk >= cfg.rank_sm_skew and skd is not None \
             and skd >= cfg.sm_skew_delta:
         return ("ep_hotspot", 0.5, {"rank_sm_skew": sk, "sm_skew_delta": skd, "rank_skew_method": "sm_busy"})
