@@ -144,8 +144,12 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, cfg.wide_window), groups)
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
-    if "kv_overlap_s" in s.columns:  # KV moving on a side stream inside the step's span (traces)
-        s["kv_xfer"] |= pd.to_numeric(s["kv_overlap_s"], errors="coerce").fillna(0) > 0
+    # KV moving on a side stream inside the step's span (traces): the step waited on it (compute stream idle
+    # while it ran) - that is the step's transfer; one that only ran beside the forward is weaker
+    # (``kv_beside``: contention at most), and a rule weighs it only where no other cause's evidence holds
+    if "kv_wait_s" in s.columns:
+        s["kv_xfer"] |= pd.to_numeric(s["kv_wait_s"], errors="coerce").fillna(0) > 0
+        s["kv_beside"] = ~s["kv_xfer"] & (pd.to_numeric(s["kv_overlap_s"], errors="coerce").fillna(0) > 0)
     s["preempt"] = s["preempted_reqs"].fillna(0) > 0
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
     s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))

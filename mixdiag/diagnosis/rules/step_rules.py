@@ -133,6 +133,11 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         if sx is not None and sx >= cfg.shape_jump:
             cands.append(("graph_fallback", 0.7, {"shape_cost_x": round(sx, 3),
                                                   "shape_ref_reqs": num(row.get("shape_ref_reqs"))}))
+    # 7b. a KV transfer that ran beside the step on a side stream without the forward waiting for it (copy
+    # engines share HBM / PCIe with the forward): weaker than a wait, so only a candidate among the others
+    if bool(row.get("kv_beside")) and (decode_only or not alloc):
+        cands.append(("pd_transfer", 0.55, {"kv_overlap_s": num(row.get("kv_overlap_s")),
+                                            "kv_transfer_share_of_excess": None}))
     if cands:
         cause, conf, extra = max(cands, key=lambda c: c[1])
         return done(cause, conf, **extra)
