@@ -10,13 +10,16 @@ from mixdiag.collectors.traces.nsys import reader as nsys
 from mixdiag.collectors.traces.steps.evidence import sm_rank_skew
 
 
-def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_skew=np.nan, drift_ns=0):
+def _frame(n=8, sm=((0.8,) * 8, (0.8,) * 8), visible_ep=3, source="range", rank_skew=np.nan, drift_ns=0,
+           late_ns=0):
     rows = []
     for g, vals in enumerate(sm):
         for i in range(n):
             eager = i < visible_ep  # the first steps ran eager (kernels visible), the rest replayed graphs
-            # ``drift_ns``: rank g's steps end g * drift_ns later (ranks that do not meet every step)
-            rows.append(dict(group=100 + g, step=i, gpu_start_ns=i * 10_000_000 + g,
+            # ``drift_ns``: rank g's steps end g * drift_ns later (ranks that do not meet every step);
+            # ``late_ns``: rank 1 began its last three steps this much later (its host stalled)
+            late = late_ns if g == 1 and i >= n - 3 else 0
+            rows.append(dict(group=100 + g, step=i, gpu_start_ns=i * 10_000_000 + g + late,
                              gpu_end_ns=(i + 1) * 10_000_000 + g * drift_ns,
                              opaque_ns=0 if eager else 9_000_000, ep_kernels=12 if eager else 0,
                              step_source=source, sm_active=vals[i], rank_skew=rank_skew if eager else np.nan))
@@ -46,6 +49,15 @@ def test_sm_rank_skew_table(case, kwargs, expect):
         last = s[(s["step"] == 7)]
         assert np.allclose(last["rank_sm_skew"], expect, rtol=0.01), case
         assert np.allclose(s.loc[graph & (s["step"] < 5), "rank_sm_skew"], 1.0, rtol=0.01), case
+
+
+def test_rank_that_began_late_is_a_host_not_a_hotspot():
+    # rank 1's host launched its last three steps 4 ms late; the other rank waited in the all-to-all, so
+    # its SM-busy time is lower - but the ranks did not start together, so no skew is claimed there
+    s = _frame(visible_ep=0, sm=((0.8,) * 8, (0.8,) * 5 + (0.4,) * 3), late_ns=4_000_000)
+    sm_rank_skew(s)
+    assert s.loc[s["step"] >= 5, "rank_sm_skew"].isna().all()
+    assert s.loc[s["step"] < 5, "rank_sm_skew"].notna().all()
 
 
 def test_kernel_level_skew_wins_and_no_sm_means_nothing():

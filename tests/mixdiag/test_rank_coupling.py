@@ -41,3 +41,38 @@ def test_waiting_rank_is_mixing_on_the_peer_only_when_coupled(skew_s, coupled):
     assert not set(waiting["cause"]) & ({"ep_hotspot"} if not coupled else {"ep_hotspot", "graph_fallback"})
     own = d.spikes[(d.spikes["instance"] == "r0") & d.spikes["step"].isin(MIX)]
     assert (own["cause"] == "mixing").all()
+
+
+STALL = set(range(15, 200, 25))
+
+
+def _stall_ranks(skew_s=0.0):
+    """Two EP ranks: before each STALL step rank 0's engine thread stalls 60 ms (its GPU idles), rank 1
+    starts on time and waits for it in the first all-to-all, so both steps end together."""
+    rng = np.random.default_rng(3)
+    rows, t = [], 100.0
+    for i in range(N):
+        dur = BASE * rng.uniform(0.98, 1.02)
+        gap = 0.06 if i in STALL else 0.0
+        for name, start, off in (("r0", t + gap, 0.0), ("r1", t, 1e-5 + skew_s * i)):
+            rows.append(dict(instance=name, step=i, t_start_s=start + off, t_end_s=t + gap + dur + off,
+                             granularity="step", kind="decode", prefill_tokens=0.0, decode_rows=64.0,
+                             decode_reqs=64.0, graph_mode="FULL", graph_replayed=1.0, comm_share=0.3 if gap else 0.02,
+                             q_token_allocation="inferred", q_graph_mode="measured"))
+        t += gap + dur + 0.0005
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("skew_s, coupled", [(0.0, True), (0.01, False)])
+def test_peer_host_stall_is_host_stall_on_the_waiting_rank(skew_s, coupled):
+    # basis: an all-to-all ends when the last rank arrives, so a rank whose peer's host stalled waits it out
+    d = diagnose(Timeline(_stall_ranks(skew_s), None, meta={}))
+    own = d.spikes[(d.spikes["instance"] == "r0") & d.spikes["step"].isin(STALL)]
+    assert len(own) >= len(STALL) - 1 and (own["cause"] == "host_stall").all()
+    waiting = d.spikes[(d.spikes["instance"] == "r1") & d.spikes["step"].isin(STALL)]
+    assert len(waiting) >= len(STALL) - 1
+    if coupled:
+        assert (waiting["cause"] == "host_stall").all(), waiting[["step", "cause"]]
+        assert all(e["peer_gap_share_of_excess"] >= 0.9 for e in waiting["evidence"])
+    else:  # not one engine's ranks: the peer's gap says nothing about this view (its comm-bound step may be EP)
+        assert not (waiting["cause"] == "host_stall").any()

@@ -69,3 +69,24 @@ def test_rdma_transfer_without_cuda_rows_is_not_named(tmp_path):
     d = diagnose(load(out))
     assert not (d.spikes["cause"] == "pd_transfer").any()
     assert not (d.regimes.episodes["cause"] == "pd_transfer").any()
+
+
+def test_sustained_host_stall_keeps_its_gap_excess_and_names_the_episode():
+    # a host stall lasting 120 steps: a 41-step rolling median of the gaps would make it the usual gap (gap
+    # excess 0 in its middle); the usual gap is capped at the instance's healthy band, so it stays a stall
+    import numpy as np
+    import pandas as pd
+    from mixdiag.schema import Timeline
+    rng = np.random.default_rng(5)
+    rows, t = [], 100.0
+    for i in range(400):
+        gap = 0.0008 + (0.03 if 150 <= i < 270 else 0.0)
+        dur = 0.02 * rng.uniform(0.98, 1.02)
+        rows.append(dict(instance="e", step=i, t_start_s=t + gap, t_end_s=t + gap + dur, granularity="step",
+                         kind="decode", prefill_tokens=0.0, decode_rows=64.0, decode_reqs=64.0, graph_mode="FULL",
+                         graph_replayed=1.0, q_token_allocation="measured", q_graph_mode="measured"))
+        t += gap + dur
+    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    cov = _covering(d.regimes.episodes, 150, 269)
+    assert len(cov) == 1 and cov.iloc[0]["cause"] == "host_stall", cov
+    assert cov.iloc[0]["shares"]["host_stall"] >= 0.8

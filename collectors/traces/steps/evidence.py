@@ -187,7 +187,7 @@ def sm_rank_skew(steps: pd.DataFrame) -> None:
     Why it carries skew: EP ranks meet in every all-to-all, so their steps end together; the hot
     rank spends the wait computing on (nearly) all SMs while the others wait inside the
     dispatch/combine kernel, which keeps only its own CTAs resident (NCCL: one per channel, DeepEP
-    normal mode: ``num_sms`` ~20). Needs the ranks to be EP ranks by their visible (eager) steps.
+    normal mode: ``num_sms`` ~20). NaN where the ranks began the step apart (a late host, not experts).
     """
     steps["rank_sm_skew"] = np.nan
     if "sm_active" not in steps or steps["sm_active"].isna().all():
@@ -205,4 +205,23 @@ def sm_rank_skew(steps: pd.DataFrame) -> None:
     # no kernel-level skew exists: eager steps show their kernels and need no proxy
     visible = ~np.isnan(_matched_ratio(steps, groups, np.where(steps["opaque_ns"] > 0, np.nan, 1.0)))
     kernel_level = steps["rank_skew"].notna().to_numpy() if "rank_skew" in steps else np.zeros(len(steps), bool)
-    steps["rank_sm_skew"] = np.where(visible | kernel_level, np.nan, ratio)
+    # ranks that began the step at different times: the late rank's host launched late (a host stall the
+    # others waited out in the all-to-all), so the SM-busy asymmetry says nothing about its experts
+    late = _start_spread_ns(steps, groups) > CO_TERMINATE * np.where(span > 0, span, np.nan)
+    steps["rank_sm_skew"] = np.where(visible | kernel_level | late, np.nan, ratio)
+
+
+def _start_spread_ns(steps: pd.DataFrame, groups: list) -> np.ndarray:
+    """Per row: latest minus earliest GPU start of its matched step across the ranks (NaN unmatched)."""
+    start = steps["gpu_start_ns"].to_numpy(dtype="float64")
+    pos = [steps.index.get_indexer(ix) for ix in groups]
+    pos = [p[np.argsort(start[p], kind="stable")] for p in pos]
+    n = len(pos[0])
+    out = np.full(len(steps), np.nan)
+    if not all(len(p) == n for p in pos):
+        return out
+    table = np.stack([start[p] for p in pos])
+    spread = table.max(axis=0) - table.min(axis=0)
+    for p in pos:
+        out[p] = spread
+    return out

@@ -74,10 +74,10 @@ def _rolling_ref_median(values: pd.Series, ref: pd.Series, window: int, groups: 
     return med
 
 
-def _low_side_level(values: pd.Series, ref: pd.Series, groups: np.ndarray | None) -> pd.Series:
+def _low_side_level(values: pd.Series, ref: pd.Series, groups: np.ndarray | None, k: float = 0.0) -> pd.Series:
     """Per row: the healthy level of a signal whose faults only raise it - the low-side centre
     (:func:`~mixdiag.diagnosis.detection.regimes.low_side_reference`) of its group's reference rows
-    (all its rows when none is a reference row); NaN where the group has no value."""
+    (all its rows when none is a reference row) plus ``k`` sigma; NaN where the group has no value."""
     v = pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64")
     g = np.zeros(len(v), dtype=np.int64) if groups is None else np.asarray(groups)
     r = ref.to_numpy(dtype=bool) & np.isfinite(v)
@@ -86,7 +86,8 @@ def _low_side_level(values: pd.Series, ref: pd.Series, groups: np.ndarray | None
         mine = g == k
         pick = mine & r if (mine & r).sum() >= 3 else mine & np.isfinite(v)
         if pick.any():
-            out[mine] = low_side_reference(v[pick])[0]
+            centre, sigma = low_side_reference(v[pick])
+            out[mine] = centre + k * sigma
     return pd.Series(out, index=values.index)
 
 
@@ -152,7 +153,14 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
         s["kv_beside"] = ~s["kv_xfer"] & (pd.to_numeric(s["kv_overlap_s"], errors="coerce").fillna(0) > 0)
     s["preempt"] = s["preempted_reqs"].fillna(0) > 0
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
-    s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))
+    if gap.isna().all():
+        s["gap_excess_s"] = gap - gap
+    else:
+        # the usual gap follows load (rolling median), but never above the instance's healthy band (low-side
+        # centre + 3 sigma, regimes.low_side_reference): a stall lasting longer than half the window would
+        # otherwise become its own usual gap - a stall only ever adds time
+        usual = gw.rolling_median(gap, cfg.gap_window, 1, groups)
+        s["gap_excess_s"] = gap - np.fmin(usual, _low_side_level(gap, pd.Series(True, index=s.index), groups, k=3.0))
     return s
 
 

@@ -99,7 +99,8 @@ def features(rows: pd.DataFrame, granularity: str) -> np.ndarray:
         fell_back = graph_ok & _flag(rows, "graph_off") & has_decode & ~has_prefill
         f[:, col["graph_fallback"]] = np.where(fell_back, 1.0, 0.0)
         f[:, col["kv_pressure"]] = _num(rows, "preempted_reqs")
-        f[:, col["host_stall"]] = np.clip(_num(rows, "gap_excess_s"), 0, None)
+        # the host gap of this row, or of a peer EP rank whose stall every rank waited out in the all-to-all
+        f[:, col["host_stall"]] = np.clip(np.maximum(_num(rows, "gap_excess_s"), _num(rows, "peer_gap_excess_s")), 0, None)
     else:
         dur = np.clip(_num(rows, "t_end_s") - _num(rows, "t_start_s"), 1e-3, None)
         work = _num(rows, "prefill_work_tokens")

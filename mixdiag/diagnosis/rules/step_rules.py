@@ -62,6 +62,16 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         share = min(1.0, gap_x / excess)
         return done("host_stall", 0.6 + 0.4 * share, gap_share_of_excess=round(share, 3))
 
+    # 2b. a peer EP rank's host stall: ranks meet in the all-to-all every step, so this rank's step lasted
+    # until the stalled peer launched its part - the peer's measured gap holds most of this step's excess
+    # (basis: the all-to-all ends when the last rank arrives; DeepEP / NCCL collectives block on every peer)
+    pgap = num(row.get("peer_gap_excess_s"))
+    if have(ctx, "host_time") and excess and excess > 0 and pgap is not None and not bool(row.get("has_prefill")) \
+            and pgap >= cfg.host_gap_share * excess:
+        share = min(1.0, pgap / excess)
+        return done("host_stall", 0.5 + 0.3 * share, peer_gap_share_of_excess=round(share, 3),
+                    reason="a peer EP rank's host stalled before this step; this rank waited for it in the all-to-all")
+
     # 3. KV pressure: preemptions / retractions in the step.
     if bool(row.get("preempt")):
         kvu = num(row.get("kv_usage"))
