@@ -11,17 +11,17 @@ from mixdiag.schema import Timeline
 N, BASE, MIX = 200, 0.02, set(range(10, 200, 20))
 
 
-def _rank(name, offset_s, mixed_here, skew_s=0.0):
+def _rank(name, offset_s, mixed_here, skew_s=0.0, mix=MIX):
     rng = np.random.default_rng(len(name))
     rows, t = [], 100.0
     for i in range(N):
-        dur = BASE * rng.uniform(0.98, 1.02) * (4.0 if i in MIX else 1.0)
-        mine = i in MIX and mixed_here
+        dur = BASE * rng.uniform(0.98, 1.02) * (4.0 if i in mix else 1.0)
+        mine = i in mix and mixed_here
         rows.append(dict(instance=name, step=i, t_start_s=t + offset_s + skew_s * i, t_end_s=t + dur + offset_s + skew_s * i,
                          granularity="step", kind="mixed" if mine else "decode",
                          prefill_tokens=1024.0 if mine else 0.0, decode_rows=64.0, decode_reqs=64.0,
-                         graph_mode="NONE" if i in MIX else "FULL", graph_replayed=0.0 if i in MIX else 1.0,
-                         comm_share=0.1 if i in MIX else 0.02, q_token_allocation="inferred", q_graph_mode="measured"))
+                         graph_mode="NONE" if i in mix else "FULL", graph_replayed=0.0 if i in mix else 1.0,
+                         comm_share=0.1 if i in mix else 0.02, q_token_allocation="inferred", q_graph_mode="measured"))
         t += dur + 0.0005
     return pd.DataFrame(rows)
 
@@ -76,3 +76,17 @@ def test_peer_host_stall_is_host_stall_on_the_waiting_rank(skew_s, coupled):
         assert all(e["peer_gap_share_of_excess"] >= 0.9 for e in waiting["evidence"])
     else:  # not one engine's ranks: the peer's gap says nothing about this view (its comm-bound step may be EP)
         assert not (waiting["cause"] == "host_stall").any()
+
+
+def test_waiting_rank_episode_is_mixing_not_ep_or_fallback():
+    # a long prompt chunked over 40 steps on rank 0 (vLLM DP+EP: only the rank holding the prompt runs prefill
+    # attention; both ranks leave the FULL graph because DP ranks share the graph mode): rank 1's slow
+    # decode-only steps are the cost of rank 0's chunks - its episode is mixing, not a fallback or a hotspot
+    mix = set(range(80, 120))
+    steps = pd.concat([_rank("r0", 0.0, True, mix=mix), _rank("r1", 1e-5, False, mix=mix)], ignore_index=True)
+    steps["rank_skew"] = np.where(steps["step"].isin(mix), 3.0, 1.0)  # rank 0 computes its chunk
+    d = diagnose(Timeline(steps, None, meta={}))
+    ep = d.regimes.episodes
+    for inst in ("r0", "r1"):
+        cov = ep[(ep["instance"] == inst) & (ep["step_end"] >= 80) & (ep["step_start"] <= 119)]
+        assert len(cov) == 1 and cov.iloc[0]["cause"] == "mixing", (inst, cov)
