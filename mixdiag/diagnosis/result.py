@@ -62,6 +62,7 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "kv_transfer_bytes": ("B", "KV bytes installed from a prefill instance"),
     "kv_transfer_s": ("s", "time waiting for KV transfer"),
     "kv_transfer_share_of_excess": ("ratio", "kv_wait_s (else kv_transfer_s) / latency excess"),
+    "rank_comm_spread": ("ratio", "largest minus smallest EP rank's exchange-kernel share of the step"),
     "kv_overlap_s": ("s", "side-stream KV copies / transfer kernels running inside the step's GPU span (traces)"),
     "kv_wait_s": ("s", "compute-stream idle inside the step while that transfer ran: the forward waited on it"),
     "preempted_reqs": ("count", "requests preempted or retracted"),

@@ -2,6 +2,9 @@
 hides inside replayed CUDA graphs, compared by their SM-busy time over the step."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -111,3 +114,27 @@ def test_simulated_ep_hotspots_in_a_graph_level_trace(tmp_path):
     assert (g.loc[g["rank_sm_skew"].notna(), "q_expert_imbalance"] == "inferred").all()
     assert g.loc[(t["graph_mode"] != "FULL").to_numpy(), "rank_sm_skew"].isna().all()  # eager: kernels visible
     assert tl.meta["signals"][inst]["expert_imbalance"] == "inferred"
+
+
+def test_graph_only_trace_names_how_the_ranks_were_found(tmp_path):
+    _, out = _sim(tmp_path, ("ep_hotspot",))
+    notes = " ".join(nsys.read(out).meta["sources"][0]["notes"])
+    assert "EP ranks by co-terminating" in notes
+
+
+def test_comm_spread_in_a_node_level_trace(tmp_path):
+    # node-level trace (--cuda-graph-trace=node): every rank's kernels visible; during a sustained hotspot one
+    # rank computes its experts longer while the other waits inside the all-to-all kernels
+    sys_path = str(Path(__file__).resolve().parents[1])
+    if sys_path not in sys.path:
+        sys.path.insert(0, sys_path)
+    from helpers import sustained_ep
+    out = tmp_path / "ep_node.sqlite"
+    hot = range(40, 80)
+    sustained_ep.write(out, n_ranks=2, n_steps=100, hot=hot, graph_trace="node", gpu_metrics_hz=0)
+    s = nsys.read(out).steps
+    g = s[s["instance"] == sorted(s["instance"].unique())[0]].sort_values("step").reset_index(drop=True)
+    spread = g["rank_comm_spread"].to_numpy()
+    is_hot = g["step"].isin(hot).to_numpy()
+    assert np.isfinite(spread).mean() > 0.9
+    assert np.nanmedian(spread[is_hot]) > np.nanmedian(spread[~is_hot]) + 0.1

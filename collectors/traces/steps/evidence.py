@@ -213,6 +213,12 @@ def sm_rank_skew(steps: pd.DataFrame) -> None:
 
 def _start_spread_ns(steps: pd.DataFrame, groups: list) -> np.ndarray:
     """Per row: latest minus earliest GPU start of its matched step across the ranks (NaN unmatched)."""
+    return _matched_range(steps, groups, steps["gpu_start_ns"].to_numpy(dtype="float64"))
+
+
+def _matched_range(steps: pd.DataFrame, groups: list, value: np.ndarray) -> np.ndarray:
+    """Per row: largest minus smallest ``value`` of its matched step across the ranks (steps matched by
+    order of GPU start; NaN when the ranks' step counts differ or any rank's value is NaN)."""
     start = steps["gpu_start_ns"].to_numpy(dtype="float64")
     pos = [steps.index.get_indexer(ix) for ix in groups]
     pos = [p[np.argsort(start[p], kind="stable")] for p in pos]
@@ -220,8 +226,35 @@ def _start_spread_ns(steps: pd.DataFrame, groups: list) -> np.ndarray:
     out = np.full(len(steps), np.nan)
     if not all(len(p) == n for p in pos):
         return out
-    table = np.stack([start[p] for p in pos])
+    table = np.stack([value[p] for p in pos])
     spread = table.max(axis=0) - table.min(axis=0)
     for p in pos:
         out[p] = spread
     return out
+
+
+def rank_comm_spread(steps: pd.DataFrame) -> None:
+    """``rank_comm_spread``: per matched step of EP ranks, the largest minus the smallest rank's exchange-kernel
+    share of its GPU span, where every rank's kernels are visible (eager steps; node-level traces). A rank
+    waiting long inside dispatch/combine while another computes its experts spreads it (DeepEP / NCCL
+    all-to-all end when the last rank arrives); NaN elsewhere. Evidence context, not yet a rule input."""
+    steps["rank_comm_spread"] = np.nan
+    groups = _ep_ranks(steps, visible_only=False)
+    if groups is None:
+        return
+    span = (steps["gpu_end_ns"] - steps["gpu_start_ns"]).to_numpy(dtype="float64")
+    share = np.where((steps["opaque_ns"] > 0) | ~(span > 0), np.nan, steps["comm_ns"] / np.where(span > 0, span, 1.0))
+    steps["rank_comm_spread"] = _matched_range(steps, groups, share.astype("float64"))
+
+
+def ep_ranks_basis(steps: pd.DataFrame) -> str | None:
+    """How the processes were found to be EP ranks: ``exchange-kernels`` (visible exchanges in their steps),
+    ``co-terminating`` (every step a replay; matched steps end together), or None (not EP ranks)."""
+    if _ep_ranks(steps, visible_only=False) is not None:
+        return "exchange-kernels"
+    groups = _ep_ranks(steps, visible_only=True)
+    if groups is None:
+        return None
+    vis = steps[steps["opaque_ns"] <= 0]
+    return "exchange-kernels" if all((vis.loc[vis.index.intersection(ix), "ep_kernels"] > 0).sum() >= EP_MIN_VISIBLE
+                                     for ix in groups) else "co-terminating"

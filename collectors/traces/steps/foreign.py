@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.traces.steps.evidence import rank_skew, transfers
+from mixdiag.collectors.traces.steps.evidence import rank_comm_spread, rank_skew, transfers
 from mixdiag.collectors.traces.steps.kv_overlap import kv_overlap
 from mixdiag.collectors.traces.steps.token_inference import infer_tokens
 from mixdiag.collectors.traces.steps.reconstruct import graph_counts, graph_modes, split_on_gaps
@@ -104,6 +104,7 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
         return pd.DataFrame(), notes, None
     steps = pd.concat(frames, ignore_index=True)
     rank_skew(steps)
+    rank_comm_spread(steps)
     steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
     src = {"range": "nvtx-engine-naming", "sync": "sync-pattern", "gap": "kernel-gaps"}
     return steps, notes, src[min(sources, key=["range", "sync", "gap"].index)]

@@ -50,6 +50,6 @@ def signals(steps: pd.DataFrame, graph_known: bool) -> dict[str, str]:
 COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens", "decode_reqs",
            "decode_rows", "graph_mode", "graph_replayed", "sm_active", "forward_s", "kv_transfer_s",
            "kv_transfer_bytes", "gpu_kernels", "gpu_kernel_s", "graph_launches", "step_source", "comm_s",
-           "comm_share", "rank_skew", "rank_sm_skew", "kv_overlap_s", "kv_overlap_bytes", "kv_wait_s",
+           "comm_share", "rank_skew", "rank_sm_skew", "rank_comm_spread", "kv_overlap_s", "kv_overlap_bytes", "kv_wait_s",
            "device_idle_before_s", "q_token_allocation", "q_graph_mode",
            "q_expert_imbalance", "q_kv_transfer", "q_sm_active"]
