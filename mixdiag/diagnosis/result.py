@@ -70,6 +70,7 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "decodes_before": ("bool", "decodes were running when a prefill-only step left them out"),
     "gap_before_s": ("s", "idle host time before the step"),
     "gap_share_of_excess": ("ratio", "gap excess / latency excess"),
+    "peer_graph_off": ("bool", "a peer EP rank's same step left the graph too"),
     "peer_gap_share_of_excess": ("ratio", "a peer EP rank's host-gap excess / this step's latency excess"),
     "request_stall_s": ("s", "longest wait of a request that sat out steps"),
     "interval": ("count", "interval (scrape) row whose evidence a step spike took"),

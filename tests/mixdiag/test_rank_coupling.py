@@ -90,3 +90,20 @@ def test_waiting_rank_episode_is_mixing_not_ep_or_fallback():
     for inst in ("r0", "r1"):
         cov = ep[(ep["instance"] == inst) & (ep["step_end"] >= 80) & (ep["step_start"] <= 119)]
         assert len(cov) == 1 and cov.iloc[0]["cause"] == "mixing", (inst, cov)
+
+
+def test_all_ranks_eager_with_no_counted_chunk_is_unknown_not_ep_or_fallback():
+    # rule 6c: both ranks left the FULL graph on MIX steps whose batch size (64) replays FULL elsewhere, and
+    # neither rank counted a prompt chunk (token inference missed the chunk holder's prefill: SGLang keeps its
+    # inputs on the GPU). Ranks share one graph mode, so a peer's chunk is likely; the waiting rank's
+    # comm-bound step names neither an expert hotspot nor a graph fallback
+    steps = pd.concat([_rank("r0", 0.0, False), _rank("r1", 1e-5, False)], ignore_index=True)
+    d = diagnose(Timeline(steps, None, meta={}))
+    sp = d.spikes[d.spikes["step"].isin(MIX)]
+    assert len(sp) >= 2 * (len(MIX) - 1)
+    assert (sp["cause"] == "unknown").all(), sp[["instance", "step", "cause"]]
+    assert all("peer rank's prompt chunk" in e["reason"] for e in sp["evidence"])
+    # the same steps with a measured chunk on rank 0 are mixing (6b) - the rule only fills the gap
+    counted = pd.concat([_rank("r0", 0.0, True), _rank("r1", 1e-5, False)], ignore_index=True)
+    sp2 = diagnose(Timeline(counted, None, meta={})).spikes
+    assert (sp2.loc[sp2["step"].isin(MIX), "cause"] == "mixing").all()

@@ -123,6 +123,20 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         return done("mixing", 0.55 + (0.1 if both_off else 0.0), peer_rank_prefill=True,
                     reason="a peer EP rank's same step held prefill tokens; this rank waited for it in the "
                            "all-to-all")
+    # 6c. every EP rank left the FULL graph on a step whose batch size replays FULL elsewhere, with no gauge:
+    # ranks share one graph mode (vLLM coordinate_batch_across_dp, SGLang DP attention), so a peer's prompt
+    # chunk is the likely reason - but no peer counted one. This rank waited in the all-to-all; whether the
+    # peer computed a chunk or its experts is not measured, so neither a hotspot nor a fallback is named.
+    dreq = num(row.get("decode_reqs"))
+    if decode_only and alloc and corroborates(qg) and bool(row.get("graph_off")) and bool(num(row.get("peer_graph_off"))) \
+            and ctx.graph_norm == "FULL" and dreq is not None and dreq in ctx.full_batch_sizes \
+            and num(row.get("expert_imbalance")) is None:
+        checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
+        ruled = sum(have(ctx, c) for c in checkable) / len(checkable)
+        return done("unknown", round(ruled, 3), peer_graph_off=True, reason=(
+            "every EP rank left the FULL graph although this batch size replays FULL elsewhere: a peer rank's prompt "
+            "chunk is likely (ranks share one graph mode), but no peer's prefill tokens were counted; this rank "
+            "waited in the all-to-all, so neither an expert hotspot nor a graph fallback is measured"))
     # 7. EP hotspot / 8. graph fallback, on decode-only steps; the better-supported one wins.
     cands = []
     if decode_only:
