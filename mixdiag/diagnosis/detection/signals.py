@@ -160,7 +160,8 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
         # centre + 3 sigma, regimes.low_side_reference): a stall lasting longer than half the window would
         # otherwise become its own usual gap - a stall only ever adds time
         usual = gw.rolling_median(gap, cfg.gap_window, 1, groups)
-        s["gap_excess_s"] = gap - np.fmin(usual, _low_side_level(gap, pd.Series(True, index=s.index), groups, k=3.0))
+        band = _low_side_level(gap, pd.Series(True, index=s.index), groups, k=cfg.gap_band_sigma)
+        s["gap_excess_s"] = gap - np.fmin(usual, band)
     return s
 
 
