@@ -87,29 +87,29 @@ class NsysExport:
         self.conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, ?, 0, NULL)",
                           (start, end, tid, corr, self.string(name)))
 
-    def kernel(self, start, end, corr, pid, *, device=0, graph_id=None, name="k", stream=7):
+    def kernel(self, start, end, corr, pid, *, device=0, graph_id=None, name="k", short=None, stream=7):
+        """A kernel row; ``name`` is the demangled name, ``short`` the short one (default: the same)."""
         sid = self.string(name)
+        short_id = self.string(short) if short else sid
         self.conn.execute(
             "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", deviceId, contextId, streamId, correlationId, "
             "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, "
             "staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId, "
             "sharedMemoryExecuted, graphId, tensorSizeMinusOneElements) "
             "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, 0, ?, 0)",
-            (start, end, device, stream, corr, gpid(pid), sid, sid, graph_id))
+            (start, end, device, stream, corr, gpid(pid), sid, short_id, graph_id))
+
+    def copy(self, start, end, corr, pid, nbytes, kind, *, device=0, stream=7):
+        """A CUPTI memcpy row (``kind``: 1 H2D, 2 D2H, 8 D2D, 10 P2P as in ``ENUM_CUDA_MEMCPY_OPER``)."""
+        self.conn.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, \"end\", deviceId, contextId, streamId, correlationId, "
+            "globalPid, bytes, copyKind, srcKind, dstKind, srcDeviceId, dstDeviceId, copyCount) "
+            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 1, 2, ?, ?, 1)",
+            (start, end, device, stream, corr, gpid(pid), nbytes, kind, device, device))
 
     def graph_trace(self, start, end, corr, pid, *, device=0, graph_id=1, stream=7):
         self.conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE VALUES (?, ?, ?, 1, NULL, ?, ?, ?, ?, 1)",
                           (start, end, device, stream, corr, gpid(pid), graph_id))
-
-    def copy(self, start, end, corr, pid, nbytes, *, kind=1, device=0, stream=7, src_device=None):
-        """A CUPTI memcpy row (needs ``CUPTI_ACTIVITY_KIND_MEMCPY`` in ``tables``); ``kind`` is copyKind
-        (1 H2D, 2 D2H, 8 D2D, 10 P2P)."""
-        self.conn.execute(
-            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, \"end\", deviceId, contextId, streamId, correlationId, "
-            "globalPid, bytes, copyKind, srcKind, dstKind, srcDeviceId, dstDeviceId) "
-            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (start, end, device, stream, corr, gpid(pid), nbytes, kind, 1 if kind == 1 else 2,
-             2 if kind in (1, 8, 10) else 1, device if src_device is None else src_device, device))
 
     def sm_metric(self, t, percent, *, gpu=0, name="SMs Active", metric_id=5):
         type_id = 0x100 | gpu

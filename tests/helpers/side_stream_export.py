@@ -61,7 +61,7 @@ def write(path, case: SideStreamCase = SideStreamCase()):
         k = nxt()
         ex.call(c0 + 100 * US, c0 + 110 * US, "cudaMemcpyAsync_v3020", k, main)
         g0 = c0 + 200 * US
-        ex.copy(g0, g0 + 20 * US, k, PID, 4096, kind=1, stream=COMPUTE)
+        ex.copy(g0, g0 + 20 * US, k, PID, 4096, 1, stream=COMPUTE)
         graph_at = g0 + 40 * US
         if i in case.pd_steps:
             at = g0 + 1 * MS
@@ -71,7 +71,7 @@ def write(path, case: SideStreamCase = SideStreamCase()):
                     k = nxt()
                     tid = conn if case.issuer == "connector" else main
                     ex.call(at - 50 * US, at - 40 * US, "cudaMemcpyAsync_v3020", k, tid)
-                    ex.copy(at, at + int(ms * MS), k, PID, nbytes, kind=1, stream=KV_STREAM)
+                    ex.copy(at, at + int(ms * MS), k, PID, nbytes, 1, stream=KV_STREAM)
                     at += int(ms * MS)
             if case.wait:
                 ex.call(c0 + 150 * US, c0 + 155 * US, "cudaStreamWaitEvent_v3020", nxt(), main)
@@ -86,7 +86,7 @@ def write(path, case: SideStreamCase = SideStreamCase()):
         k = nxt()
         ex.call(c0 + 200 * US, c0 + 210 * US, "cudaMemcpyAsync_v3020", k, main)
         d_end = g_end + 60 * US
-        ex.copy(g_end + 50 * US, d_end, k, PID, 8 * 32, kind=2, stream=COMPUTE)
+        ex.copy(g_end + 50 * US, d_end, k, PID, 8 * 32, 2, stream=COMPUTE)
         ex.call(c0 + 215 * US, d_end + 10 * US, "cudaStreamSynchronize_v3020", nxt(), main)
         ex.nvtx(c0, d_end + 20 * US, "execute_model", main)
         spans[i] = (g0, d_end)

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.traces.steps.evidence import rank_comm_spread, rank_skew, transfers
-from mixdiag.collectors.traces.steps.kv_overlap import kv_overlap
+from mixdiag.collectors.traces.steps.kv_overlap import compute_streams, kv_overlap
 from mixdiag.collectors.traces.steps.token_inference import infer_tokens
 from mixdiag.collectors.traces.steps.reconstruct import graph_counts, graph_modes, split_on_gaps
 
@@ -172,7 +172,7 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
     xr = ranges[ranges["transfer"]] if len(ranges) and "transfer" in ranges else None
     transfers(out, items, _transfer_candidates(items, call_idx, on_main), xr,
               item_cpu if how != "gap" else np.full(len(items.start), -1))
-    kv_overlap(out, items, _compute_streams(items, on_main))
+    kv_overlap(out, items, compute_streams(items, on_main))
     return out, how, notes
 
 
@@ -180,20 +180,16 @@ def _transfer_candidates(items: Items, call_idx: np.ndarray, on_main) -> np.ndar
     """Copies and transfer kernels that may move KV: off the compute streams (those the engine
     thread's kernels run on, else the busiest kernel stream) and issued by another thread. Items
     without a launch call (the export lost it) are not another thread's: they need a peer copy."""
-    off = ~np.isin(items.stream, _compute_streams(items, on_main))
+    kern = items.what != 2
+    src = kern & on_main if on_main is not None and (kern & on_main).any() else kern
+    streams, counts = np.unique(items.stream[src], return_counts=True)
+    compute = streams if on_main is not None and (kern & on_main).any() or not len(streams) else \
+        streams[[np.argmax(counts)]]
+    off = ~np.isin(items.stream, compute)
     other_thread = (call_idx >= 0) & ~on_main if on_main is not None else np.zeros(len(off), dtype=bool)
     unknown = call_idx < 0
     xfer = (items.what == 2) | ((items.what == 0) & (items.flags & 8 > 0))
     return xfer & off & (other_thread | (unknown & (items.what == 2) & (items.kind == 10)))
-
-
-def _compute_streams(items: Items, on_main) -> np.ndarray:
-    """The streams the engine thread's kernels run on, else the busiest kernel stream."""
-    kern = items.what != 2
-    src = kern & on_main if on_main is not None and (kern & on_main).any() else kern
-    streams, counts = np.unique(items.stream[src], return_counts=True)
-    return streams if on_main is not None and (kern & on_main).any() or not len(streams) else \
-        streams[[np.argmax(counts)]]
 
 
 def join_on(keys: np.ndarray, probe: np.ndarray) -> np.ndarray:

@@ -31,6 +31,15 @@ H2D = 1
 KV_MIN_BYTES = 1 << 20
 
 
+def compute_streams(items, on_main) -> np.ndarray:
+    """The streams the engine thread's kernels run on (``on_main``: items it launched), else the busiest kernel
+    stream - the same choice as the consumer-side rule's (``foreign._transfer_candidates``)."""
+    kern = items.what != 2
+    own = on_main is not None and bool((kern & on_main).any())
+    streams, counts = np.unique(items.stream[kern & on_main if own else kern], return_counts=True)
+    return streams if own or not len(streams) else streams[[np.argmax(counts)]]
+
+
 def side_items(items, compute_streams: np.ndarray) -> np.ndarray:
     """Mask of KV-like items on non-compute streams (see the module doc)."""
     off = ~np.isin(items.stream, compute_streams)
