@@ -54,7 +54,7 @@ SIGNAL_COLUMNS = {
     "graph_mode": ("graph_mode",),
     "sm_active": ("sm_active",),
     "expert_imbalance": ("expert_imbalance",),
-    "kv_transfer": ("kv_transfer_bytes", "kv_transfer_s"),
+    "kv_transfer": ("kv_transfer_bytes", "kv_transfer_s", "kv_overlap_s", "kv_wait_s"),
     "preemption": ("preempted_reqs",),
     "host_time": (),
 }

@@ -142,6 +142,18 @@ STEPS_COLUMNS: tuple[Column, ...] = (
        "multi-rank EP traces whose compute hides inside CUDA graphs: largest rank's SM-busy time "
        "(mean SMs-active x step span) / median rank's for the same step (1 = even); an asymmetry, "
        "not a compute time: waiting all-to-all kernels keep only their CTAs' SMs active", nonnegative=True),
+    _c("rank_comm_spread", "float64", "ratio",
+       "multi-rank EP traces: largest minus smallest rank's exchange-kernel share of the same step (kernels "
+       "visible on every rank): a rank waiting in dispatch/combine while another computes", nonnegative=True),
+    _c("kv_overlap_s", "float64", "s",
+       "traces: time off-compute-stream copies / transfer kernels (KV-sized, docs/contracts.md section 7) ran "
+       "inside the step's GPU span", nonnegative=True),
+    _c("kv_overlap_bytes", "float64", "bytes",
+       "traces: bytes of those copies inside the step's GPU span (time share of each copy; NaN: kernels only)",
+       nonnegative=True),
+    _c("kv_wait_s", "float64", "s",
+       "traces: compute-stream idle time inside the step's GPU span while such a transfer ran (the forward "
+       "waited on it)", nonnegative=True),
     _c("device_idle_before_s", "float64", "s",
        "measured device idle time between the previous step's end and this step's start (traces)",
        nonnegative=True),

@@ -74,7 +74,10 @@ class SglangMetrics(Dialect):
         if decode:
             self._modes["decode"].inc(decode)
         extend = prefill > 0  # prefill and mixed batches run the extend path (no decode graph)
-        graph = getattr(record, "graph_mode", "NONE")
+        # SGLang counts a pass as a graph pass only when its runner replayed one (``can_run_cuda_graph``); the
+        # record's graph_mode is the dispatcher's plan, so only a real replay (graph_replayed) is a graph pass -
+        # on CPU nothing replays and every pass is ``*_none`` (a planned mode read back as measured is circular)
+        graph = getattr(record, "graph_mode", "NONE") if getattr(record, "graph_replayed", False) else "NONE"
         if extend:
             self._passes["prefill_cuda_graph" if graph in ("PIECEWISE", "FULL") else "prefill_none"].inc()
         else:

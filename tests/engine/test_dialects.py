@@ -205,3 +205,22 @@ def test_vllm_request_histograms_at_finish_from_the_requests_timestamps():
     assert 'vllm:request_success_total{engine="0",finished_reason="stop",model_name="mixdiag-ref"} 0.0' in text
     m(_step("decode", 3.0, {}, [], decode_rows=0))  # a finished request is observed once
     assert _hist(generate_latest(m.registry).decode(), "vllm:e2e_request_latency_seconds")[1] == 1
+
+
+@pytest.mark.parametrize("case, kw, mode", [
+    # the dispatcher planned FULL but nothing replayed (CPU): SGLang would count no graph pass
+    ("planned FULL, no replay", {"graph_mode": "FULL", "graph_replayed": False}, "decode_none"),
+    ("a real FULL replay", {"graph_mode": "FULL", "graph_replayed": True}, "decode_cuda_graph"),
+    ("planned PIECEWISE extend, no replay", {"graph_mode": "PIECEWISE", "graph_replayed": False, "prefill_tokens": 64},
+     "prefill_none"),
+    ("a real PIECEWISE extend replay", {"graph_mode": "PIECEWISE", "graph_replayed": True, "prefill_tokens": 64},
+     "prefill_cuda_graph"),
+])
+def test_sglang_graph_passes_count_replays_not_the_plan(case, kw, mode):
+    m = SglangMetrics()
+    kind = "mixed" if kw.get("prefill_tokens") else "decode"
+    m(_step(kind, 1.0, {"r": 1}, [], decode_rows=1, **kw))
+    fam = next(f for f in text_string_to_metric_families(generate_latest(m.registry).decode())
+               if f.name == "sglang:cuda_graph_passes")
+    counted = {s.labels["mode"]: s.value for s in fam.samples if s.name.endswith("_total")}
+    assert counted[mode] == 1 and sum(counted.values()) == 1, (case, counted)

@@ -143,3 +143,17 @@ def test_planned_none_on_mixed_steps_does_not_corroborate_mixing():
     # from the planned NONE ("left FULL" is not claimed)
     assert all(e.get("graph_left_full") is None for e in mix["evidence"])
     assert (mix["confidence"] <= 0.8 + 0.07).all()
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_an_unmeasured_graph_mode_or_sm_value_moves_no_excess_between_causes(view):
+    # the split of excess by cause (rules/decomposition.py) and the episodes' causes read the same
+    # signals: tagged estimated, a graph mode or SM value must split excess exactly as if absent
+    est, without = diagnose(VIEWS[view]("estimated")), diagnose(VIEWS[view](None))
+    a, b = est.regimes.excess_by_cause(), without.regimes.excess_by_cause()
+    assert a == pytest.approx(b), (a, b)
+    assert list(est.regimes.episodes["cause"]) == list(without.regimes.episodes["cause"])
+    # measured, the same values do move it (the check can fail)
+    if view == "one-fault-per-step":
+        measured = diagnose(VIEWS[view]("measured")).regimes.excess_by_cause()
+        assert measured["graph_fallback"] > a["graph_fallback"]

@@ -39,3 +39,16 @@ def test_sm_skew_rule_table(case, change, cause, conf):
         assert a.confidence == pytest.approx(conf), case
     if cause == "ep_hotspot" and "rank_skew" not in change:
         assert a.evidence["rank_skew_method"] == "sm_busy"
+
+
+def test_sm_skew_on_piecewise_replays_of_a_piecewise_deployment():
+    # vLLM with cudagraph_mode=PIECEWISE replays decode steps as piece graphs (attention eager between them);
+    # the MoE layers hide inside the pieces, so the SM-busy asymmetry is the evidence there too
+    ctx = InstanceContext(quality=CTX.quality | {"token_allocation": "inferred"}, graph_norm="PIECEWISE", period={})
+    row = BASE | {"graph_mode": "PIECEWISE", "graph_off": True, "has_decode": True, "decode_rows": 40,
+                  "decode_reqs": 40, "kind": "decode"}
+    a = attribute_step(pd.Series(row), ctx)
+    assert a.cause == "ep_hotspot" and a.confidence == pytest.approx(0.5), a
+    # a planned (estimated) piecewise mode is no replay: no SM-skew call
+    est = InstanceContext(quality=ctx.quality | {"graph_mode": "estimated"}, graph_norm="PIECEWISE", period={})
+    assert attribute_step(pd.Series(row | {"q_graph_mode": "estimated"}), est).cause != "ep_hotspot"

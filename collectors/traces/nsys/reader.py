@@ -20,7 +20,7 @@ from mixdiag.collectors.traces.nsys.db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME
 from mixdiag.collectors.traces.nsys.kernels import (launch_names, project, runtime_graph_launches,
                                              sm_active_samples, window_means)
 from mixdiag.collectors.traces.steps import frame as foreign_frame
-from mixdiag.collectors.traces.steps.evidence import sm_rank_skew
+from mixdiag.collectors.traces.steps.evidence import ep_ranks_basis, sm_rank_skew
 from mixdiag.collectors.traces.steps.foreign import method_notes, reconstruct
 from mixdiag.collectors.traces.nsys.activity import MEMCPY_TABLE, read_activity
 from mixdiag.collectors.traces.nsys.nvtx import find_steps
@@ -144,7 +144,8 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
             if steps["rank_sm_skew"].notna().any():
                 steps["q_expert_imbalance"] = np.where(steps["rank_skew"].notna() | steps["rank_sm_skew"].notna(),
                                                        "inferred", "")
-                notes.append("rank skew of graph-replayed steps from each rank's SM-busy time (GPU_METRICS)")
+                notes.append("rank skew of graph-replayed steps from each rank's SM-busy time (GPU_METRICS); "
+                             f"EP ranks by {ep_ranks_basis(steps)}")
         steps["t_start_s"] = steps["start_ns"].to_numpy(dtype="float64") / 1e9 + offset_s
         steps["t_end_s"] = steps["end_ns"].to_numpy(dtype="float64") / 1e9 + offset_s
     series = _series(samples, steps, base, offset_s)
@@ -181,7 +182,8 @@ _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kin
                  "decode_reqs", "decode_rows", "graph_mode", "graph_replayed", "sm_active", "schedule_s",
                  "prepare_s", "forward_s", "kv_transfer_s", "kv_transfer_bytes", "expert_imbalance",
                  "preempted_reqs", "gpu_kernels", "gpu_kernel_s", "graph_launches", "scheduled_tokens",
-                 "step_source", "comm_s", "comm_share", "rank_skew", "rank_sm_skew", "device_idle_before_s", "q_token_allocation",
+                 "step_source", "comm_s", "comm_share", "rank_skew", "rank_sm_skew", "rank_comm_spread", "kv_overlap_s", "kv_overlap_bytes", "kv_wait_s",
+                 "device_idle_before_s", "q_token_allocation",
                  "q_graph_mode", "q_expert_imbalance", "q_kv_transfer", "q_sm_active"]
 
 

@@ -29,8 +29,9 @@ from mixdiag.collectors.traces.steps.activity import (D2H, GRAPH_LAUNCH, H2D, LA
                                                       Activity, Calls, Items)
 from mixdiag.collectors.traces.steps.boundaries import (call_signature, gap_threshold, launch_gap_steps, otsu_gap,
                                                         range_steps, sync_steps)
-from mixdiag.collectors.traces.steps.evidence import rank_skew, transfers
+from mixdiag.collectors.traces.steps.evidence import rank_comm_spread, rank_skew, transfers
 from mixdiag.collectors.traces.steps.kernel_names import COMM
+from mixdiag.collectors.traces.steps.kv_overlap import compute_streams, kv_overlap
 from mixdiag.collectors.traces.steps.token_inference import infer_tokens
 from mixdiag.collectors.traces.steps.reconstruct import graph_counts, graph_modes, split_on_gaps
 
@@ -69,6 +70,7 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
         return pd.DataFrame(), notes, None
     steps = pd.concat(frames, ignore_index=True)
     rank_skew(steps)
+    rank_comm_spread(steps)
     steps["graph_mode"] = graph_modes(steps["graph_launches"], steps["eager_between"])
     return steps, notes, SOURCES[min(sources, key=list(SOURCES).index)]
 
@@ -139,6 +141,7 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
     xr = ranges[ranges["transfer"]] if len(ranges) and "transfer" in ranges else None
     transfers(out, items, _transfer_candidates(items, call_idx, on_main), xr,
               item_cpu if how != "gap" else np.full(len(items.start), -1))
+    kv_overlap(out, items, compute_streams(items, on_main))
     return out, how, notes
 
 

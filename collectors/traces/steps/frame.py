@@ -24,7 +24,10 @@ def finish(s: pd.DataFrame, graph_known: bool) -> pd.DataFrame:
     s["comm_s"] = s["comm_ns"] / 1e9
     s["comm_share"] = (s["comm_s"] / span.where(span > 0)).clip(0, 1)
     s["q_expert_imbalance"] = np.where(s["rank_skew"].notna(), "inferred", "")
-    s["q_kv_transfer"] = np.where(s["kv_transfer_s"].notna(), "inferred", "")
+    kv_seen = s["kv_transfer_s"].notna()
+    if "kv_overlap_s" in s:  # a side-stream transfer inside the span counts as KV evidence too
+        kv_seen |= s["kv_overlap_s"].notna()
+    s["q_kv_transfer"] = np.where(kv_seen, "inferred", "")
     s["decode_reqs"] = s["decode_rows"]
     return s
 
@@ -35,7 +38,8 @@ def signals(steps: pd.DataFrame, graph_known: bool) -> dict[str, str]:
     out = {key: "inferred" if inferred_kind else "absent"
            for key in ("kind", "token_allocation", "prefill_tokens", "decode_rows")}
     out["graph_mode"] = "measured" if graph_known else "absent"
-    out["kv_transfer"] = "inferred" if steps["kv_transfer_s"].notna().any() else "absent"
+    kv = steps["kv_transfer_s"].notna().any() or ("kv_overlap_s" in steps and steps["kv_overlap_s"].notna().any())
+    out["kv_transfer"] = "inferred" if kv else "absent"
     skew = steps["rank_skew"].notna().any() or ("rank_sm_skew" in steps and steps["rank_sm_skew"].notna().any())
     out["expert_imbalance"] = "inferred" if skew else "absent"
     out["comm"] = "inferred" if steps["comm_s"].gt(0).any() else "absent"
@@ -46,5 +50,6 @@ def signals(steps: pd.DataFrame, graph_known: bool) -> dict[str, str]:
 COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens", "decode_reqs",
            "decode_rows", "graph_mode", "graph_replayed", "sm_active", "forward_s", "kv_transfer_s",
            "kv_transfer_bytes", "gpu_kernels", "gpu_kernel_s", "graph_launches", "step_source", "comm_s",
-           "comm_share", "rank_skew", "rank_sm_skew", "device_idle_before_s", "q_token_allocation", "q_graph_mode",
+           "comm_share", "rank_skew", "rank_sm_skew", "rank_comm_spread", "kv_overlap_s", "kv_overlap_bytes", "kv_wait_s",
+           "device_idle_before_s", "q_token_allocation", "q_graph_mode",
            "q_expert_imbalance", "q_kv_transfer", "q_sm_active"]

@@ -16,6 +16,7 @@ import pandas as pd
 from mixdiag.causes import SIGNAL_COLUMNS, SIGNALS  # noqa: F401  (SIGNALS re-exported)
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import SignalConfig
+from mixdiag.diagnosis.detection.regimes import low_side_reference
 from mixdiag.diagnosis.labels import label_codes, label_in
 
 
@@ -73,6 +74,23 @@ def _rolling_ref_median(values: pd.Series, ref: pd.Series, window: int, groups: 
     return med
 
 
+def _low_side_level(values: pd.Series, ref: pd.Series, groups: np.ndarray | None, k: float = 0.0) -> pd.Series:
+    """Per row: the healthy level of a signal whose faults only raise it - the low-side centre
+    (:func:`~mixdiag.diagnosis.detection.regimes.low_side_reference`) of its group's reference rows
+    (all its rows when none is a reference row) plus ``k`` sigma; NaN where the group has no value."""
+    v = pd.to_numeric(values, errors="coerce").to_numpy(dtype="float64")
+    g = np.zeros(len(v), dtype=np.int64) if groups is None else np.asarray(groups)
+    r = ref.to_numpy(dtype=bool) & np.isfinite(v)
+    out = np.full(len(v), np.nan)
+    for k in np.unique(g):
+        mine = g == k
+        pick = mine & r if (mine & r).sum() >= 3 else mine & np.isfinite(v)
+        if pick.any():
+            centre, sigma = low_side_reference(v[pick])
+            out[mine] = centre + k * sigma
+    return pd.Series(out, index=values.index)
+
+
 def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups: np.ndarray | None = None
                  ) -> pd.DataFrame:
     """Per-step signal columns for one instance's rows (sorted by step, with ``gap_before_s``), or
@@ -117,17 +135,33 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     s["sm_delta"] = s["sm_active"] - _rolling_ref_median(s["sm_active"], ref, w, groups)
     comm = s["comm_share"] if "comm_share" in s.columns else pd.Series(np.nan, index=s.index)
     s["comm_delta"] = comm - _rolling_ref_median(comm, ref, max(w, cfg.wide_window), groups)
-    # SM-busy skew across ranks (graph-hidden compute) above its decode neighbourhood's: balanced
-    # steps already differ by their jitter, and that floor varies with the deployment
+    # SM-busy skew across ranks (graph-hidden compute) above the instance's balanced level: balanced
+    # steps already differ by their jitter, and that floor varies with the deployment. The level is
+    # read from the low side of the whole instance (regimes.low_side_reference): a hotspot lasting
+    # hundreds of steps would become a rolling median's own reference, and skew only ever adds
     smsk = s["rank_sm_skew"] if "rank_sm_skew" in s.columns else pd.Series(np.nan, index=s.index)
-    s["sm_skew_delta"] = smsk - _rolling_ref_median(smsk, ref, max(w, cfg.wide_window), groups)
+    s["sm_skew_delta"] = smsk - _low_side_level(smsk, ref, groups)
     # a wide window: hotspot windows last tens of steps and must not become their own reference
     imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, cfg.wide_window), groups)
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
+    # KV moving on a side stream inside the step's span (traces): the step waited on it (compute stream idle
+    # while it ran) - that is the step's transfer; one that only ran beside the forward is weaker
+    # (``kv_beside``: contention at most), and a rule weighs it only where no other cause's evidence holds
+    if "kv_wait_s" in s.columns:
+        s["kv_xfer"] |= pd.to_numeric(s["kv_wait_s"], errors="coerce").fillna(0) > 0
+        s["kv_beside"] = ~s["kv_xfer"] & (pd.to_numeric(s["kv_overlap_s"], errors="coerce").fillna(0) > 0)
     s["preempt"] = s["preempted_reqs"].fillna(0) > 0
     gap = s["gap_before_s"] if "gap_before_s" in s.columns else pd.Series(0.0, index=s.index)
-    s["gap_excess_s"] = gap - (gap if gap.isna().all() else gw.rolling_median(gap, cfg.gap_window, 1, groups))
+    if gap.isna().all():
+        s["gap_excess_s"] = gap - gap
+    else:
+        # the usual gap follows load (rolling median), but never above the instance's healthy band (low-side
+        # centre + 3 sigma, regimes.low_side_reference): a stall lasting longer than half the window would
+        # otherwise become its own usual gap - a stall only ever adds time
+        usual = gw.rolling_median(gap, cfg.gap_window, 1, groups)
+        band = _low_side_level(gap, pd.Series(True, index=s.index), groups, k=cfg.gap_band_sigma)
+        s["gap_excess_s"] = gap - np.fmin(usual, band)
     return s
 
 

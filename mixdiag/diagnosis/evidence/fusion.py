@@ -281,7 +281,7 @@ def _fuse_steps_by_time(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -
 
 
 #: Columns :func:`couple_ranks` adds to the step rows of ranks that meet in collectives.
-RANK_EVIDENCE = ("peer_prefill", "peer_graph_off")
+RANK_EVIDENCE = ("peer_prefill", "peer_prefill_tokens", "peer_graph_off", "peer_gap_excess_s")
 
 
 def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
@@ -290,19 +290,24 @@ def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
     (no intervals) whose rows share step numbers, exchange collectives (``comm_share`` > 0 on some
     steps) and end each shared step together (median |end difference| below ``align`` x the median
     step duration: ``FusionConfig.rank_align``) are ranks of one engine; each row gets ``peer_prefill``
-    (a peer's same step held prefill tokens) and ``peer_graph_off`` (a peer's same step left the
-    graph), in place; NaN elsewhere."""
+    (a peer's same step held prefill tokens; ``peer_prefill_tokens`` the largest such chunk), ``peer_graph_off`` (a peer's same step left the
+    graph) and ``peer_gap_excess_s`` (the largest host gap above the usual one among the peers' same
+    step: a peer whose host stalled kept every rank waiting in the all-to-all), in place; NaN elsewhere."""
     for f in frames:
         for col in RANK_EVIDENCE:
             f[col] = np.nan
-    cand = [f for f in frames if len(f) and (f["granularity"] == "step").all() and "comm_share" in f.columns
-            and f["comm_share"].fillna(0).gt(0).any()]
+    # ranks exchange in visible steps, or the collector found them EP ranks by co-terminating replays
+    cand = [f for f in frames if len(f) and (f["granularity"] == "step").all() and (
+            ("comm_share" in f.columns and f["comm_share"].fillna(0).gt(0).any())
+            or ("rank_sm_skew" in f.columns and f["rank_sm_skew"].notna().any()))]
     for f in cand:
         me = f.set_index("step")
         if not me.index.is_unique:
             continue
         dur = float((me["t_end_s"] - me["t_start_s"]).median())
         pre, off = pd.Series(False, index=me.index), pd.Series(False, index=me.index)
+        gap = pd.Series(np.nan, index=me.index)
+        chunk = pd.Series(np.nan, index=me.index)
         coupled = False
         for g in cand:
             if g is f:
@@ -318,9 +323,15 @@ def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
             coupled = True
             pre = pre | peer["has_prefill"].astype(bool).reindex(me.index, fill_value=False)
             off = off | peer["graph_off"].astype(bool).reindex(me.index, fill_value=False)
+            if "prefill_tokens" in peer.columns:
+                chunk = np.fmax(chunk, pd.to_numeric(peer["prefill_tokens"], errors="coerce").reindex(me.index))
+            if "gap_excess_s" in peer.columns:
+                gap = np.fmax(gap, pd.to_numeric(peer["gap_excess_s"], errors="coerce").reindex(me.index))
         if coupled:
             f["peer_prefill"] = pre.to_numpy(dtype=float)
             f["peer_graph_off"] = off.to_numpy(dtype=float)
+            f["peer_gap_excess_s"] = pd.Series(gap).to_numpy(dtype=float)
+            f["peer_prefill_tokens"] = pd.Series(chunk).to_numpy(dtype=float)
 
 
 def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[str, np.ndarray]:

@@ -85,20 +85,28 @@ def features(rows: pd.DataFrame, granularity: str) -> np.ndarray:
     kv_ok = _not_estimated(rows, "rq_kv_transfer")
     imbalance = np.maximum.reduce([_relative_excess(_num(rows, c).copy() if c in rows.columns else np.zeros(n))
                                    for c in ("expert_imbalance", "rank_skew", "rank_sm_skew")])
-    f[:, col["ep_hotspot"]] = np.where(ep_ok, imbalance, 0.0)
+    # a prompt chunk on this rank or a peer makes its rank slower by design (DP-attention ranks: only the rank
+    # holding the chunk runs prefill attention) - that skew is mixing's cost, not an expert hotspot's
+    chunk = _flag(rows, "has_prefill") | (_num(rows, "peer_prefill") > 0)
+    f[:, col["ep_hotspot"]] = np.where(ep_ok & ~chunk, imbalance, 0.0)
     if granularity == "step":
         prefill = _num(rows, "prefill_tokens")
         has_prefill, has_decode = _flag(rows, "has_prefill"), _flag(rows, "has_decode")
-        f[:, col["mixing"]] = np.where(tokens_ok & has_prefill & has_decode, prefill, 0.0)
+        # a decode-only rank that waited in the all-to-all for a peer's prompt chunk pays that chunk's cost
+        peer_chunk = np.where(~has_prefill & has_decode & (_num(rows, "peer_prefill") > 0), _num(rows, "peer_prefill_tokens"), 0.0)
+        f[:, col["mixing"]] = np.where(tokens_ok, np.where(has_prefill & has_decode, prefill, peer_chunk), 0.0)
         waited = has_prefill & ~has_decode & _flag(rows, "decodes_before")
         f[:, col["prefill_stall"]] = np.where(tokens_ok & waited, prefill, 0.0)
-        xfer_s = _num(rows, "kv_transfer_s")
+        # transfer seconds charged to the step, or a side-stream transfer running inside its span
+        xfer_s = np.maximum(_num(rows, "kv_transfer_s"), _num(rows, "kv_overlap_s"))
         f[:, col["pd_transfer"]] = np.where(kv_ok, np.where(xfer_s > 0, xfer_s, _num(rows, "kv_transfer_bytes") / 1e9), 0)
         # only a decode-only step falls back: a mixed step leaves the FULL graph by design (its cost is mixing's)
-        fell_back = graph_ok & _flag(rows, "graph_off") & has_decode & ~has_prefill
+        # ... and a rank that left the graph because a peer's same step held a chunk did not fall back either
+        fell_back = graph_ok & _flag(rows, "graph_off") & has_decode & ~has_prefill & ~(_num(rows, "peer_prefill") > 0)
         f[:, col["graph_fallback"]] = np.where(fell_back, 1.0, 0.0)
         f[:, col["kv_pressure"]] = _num(rows, "preempted_reqs")
-        f[:, col["host_stall"]] = np.clip(_num(rows, "gap_excess_s"), 0, None)
+        # the host gap of this row, or of a peer EP rank whose stall every rank waited out in the all-to-all
+        f[:, col["host_stall"]] = np.clip(np.maximum(_num(rows, "gap_excess_s"), _num(rows, "peer_gap_excess_s")), 0, None)
     else:
         dur = np.clip(_num(rows, "t_end_s") - _num(rows, "t_start_s"), 1e-3, None)
         work = _num(rows, "prefill_work_tokens")

@@ -64,7 +64,7 @@ def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
                 "height_x": (lat / base) if lat and base else None}
     for col in ("prefill_tokens", "prefill_reqs", "decode_rows", "decode_reqs", "graph_mode", "sm_active",
                 "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s", "preempted_reqs", "gap_before_s",
-                "comm_share", "rank_skew", "rank_sm_skew", "device_idle_before_s", "arrivals", "large_step_share", "prefill_work_tokens"):
+                "comm_share", "rank_skew", "rank_sm_skew", "rank_comm_spread", "kv_overlap_s", "kv_wait_s", "device_idle_before_s", "arrivals", "large_step_share", "prefill_work_tokens"):
         v = row.get(col)
         if isinstance(v, str):
             if v != "unknown":

@@ -46,10 +46,14 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
     qa, qg, qs = row_quality(row, ctx, "token_allocation"), row_quality(row, ctx, "graph_mode"), row_quality(row, ctx, "sm_active")
     # 1. PD KV transfer overlapping or preceding the step: measured traffic, before any host call.
     if bool(row.get("kv_xfer")):
-        kv_s = num(row.get("kv_transfer_s"))
+        # the step's own wait on a side-stream transfer (compute stream idle while it ran) is the measured
+        # part of the excess; else the transfer time charged to the step
+        wait = num(row.get("kv_wait_s"))
+        kv_s = wait if wait else num(row.get("kv_transfer_s"))
         share = min(1.0, kv_s / excess) if kv_s is not None and excess and excess > 0 else None
         conf = (0.75 if row_quality(row, ctx, "kv_transfer") == "measured" else 0.6) + (0.25 * share if share is not None else 0.0)
-        return done("pd_transfer", conf, kv_transfer_share_of_excess=None if share is None else round(share, 3))
+        return done("pd_transfer", conf, kv_transfer_share_of_excess=None if share is None else round(share, 3),
+                    kv_wait_s=wait, kv_overlap_s=num(row.get("kv_overlap_s")))
 
     # 2. host stall: a measured idle gap before the step holds most of the excess (never by elimination).
     gap_x = num(row.get("gap_excess_s"))
@@ -57,6 +61,16 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
             and gap_x >= cfg.host_gap_share * excess:
         share = min(1.0, gap_x / excess)
         return done("host_stall", 0.6 + 0.4 * share, gap_share_of_excess=round(share, 3))
+
+    # 2b. a peer EP rank's host stall: ranks meet in the all-to-all every step, so this rank's step lasted
+    # until the stalled peer launched its part - the peer's measured gap holds most of this step's excess
+    # (basis: the all-to-all ends when the last rank arrives; DeepEP / NCCL collectives block on every peer)
+    pgap = num(row.get("peer_gap_excess_s"))
+    if have(ctx, "host_time") and excess and excess > 0 and pgap is not None and not bool(row.get("has_prefill")) \
+            and pgap >= cfg.host_gap_share * excess:
+        share = min(1.0, pgap / excess)
+        return done("host_stall", 0.5 + 0.3 * share, peer_gap_share_of_excess=round(share, 3),
+                    reason="a peer EP rank's host stalled before this step; this rank waited for it in the all-to-all")
 
     # 3. KV pressure: preemptions / retractions in the step.
     if bool(row.get("preempt")):
@@ -109,6 +123,20 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         return done("mixing", 0.55 + (0.1 if both_off else 0.0), peer_rank_prefill=True,
                     reason="a peer EP rank's same step held prefill tokens; this rank waited for it in the "
                            "all-to-all")
+    # 6c. every EP rank left the FULL graph on a step whose batch size replays FULL elsewhere, with no gauge:
+    # ranks share one graph mode (vLLM coordinate_batch_across_dp, SGLang DP attention), so a peer's prompt
+    # chunk is the likely reason - but no peer counted one. This rank waited in the all-to-all; whether the
+    # peer computed a chunk or its experts is not measured, so neither a hotspot nor a fallback is named.
+    dreq = num(row.get("decode_reqs"))
+    if decode_only and alloc and corroborates(qg) and bool(row.get("graph_off")) and bool(num(row.get("peer_graph_off"))) \
+            and ctx.graph_norm == "FULL" and dreq is not None and dreq in ctx.full_batch_sizes \
+            and num(row.get("expert_imbalance")) is None:
+        checkable = ["host_time", "kv_transfer", "preemption", "token_allocation", "expert_imbalance", "graph_mode"]
+        ruled = sum(have(ctx, c) for c in checkable) / len(checkable)
+        return done("unknown", round(ruled, 3), peer_graph_off=True, reason=(
+            "every EP rank left the FULL graph although this batch size replays FULL elsewhere: a peer rank's prompt "
+            "chunk is likely (ranks share one graph mode), but no peer's prefill tokens were counted; this rank "
+            "waited in the all-to-all, so neither an expert hotspot nor a graph fallback is measured"))
     # 7. EP hotspot / 8. graph fallback, on decode-only steps; the better-supported one wins.
     cands = []
     if decode_only:
@@ -132,6 +160,11 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
         if sx is not None and sx >= cfg.shape_jump:
             cands.append(("graph_fallback", 0.7, {"shape_cost_x": round(sx, 3),
                                                   "shape_ref_reqs": num(row.get("shape_ref_reqs"))}))
+    # 7b. a KV transfer that ran beside the step on a side stream without the forward waiting for it (copy
+    # engines share HBM / PCIe with the forward): weaker than a wait, so only a candidate among the others
+    if bool(row.get("kv_beside")) and (decode_only or not alloc):
+        cands.append(("pd_transfer", 0.55, {"kv_overlap_s": num(row.get("kv_overlap_s")),
+                                            "kv_transfer_share_of_excess": None}))
     if cands:
         cause, conf, extra = max(cands, key=lambda c: c[1])
         return done(cause, conf, **extra)
@@ -214,7 +247,9 @@ def _ep_hotspot(row, ctx, cfg, smd) -> tuple | None:
     # kernel-level skew (which rank is hot is not known, and a wide comm kernel hides the wait), so
     # lower confidence and no SM-down bonus (that is the same measurement).
     sk, skd = num(row.get("rank_sm_skew")), num(row.get("sm_skew_delta"))
-    replayed = row.get("graph_mode") == "FULL" and corroborates(row_quality(row, ctx, "graph_mode"))
+    # a replay hides the compute: FULL, or PIECEWISE (the MoE layers sit inside the piece graphs; only
+    # attention runs eager between them) - the caller has already required a decode-only step
+    replayed = row.get("graph_mode") in ("FULL", "PIECEWISE") and corroborates(row_quality(row, ctx, "graph_mode"))
     if replayed and skew is None and sk is not None and sk >= cfg.rank_sm_skew and skd is not None \
             and skd >= cfg.sm_skew_delta:
         return ("ep_hotspot", 0.5, {"rank_sm_skew": sk, "sm_skew_delta": skd, "rank_skew_method": "sm_busy"})
