@@ -21,12 +21,9 @@ Second table: which peer summaries mixdiag also gives, computed from its ``analy
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -37,9 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peers_caps  # noqa: E402
 import peers_env  # noqa: E402
+from peers_inputs import (big_export, copy_fresh, cpu_trace, kineto_trace, sha256, sqlite_indexes,  # noqa: E402
+                          written_beside)
 
 ROOT = peers_env.ROOT
-INPUTS = peers_env.CACHE / "inputs"
 WORK = peers_env.CACHE / "work"
 FIXTURES = ROOT / "tests" / "fixtures" / "nsys"
 HTA_PROBE = Path(__file__).resolve().parent / "peers_hta_probe.py"
@@ -93,82 +91,6 @@ def measure(cmd: list[str], out: Path, *, cwd: Path = ROOT, env=None, timeout: i
     if p.returncode in (-9, 137) and wall >= timeout:
         tail = f"killed after the {timeout} s timeout"
     return Run(p.returncode, wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024, out, tail)
-
-
-def sha256(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for p in paths:
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-    return h.hexdigest()
-
-
-def mb(paths) -> float:
-    return sum(Path(p).stat().st_size for p in paths) / 1e6
-
-
-# ---- inputs (cached under benchmarks/.cache/peers/inputs) -------------------------------------------------
-
-def big_export(kernels: int, say) -> Path:
-    path = INPUTS / f"ep2_{kernels}.sqlite"
-    if not path.exists():
-        sys.path.insert(0, str(ROOT))
-        from tests.helpers.foreign_trace import simulate
-
-        INPUTS.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        truth = simulate("ep2", 1, 400, None, True, "node", "nsys", tmp, scale=kernels)
-        tmp.rename(path)
-        say(f"simulated {path.name}: {truth.meta['kernel_rows']:,} kernel rows, {mb([path]):.0f} MB")
-    return path
-
-
-def kineto_trace(steps: int, say) -> list[Path]:
-    folder = INPUTS / f"kineto_ep2_{steps}"
-    if not (folder / "done").exists():
-        sys.path.insert(0, str(ROOT))
-        from tests.helpers.foreign_trace import simulate
-
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir(parents=True)
-        truth = simulate("ep2", 3, steps, None, True, "node", "kineto", folder / "trace.json")
-        (folder / "done").write_text(json.dumps([p.name for p in truth.paths]))
-        say(f"simulated {folder.name}: {truth.meta['kernel_rows']:,} kernel rows, {mb(truth.paths):.0f} MB")
-    return [folder / n for n in json.loads((folder / "done").read_text())]
-
-
-def cpu_trace(steps: int, say) -> list[Path]:
-    """A Kineto trace of the reference engine on this CPU: real, and without a single GPU kernel."""
-    run = INPUTS / f"cpu_run_{steps}"
-    if not (run / "trace.json").exists():
-        shutil.rmtree(run, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "mixdiag", "run", "--scenario", "mixed-default", "--seed", "7",
-                        "--max-steps", str(steps), "--profile", "all", "--out", str(run), "-q"], check=True,
-                       cwd=ROOT, capture_output=True)
-        say(f"recorded {run.name}/trace.json on CPU: {mb([run / 'trace.json']):.0f} MB")
-    return [run / "trace.json"]
-
-
-# ---- the observations the peers leave behind --------------------------------------------------------------
-
-def sqlite_indexes(path: Path) -> int:
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return con.execute("SELECT count(*) FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL").fetchone()[0]
-    finally:
-        con.close()
-
-
-def copy_fresh(files: list[Path], folder: Path) -> list[Path]:
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    return [Path(shutil.copy2(f, folder / f.name)) for f in files]
-
-
-def written_beside(folder: Path, inputs: list[Path], before: set[str]) -> list[str]:
-    return sorted(set(os.listdir(folder)) - before - {p.name for p in inputs} - {"_out"})
 
 
 class Bench:
@@ -293,6 +215,23 @@ class Bench:
         if peer.ready and sha256(copies) != sums:
             self.observe("HTA", label, "modified its input copy")
 
+    def hta_pandas3(self, files: list[Path]) -> None:
+        """HTA as pip installs it without the pin (pandas 3), on a small trace: observed, not timed."""
+        peer = self.peers["HTA+pandas3"]
+        if not peer.ready:
+            return
+        label = f"{files[0].parent.name} (pandas {peer.version('pandas')})"
+        folder = WORK / "hta-pandas3"
+        copy_fresh(files, folder)
+        r = measure([str(peer.python), str(HTA_PROBE), str(folder), "--breakdowns", "temporal"],
+                    WORK / "hta-pandas3.json", env=peers_env.peer_env(), timeout=self.args.timeout)
+        if r.rc != 0:
+            self.observe("HTA+pandas3", label, f"exit {r.rc}: {r.err_tail}")
+            return
+        res = json.loads(r.out.read_text().strip().splitlines()[-1])
+        self.observe("HTA+pandas3", label, "loaded and ran the temporal breakdown" if res.get("load") == "ok"
+                     else f"TraceAnalysis failed: {res.get('load')}")
+
     def hta_findings(self, label: str, res: dict) -> None:
         if res.get("load") != "ok":
             self.observe("HTA", label, f"TraceAnalysis failed: {res.get('load')}")
@@ -325,7 +264,7 @@ def table(bench: Bench) -> tuple[str, list[dict]]:
             if mb_ and "cold" not in r.job:
                 q = mb_["cpu_s"] / b["cpu_s"]
                 d["target CPU <= 0.5x"] = ("met" if q <= TARGET_CPU else "NOT met") + (
-                    "" if any("breakdown" in doc for doc in bench.docs) else " (no breakdown in build)")
+                    "" if any("breakdown" in doc for doc in bench.docs) else "*")
         if r.tool == "mixdiag":
             d["input unchanged"] = {True: "yes", False: "NO"}.get(bench.identical.get(r.input), "?")
         rows.append(d)
@@ -355,7 +294,7 @@ def main(argv=None) -> int:
         say(p.note)
         if not p.ready:
             print(p.note)
-    versions = {n: p.version({"nsys-ai": "nsys-ai", "HTA": "HolisticTraceAnalysis"}[n]) for n, p in bench.peers.items()
+    versions = {n: p.version("nsys-ai" if n == "nsys-ai" else "HolisticTraceAnalysis") for n, p in bench.peers.items()
                 if p.ready}
     if "big" in which:
         export = big_export(args.kernels, say)
@@ -370,6 +309,7 @@ def main(argv=None) -> int:
         files = kineto_trace(args.kineto_steps, say)
         say(f"kineto_ep2_{args.kineto_steps}: mixdiag and HTA")
         bench.trace_input(f"kineto_ep2_{args.kineto_steps}", files)
+        bench.hta_pandas3(kineto_trace(300, say))
     if "cpu" in which:
         files = cpu_trace(args.cpu_steps, say)
         bench.trace_input(f"cpu_only_{args.cpu_steps}", files)
@@ -379,6 +319,14 @@ def main(argv=None) -> int:
     print(f"mixdiag vs peers: best of {args.repeat}; nsys-ai {versions.get('nsys-ai', '-')}, "
           f"HTA {versions.get('HTA', '-')}; load average {load[0]:.1f} on {os.cpu_count()} CPUs (trust CPU s)\n")
     print(text)
+    if not any("breakdown" in d for d in bench.docs):
+        print("* analyze without the breakdown: no `breakdown` key in this build's analyze --json")
+    nb = next((r for r in bench.rows if r.job.endswith("--no-breakdown") and r.best()), None)
+    full = next((r for r in bench.rows if nb and r.input == nb.input and r.job == "analyze --json" and r.best()), None)
+    print(f"breakdown's own cost on {nb.input}: analyze CPU {full.best()['cpu_s'] / nb.best()['cpu_s']:.2f}x "
+          f"without it (target <= 1.30x)" if nb and full else
+          "breakdown's own cost (target <= 1.30x of analyze without it): not measurable in this build "
+          "(no analyze --no-breakdown)")
     print(f"\nwhich peer summaries mixdiag also gives (from its analyze --json keys over {len(bench.docs)} inputs; "
           f"breakdown section: {'present' if any('breakdown' in d for d in bench.docs) else peers_caps.NOT_IN_BUILD}; "
           f"mixdiag diff: {'present' if bench.diff_available else peers_caps.NOT_IN_BUILD})\n")

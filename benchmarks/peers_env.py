@@ -7,7 +7,8 @@
   ``duckdb-extensions`` installs the packaged extension file into DuckDB's extension folder, which lives
   under ``$HOME/.duckdb``; the peers run with ``HOME`` = a folder of the cache so nothing lands in the
   user's home.
-* HTA 0.5.0 with ``pandas<3`` (pandas 3 crashes it loading a small trace: an int16 dtype error).
+* HTA 0.5.0 with ``pandas<3`` (pandas 3 crashes it loading a small trace: an int16 dtype error); a second
+  HTA venv with pandas 3 exists only to observe that failure.
 
 A venv is reused when its stamp names the same packages; ``install=False`` never installs.
 """
@@ -27,6 +28,7 @@ STAMP = ".mixdiag-peer-stamp"
 NSYS_AI_PKGS = ("nsys-ai==0.3.0", "duckdb==1.5.5", "duckdb-extension-sqlite-scanner==1.5.5",
                 "duckdb-extensions==1.5.5")
 HTA_PKGS = ("HolisticTraceAnalysis==0.5.0", "pandas<3")
+HTA_PANDAS3_PKGS = ("HolisticTraceAnalysis==0.5.0", "pandas>=3")  # only to observe the failure the pin avoids
 # run once after pip: puts the packaged sqlite_scanner where DuckDB looks, and checks DuckDB sees it
 DUCKDB_EXT = ("from duckdb_extensions import import_extension; import duckdb; import_extension('sqlite_scanner'); "
               "ok = duckdb.sql(\"SELECT installed FROM duckdb_extensions() WHERE extension_name = 'sqlite_scanner'\")"
@@ -57,7 +59,8 @@ class Peer:
 
 def peers() -> dict[str, Peer]:
     return {"nsys-ai": Peer("nsys-ai", CACHE / "nsys-ai", NSYS_AI_PKGS, DUCKDB_EXT),
-            "HTA": Peer("HTA", CACHE / "hta", HTA_PKGS)}
+            "HTA": Peer("HTA", CACHE / "hta", HTA_PKGS),
+            "HTA+pandas3": Peer("HTA+pandas3", CACHE / "hta-pandas3", HTA_PANDAS3_PKGS)}
 
 
 def peer_env() -> dict[str, str]:

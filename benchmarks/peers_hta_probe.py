@@ -21,7 +21,7 @@ from pathlib import Path
 def main() -> int:
     warnings.simplefilter("ignore")
     logging.disable(logging.WARNING)
-    trace_dir = Path(sys.argv[1])
+    trace_dir = Path(sys.argv[1]).resolve()  # HTA joins relative rank files onto its default /tmp/trace
     wanted = sys.argv[3].split(",") if len(sys.argv) > 3 and sys.argv[2] == "--breakdowns" else None
     from hta.common.trace_file import create_rank_to_trace_dict_from_dir
     from hta.trace_analysis import TraceAnalysis
