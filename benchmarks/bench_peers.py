@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -99,6 +100,7 @@ class Bench:
         self.rows: list[Row] = []
         self.observed: list[dict] = []
         self.docs: list[dict] = []
+        self.doc_paths: list[tuple[str, Path]] = []
         self.identical: dict[str, bool] = {}
         self.peers = {n: peers_env.ensure(p, install=not args.no_install) for n, p in peers_env.peers().items()}
         help_text = subprocess.run([sys.executable, "-m", "mixdiag", "analyze", "--help"], capture_output=True,
@@ -123,10 +125,14 @@ class Bench:
         if r.rc != 0 and rep == 0:
             self.observe("mixdiag", row.input, f"analyze exit {r.rc}: {r.err_tail}")
         if r.rc == 0 and rep == 0 and not extra:
+            self.doc_paths.append((row.input, out))  # parsed after all runs: keeps this process small
+
+    def load_docs(self) -> None:
+        for label, path in self.doc_paths:
             try:
-                self.docs.append(json.loads(out.read_text()))
+                self.docs.append(json.loads(path.read_text()))
             except ValueError as e:
-                self.observe("mixdiag", row.input, f"--json output not JSON: {e}")
+                self.observe("mixdiag", label, f"--json output not JSON: {e}")
 
     def nsys_input(self, label: str, export: Path) -> None:
         """mixdiag and nsys-ai diagnose on one export, repeats interleaved."""
@@ -313,11 +319,15 @@ def main(argv=None) -> int:
     if "cpu" in which:
         files = cpu_trace(args.cpu_steps, say)
         bench.trace_input(f"cpu_only_{args.cpu_steps}", files)
+    rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3  # before parsing the documents
+    bench.load_docs()
     text, rows = table(bench)
     caps = peers_caps.capability_rows(bench.docs, bench.diff_available)
     load = os.getloadavg()
     print(f"mixdiag vs peers: best of {args.repeat}; nsys-ai {versions.get('nsys-ai', '-')}, "
-          f"HTA {versions.get('HTA', '-')}; load average {load[0]:.1f} on {os.cpu_count()} CPUs (trust CPU s)\n")
+          f"HTA {versions.get('HTA', '-')}; load average {load[0]:.1f} on {os.cpu_count()} CPUs (trust CPU s); "
+          f"this script's peak RSS while measuring {rss_self:.0f} MB "
+          f"(a child's peak RSS reads at least its parent's at fork)\n")
     print(text)
     if not any("breakdown" in d for d in bench.docs):
         print("* analyze without the breakdown: no `breakdown` key in this build's analyze --json")

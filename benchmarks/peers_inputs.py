@@ -31,32 +31,42 @@ def mb(paths) -> float:
     return sum(Path(p).stat().st_size for p in paths) / 1e6
 
 
+# the simulator runs in a child process: a forked child's peak RSS starts from its parent's, so the
+# bench process must stay small for the RSS column to be the tools' own
+SIMULATE = """import json, sys
+from tests.helpers.foreign_trace import simulate
+a = json.loads(sys.argv[1])
+t = simulate(a["engine"], a["seed"], a["steps"], None, True, "node", a["fmt"], a["out"], scale=a.get("scale"))
+print(json.dumps({"paths": [p.name for p in t.paths], "kernel_rows": t.meta["kernel_rows"]}))
+"""
+
+
+def _simulate(**kw) -> dict:
+    out = subprocess.run([sys.executable, "-c", SIMULATE, json.dumps(kw)], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def big_export(kernels: int, say) -> Path:
     path = INPUTS / f"ep2_{kernels}.sqlite"
     if not path.exists():
-        sys.path.insert(0, str(ROOT))
-        from tests.helpers.foreign_trace import simulate
-
         INPUTS.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
-        truth = simulate("ep2", 1, 400, None, True, "node", "nsys", tmp, scale=kernels)
+        res = _simulate(engine="ep2", seed=1, steps=400, fmt="nsys", out=str(tmp), scale=kernels)
         tmp.rename(path)
-        say(f"simulated {path.name}: {truth.meta['kernel_rows']:,} kernel rows, {mb([path]):.0f} MB")
+        say(f"simulated {path.name}: {res['kernel_rows']:,} kernel rows, {mb([path]):.0f} MB")
     return path
 
 
 def kineto_trace(steps: int, say) -> list[Path]:
     folder = INPUTS / f"kineto_ep2_{steps}"
     if not (folder / "done").exists():
-        sys.path.insert(0, str(ROOT))
-        from tests.helpers.foreign_trace import simulate
-
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-        truth = simulate("ep2", 3, steps, None, True, "node", "kineto", folder / "trace.json")
-        (folder / "done").write_text(json.dumps([p.name for p in truth.paths]))
-        say(f"simulated {folder.name}: {truth.meta['kernel_rows']:,} kernel rows, {mb(truth.paths):.0f} MB")
+        res = _simulate(engine="ep2", seed=3, steps=steps, fmt="kineto", out=str(folder / "trace.json"))
+        (folder / "done").write_text(json.dumps(res["paths"]))
+        say(f"simulated {folder.name}: {res['kernel_rows']:,} kernel rows, {mb(folder.glob('*.json')):.0f} MB")
     return [folder / n for n in json.loads((folder / "done").read_text())]
 
 
