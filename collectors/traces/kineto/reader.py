@@ -24,6 +24,7 @@ import pandas as pd
 from mixdiag import wire
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.traces.steps import frame as foreign_frame
+from mixdiag.collectors.traces.steps.activity_frame import activity_frame
 from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, method_notes, reconstruct
 from mixdiag.collectors.traces.kineto.activity import concat, read_activity
 from mixdiag.collectors.traces.kineto.events import KinetoFile
@@ -54,34 +55,36 @@ def sniff(head: bytes, name: str) -> bool:
 
 
 def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
-         **options) -> Timeline:
+         device_activity: bool = True, **options) -> Timeline:
     """Read one trace file (``.json`` or ``.json.gz``), or a list of one job's per-rank files (then
     steps are matched across ranks for the rank skew). ``step_gap_s``: GPU idle time that separates
     steps in the gap heuristic (default: from the trace's gap distribution); ``step_range``: a
     range name that marks steps."""
     if isinstance(source, (list, tuple)):
-        return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range)
+        return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range,
+                          device_activity=device_activity)
     path = Path(os.fspath(source))
     f = KinetoFile(path)
     base = instance or path.name.split(".")[0] + ("" if f.rank is None else f":rank{f.rank}")
     steps, step_source = _annotated_steps(f.df[f.df["cat"] == "user_annotation"])
     if step_source == "kineto-mixdiag" and not step_range:
         return _mixdiag(f, path, base, steps)
-    return _foreign([f], [path], base, step_gap_s, step_range)
+    return _foreign([f], [path], base, step_gap_s, step_range, device_activity)
 
 
 def read_ranks(paths, *, instance: str | None = None, step_gap_s: float | None = None,
-               step_range: str | None = None) -> Timeline:
+               step_range: str | None = None, device_activity: bool = True) -> Timeline:
     """One job's per-rank Kineto files (torch writes one per process) read together: the same
     steps as :func:`read` per rank, plus ``rank_skew`` from the ranks' compute per matched step."""
     paths = [Path(os.fspath(p)) for p in paths]
     if not paths:
         raise UserError("no Kineto files given")
     files = [KinetoFile(p) for p in paths]
-    return _foreign(files, paths, instance or paths[0].name.split(".")[0], step_gap_s, step_range)
+    return _foreign(files, paths, instance or paths[0].name.split(".")[0], step_gap_s, step_range, device_activity)
 
 
-def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, step_range) -> Timeline:
+def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, step_range,
+             keep_activity: bool = True) -> Timeline:
     """Steps of engines we did not write (:mod:`..steps.foreign`), as for Nsight exports."""
     unix = all(isinstance(f.base_ns, int) for f in files)
     acts, pids = [], {}
@@ -134,7 +137,13 @@ def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, 
     meta = {"clock": "unix" if unix else "relative", "sources": [entry], "signals": signals,
             "partial": entry["partial"]}
     cols = [c for c in foreign_frame.COLUMNS if c in steps.columns]
-    return Timeline(steps[cols] if len(steps) else None, None, None, meta)
+    activity = None
+    if len(steps) and keep_activity:
+        instance_of = dict(zip(steps["group"].to_numpy().tolist(), steps["instance"].tolist()))
+        activity, n = activity_frame(act, act.item_step, instance_of, base, 0)
+        entry["notes"] += n
+        entry["device_rows"] = len(activity)
+    return Timeline(steps[cols] if len(steps) else None, None, None, meta, activity)
 
 
 _SOURCES = {"nvtx-engine-naming": "kineto-engine-naming"}
