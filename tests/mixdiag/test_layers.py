@@ -40,7 +40,8 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "tuning": (("mixdiag.tuning",), ("base", "collectors", "diagnosis", "ledger", "engine.common", "engine.core",
                                      "report")),
     # text, HTML and Prometheus renderings of a Diagnosis
-    "report": (("mixdiag.report", "mixdiag.report_html", "mixdiag.report_since_start", "mixdiag.html_page",
+    "report": (("mixdiag.report", "mixdiag.report_html", "mixdiag.report_breakdown", "mixdiag.report_since_start",
+                "mixdiag.html_page",
                 "mixdiag.exporter", "mixdiag.console"), ("base", "diagnosis", "ledger", "collectors")),
     "dashboard": (("mixdiag.dashboard",), ("base", "collectors", "diagnosis", "ledger", "report", "tuning")),
     # the CLI composes everything; only commands/serve_dashboard.py opens the dashboard (checked below)
