@@ -87,15 +87,22 @@ class NsysExport:
         self.conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 0, ?, ?, ?, 0, NULL)",
                           (start, end, tid, corr, self.string(name)))
 
-    def kernel(self, start, end, corr, pid, *, device=0, graph_id=None, name="k"):
+    def kernel(self, start, end, corr, pid, *, device=0, graph_id=None, name="k", stream=7):
         sid = self.string(name)
         self.conn.execute(
             "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, \"end\", deviceId, contextId, streamId, correlationId, "
             "globalPid, demangledName, shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, "
             "staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId, "
             "sharedMemoryExecuted, graphId, tensorSizeMinusOneElements) "
-            "VALUES (?, ?, ?, 1, 7, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, 0, ?, 0)",
-            (start, end, device, corr, gpid(pid), sid, sid, graph_id))
+            "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, 0, ?, 0)",
+            (start, end, device, stream, corr, gpid(pid), sid, sid, graph_id))
+
+    def memcpy(self, start, end, corr, pid, *, nbytes, copy_kind, device=0, stream=7):
+        """A copy (``copy_kind``: CUPTI's ENUM_CUDA_MEMCPY_OPER id, 1 = H2D, 2 = D2H, 8 = D2D, 10 = P2P)."""
+        self.conn.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, \"end\", deviceId, contextId, streamId, correlationId, "
+            "globalPid, bytes, copyKind) VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?)",
+            (start, end, device, stream, corr, gpid(pid), nbytes, copy_kind))
 
     def graph_trace(self, start, end, corr, pid, *, device=0, graph_id=1):
         self.conn.execute("INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE VALUES (?, ?, ?, 1, NULL, 7, ?, ?, ?, 1)",
