@@ -52,7 +52,8 @@ def breakdown(timeline, result, config: BreakdownConfig = BreakdownConfig()) -> 
     util = utilisation(views, classes.names)
     kern = top_kernels(views, classes.member, kind, name_code, names, classes.names, config.top_kernels)
     comm = comm_overlap(views, role, classes.names)
-    mem = copies(views, classes.member, role == 2, act["copy_kind"].astype(str).to_numpy(),
+    ck = act["copy_kind"]
+    mem = copies(views, classes.member, role == 2, ck.cat.codes.to_numpy(), [str(c) for c in ck.cat.categories],
                  act["stream"].to_numpy(), act["bytes"].to_numpy(), classes.names)
     strag, summary, strag_notes = stragglers(views, role, name_code, names, classes, config.straggler_ratio)
     notes, partial = _notes(act, util, kind, role)

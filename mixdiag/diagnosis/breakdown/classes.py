@@ -32,21 +32,23 @@ class StepClasses:
     #: one rank is step n of another; False for steps split on GPU idle gaps (``step_source == "gap"``)
     matchable: np.ndarray
 
-    def lookup(self, instance: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """Row of each ``(instance, step)`` pair, -1 when the diagnosis has no such step."""
+    def lookup(self, inst_codes: np.ndarray, inst_names, step: np.ndarray) -> np.ndarray:
+        """Row of each ``(instance, step)`` pair, -1 when the diagnosis has no such step; instances given
+        as codes into ``inst_names`` (a categorical's), so no string is compared per row."""
         out = np.full(len(step), -1, dtype=np.int64)
         if not len(self.step) or not len(step):
             return out
         names, codes = np.unique(self.instance, return_inverse=True)
         key = codes.astype(np.int64) << 40 | (self.step & ((1 << 40) - 1))
         order = np.argsort(key, kind="stable")
-        q_code = np.searchsorted(names, instance)
-        known = (q_code < len(names)) & (names[np.minimum(q_code, len(names) - 1)] == instance) & (step >= 0)
-        q = q_code.astype(np.int64) << 40 | (step & ((1 << 40) - 1))
-        pos = np.clip(np.searchsorted(key[order], q), 0, len(order) - 1)
-        hit = known & (key[order][pos] == q)
-        out[hit] = order[pos[hit]]
-        return out
+        pos = {n: i for i, n in enumerate(names)}
+        table = np.array([pos.get(str(n), -1) for n in inst_names] + [-1], dtype=np.int64)
+        q_code = table[inst_codes]  # code -1 (missing) reads the sentinel
+        q = np.where((q_code >= 0) & (step >= 0), q_code << 40 | (step & ((1 << 40) - 1)), -1)
+        ids, uq = pd.factorize(q)  # millions of rows, a few thousand distinct steps: search those only
+        pos = np.clip(np.searchsorted(key[order], uq), 0, len(order) - 1)
+        got = np.where((uq >= 0) & (key[order][pos] == uq), order[pos], -1)
+        return got[ids]
 
 
 def step_classes(steps: pd.DataFrame, episodes: pd.DataFrame | None) -> StepClasses:

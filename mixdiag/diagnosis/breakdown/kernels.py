@@ -17,6 +17,16 @@ KERNEL_COLUMNS = ["instance", "rank", "step_class", "kernel", "time_s", "calls",
 GRAPH_NAME = "(CUDA graph replay: kernels not traced)"
 
 
+def per_step_name(code: np.ndarray, step_row: np.ndarray, dur: np.ndarray, n_codes: int):
+    """Rows summed per (step row, code): (code, step row, summed duration ns, rows) - a few thousand
+    entries instead of millions of kernels, so each class reads the small table."""
+    key = (step_row.astype(np.int64) + 1) * n_codes + code
+    ids, uniq = pd.factorize(key, sort=False)
+    t = np.bincount(ids, dur.astype("float64"), minlength=len(uniq))
+    n = np.bincount(ids, minlength=len(uniq)).astype("float64")
+    return uniq % n_codes, uniq // n_codes - 1, t, n
+
+
 def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, name_code: np.ndarray,
                 names: list[str], class_names: tuple[str, ...], top: int) -> pd.DataFrame:
     """``member``: the step classes' membership (n_steps, n_classes); ``kind``: 0 kernel, 1 graph, 2+
@@ -29,9 +39,8 @@ def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, nam
         sel = k <= 1
         if not sel.any():
             continue
-        code = np.where(k[sel] == 1, n_names - 1, name_code[rv.rows][sel])
-        dur = (rv.end - rv.start)[sel].astype("float64")
-        srow = rv.step_row[sel]
+        code, srow, dur, cnt = per_step_name(np.where(k[sel] == 1, n_names - 1, name_code[rv.rows][sel]),
+                                             rv.step_row[sel], (rv.end - rv.start)[sel], n_names)
         for c, cname in enumerate(class_names):
             if not rv.win_member[:, c].any():
                 continue
@@ -39,7 +48,7 @@ def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, nam
             if not m.any():
                 continue
             t = np.bincount(code[m], dur[m], minlength=n_names)
-            n = np.bincount(code[m], minlength=n_names)
+            n = np.bincount(code[m], cnt[m], minlength=n_names).astype(np.int64)
             total = t.sum()
             best = np.argsort(-t, kind="stable")[:top]
             best = best[n[best] > 0]

@@ -16,34 +16,33 @@ MEMCPY_COLUMNS = ["instance", "rank", "step_class", "direction", "stream", "copi
 
 
 def copies(views: list[RankView], member: np.ndarray, is_copy: np.ndarray, direction: np.ndarray,
-           stream: np.ndarray, nbytes: np.ndarray, class_names: tuple[str, ...]) -> pd.DataFrame:
-    """``direction``: the copy-kind label per activity row; the rest row-aligned with the activity."""
-    frames = []
+           labels: list[str], stream: np.ndarray, nbytes: np.ndarray, class_names: tuple[str, ...]) -> pd.DataFrame:
+    """``direction``: the copy-kind code per activity row, into ``labels``; the rest row-aligned with the
+    activity. Copies are few next to kernels: only their rows are grouped."""
+    out = []
     for rv in views:
         sel = is_copy[rv.rows]
         if not sel.any():
             continue
         rows = rv.rows[sel]
-        srow = rv.step_row[sel]
-        base = pd.DataFrame({"direction": direction[rows], "stream": stream[rows], "bytes": nbytes[rows],
-                             "dur": (rv.end - rv.start)[sel]})
+        # one group per (direction, stream), then per (step, group): a small table each class reads
+        grp, groups = pd.factorize(direction[rows].astype(np.int64) << 32 | (stream[rows].astype(np.int64) & 0xFFFFFFFF),
+                                   sort=True)
+        ng = len(groups)
+        key = (rv.step_row[sel].astype(np.int64) + 1) * ng + grp
+        ids, uniq = pd.factorize(key)
+        agg = [np.bincount(ids, w, minlength=len(uniq)) for w in
+               (None, nbytes[rows].astype("float64"), (rv.end - rv.start)[sel].astype("float64"))]
+        g_of, srow = uniq % ng, uniq // ng - 1
         for c, cname in enumerate(class_names):
             if not rv.win_member[:, c].any():
                 continue
-            m = np.ones(len(rows), dtype=bool) if c == 0 else (srow >= 0) & member[np.maximum(srow, 0), c]
+            m = np.ones(len(uniq), dtype=bool) if c == 0 else (srow >= 0) & member[np.maximum(srow, 0), c]
             if not m.any():
                 continue
-            g = base[m].groupby(["direction", "stream"], sort=True, observed=True).agg(
-                copies=("bytes", "size"), bytes=("bytes", "sum"), dur=("dur", "sum")).reset_index()
-            g.insert(0, "step_class", cname)
-            g.insert(0, "rank", rv.device)
-            g.insert(0, "instance", rv.instance)
-            frames.append(g)
-    if not frames:
-        return pd.DataFrame(columns=MEMCPY_COLUMNS)
-    out = pd.concat(frames, ignore_index=True)
-    out["time_s"] = out.pop("dur") / 1e9
-    out["bandwidth_gb_per_s"] = np.where(out["time_s"] > 0, out["bytes"] / out["time_s"].where(out["time_s"] > 0) / 1e9,
-                                         np.nan)
-    out["direction"] = out["direction"].astype(str)
-    return out[MEMCPY_COLUMNS]
+            n, b, t = (np.bincount(g_of[m], a[m], minlength=ng) for a in agg)
+            for gi in np.flatnonzero(n > 0):
+                d, st = int(groups[gi]) >> 32, np.int32(int(groups[gi]) & 0xFFFFFFFF)  # stream ids may be -1
+                out.append((rv.instance, rv.device, cname, labels[int(d)], int(st), int(n[gi]), int(b[gi]), t[gi] / 1e9,
+                            b[gi] / t[gi] if t[gi] > 0 else np.nan))  # bytes per ns = GB/s
+    return pd.DataFrame(out, columns=MEMCPY_COLUMNS)

@@ -57,13 +57,15 @@ def rank_views(act: pd.DataFrame, classes: StepClasses) -> list[RankView]:
     launch = act["launch_ns"].to_numpy()
     jobs = act["job"].astype(str).to_numpy() if act["job"].nunique() > 1 else None
     job0 = str(act["job"].iloc[0])
-    srow = classes.lookup(inst_names[inst_codes], act["step"].to_numpy())
+    srow = classes.lookup(inst_codes, inst_names, act["step"].to_numpy())
     # one sort for every rank: by start, then stably by (instance, device)
     order = np.argsort(start, kind="stable")
     rank_key = inst_codes.astype(np.int64)[order] << 32 | (dev[order].astype(np.int64) & 0xFFFFFFFF)
-    order = order[np.argsort(rank_key, kind="stable")]
-    rank_key = inst_codes.astype(np.int64)[order] << 32 | (dev[order].astype(np.int64) & 0xFFFFFFFF)
-    bounds = np.flatnonzero(np.diff(rank_key, prepend=rank_key[0] - 1))
+    if rank_key[0] != rank_key[-1] or np.any(rank_key != rank_key[0]):  # several ranks: group them
+        by_rank = np.argsort(rank_key, kind="stable")
+        order, rank_key = order[by_rank], rank_key[by_rank]
+    bounds = np.flatnonzero(np.diff(rank_key, prepend=rank_key[0] - 1)) if rank_key[0] != rank_key[-1] or \
+        np.any(rank_key != rank_key[0]) else np.zeros(1, dtype=np.int64)
     out = []
     for i, lo in enumerate(bounds):
         hi = bounds[i + 1] if i + 1 < len(bounds) else len(order)
