@@ -66,29 +66,41 @@ def validate(df: pd.DataFrame | None) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ActivityError(f"activity: missing column '{missing[0]}'")
+    canonical = list(df.columns) == list(COLUMNS) and all(
+        isinstance(df[c].dtype, pd.CategoricalDtype) if d == "category" else df[c].dtype == d for c, d in COLUMNS.items())
+    if canonical:  # a reader's frame: check it, never copy millions of rows to rebuild it
+        _check(df, {c: df[c] for c, d in COLUMNS.items() if d == "category"})
+        return df if df.index.equals(pd.RangeIndex(len(df))) else df.reset_index(drop=True)
     out = {}
     for c, dtype in COLUMNS.items():
         s = df[c]
         if dtype == "category":
             s = s if isinstance(s.dtype, pd.CategoricalDtype) else s.astype("category")
-            if s.isna().any():
-                raise ActivityError(f"activity: column '{c}' has missing values")
-            if c in _CHOICES:
-                bad = set(map(str, s.cat.categories[np.unique(s.cat.codes)])) - set(_CHOICES[c])
-                if bad:
-                    raise ActivityError(f"activity: column '{c}' has value {sorted(bad)[0]!r}; "
-                                        f"allowed: {', '.join(repr(x) for x in _CHOICES[c])}")
         else:
             if not pd.api.types.is_integer_dtype(s):
                 raise ActivityError(f"activity: column '{c}' must be integer, got dtype {s.dtype}")
             s = s.astype(dtype)
         out[c] = s.reset_index(drop=True)
     df = pd.DataFrame(out)
+    _check(df, {c: df[c] for c, d in COLUMNS.items() if d == "category"})
+    return df
+
+
+def _check(df: pd.DataFrame, cats: dict) -> None:
+    for c, s in cats.items():
+        codes = s.cat.codes.to_numpy()
+        if (codes < 0).any():
+            raise ActivityError(f"activity: column '{c}' has missing values")
+        if c in _CHOICES:
+            used = np.flatnonzero(np.bincount(codes.astype(np.intp), minlength=len(s.cat.categories)))  # O(n), no sort
+            bad = set(map(str, s.cat.categories[used])) - set(_CHOICES[c])
+            if bad:
+                raise ActivityError(f"activity: column '{c}' has value {sorted(bad)[0]!r}; "
+                                    f"allowed: {', '.join(repr(x) for x in _CHOICES[c])}")
     if np.any(df["t_end_ns"].to_numpy() < df["t_start_ns"].to_numpy()):
         raise ActivityError("activity: column 't_end_ns' is before 't_start_ns' (negative duration)")
     if np.any(df["bytes"].to_numpy() < 0):
         raise ActivityError("activity: column 'bytes' has negative values")
-    return df
 
 
 def categorical(codes: np.ndarray, names) -> pd.Categorical:

@@ -55,10 +55,11 @@ def activity_frame(act: Activity, item_step: np.ndarray, instance_of: dict, job:
     if not keep.all():
         notes.append(f"{int((~keep).sum())} device rows of processes without steps are not in the breakdown")
     li = launch_index(act)
-    sel = np.flatnonzero(keep)
+    sel = slice(None) if keep.all() else np.flatnonzero(keep)  # all kept (the usual case): views, no copies
     what = it.what[sel]
     call = li[sel]
-    launch = np.full(len(sel), da.NO_LAUNCH, dtype=np.int64)
+    n = len(what)
+    launch = np.full(n, da.NO_LAUNCH, dtype=np.int64)
     if (call >= 0).any():
         launch[call >= 0] = act.calls.start[call[call >= 0]] + offset_ns
     kern = what == 0
@@ -67,25 +68,28 @@ def activity_frame(act: Activity, item_step: np.ndarray, instance_of: dict, job:
                      "host and kernel wait")
     g_codes = np.searchsorted(np.sort(groups), it.grp[sel])
     inst_names = [instance_of[g] for g in np.sort(groups)]
-    role = np.where(what == 2, 2, np.where(what == 1, 3, np.where(it.flags[sel] & comm_flag > 0, 1, 0)))
-    kind = np.where(what == 2, 2, what)  # 0 kernel, 1 graph, 2 memcpy (the Items' own coding)
-    ck = it.kind[sel]
-    copy_code = np.where(what != 2, 0, 1 + np.select([ck == k for k in _COPY], list(range(1, len(_COPY) + 1)), 0))
+    # role by lookup: what (0 kernel, 1 graph, 2 copy) x comm flag -> compute 0, comm 1, copy 2, opaque 3
+    role = np.array([[0, 1], [3, 3], [2, 2]], dtype=np.int8)[what, (it.flags[sel] & comm_flag > 0).astype(np.intp)]
+    kind = what.astype(np.int8)  # 0 kernel, 1 graph, 2 memcpy: the Items' own coding is KINDS' order
+    lut = np.ones(16, dtype=np.int8)  # copyKind -> category code ('' 0, other 1, H2D 2, D2H 3, D2D 4, P2P 5)
+    for i, k in enumerate(_COPY):
+        lut[k] = 2 + i
+    copy_code = np.where(what == 2, lut[np.clip(it.kind[sel], 0, 15)], 0).astype(np.int8)
     names = act.names or {}
-    nid = act.item_name[sel] if act.item_name is not None else np.full(len(sel), -1, dtype=np.int64)
+    nid = act.item_name[sel] if act.item_name is not None else np.full(n, -1, dtype=np.int64)
     ncodes, nuniq = pd.factorize(nid)
     name_table = ["" if i < 0 else str(names.get(int(i), f"kernel #{int(i)}")) for i in nuniq]
     frame = pd.DataFrame({
         "instance": da.categorical(g_codes, inst_names),
-        "job": pd.Categorical.from_codes(np.zeros(len(sel), dtype=np.int8), categories=[job]),
+        "job": pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=[job]),
         "device": it.dev[sel].astype(np.int32), "stream": it.stream[sel].astype(np.int32),
         "step": item_step[sel],
-        "kind": pd.Categorical.from_codes(kind.astype(np.int8), categories=list(da.KINDS[:3])),
-        "role": pd.Categorical.from_codes(role.astype(np.int8), categories=list(da.ROLES)),
+        "kind": pd.Categorical.from_codes(kind, categories=list(da.KINDS[:3])),
+        "role": pd.Categorical.from_codes(role, categories=list(da.ROLES)),
         "name": da.categorical(ncodes, name_table),
         "t_start_ns": it.start[sel] + offset_ns, "t_end_ns": np.maximum(it.end[sel], it.start[sel]) + offset_ns,
         "launch_ns": launch.astype(np.int64),
         "bytes": np.where(what == 2, it.nbytes[sel], 0).astype(np.int64),
-        "copy_kind": pd.Categorical.from_codes(copy_code.astype(np.int8), categories=[""] + list(_COPY_NAMES)),
+        "copy_kind": pd.Categorical.from_codes(copy_code, categories=[""] + list(_COPY_NAMES)),
     })
     return frame, notes
