@@ -222,3 +222,10 @@ def test_intersect_and_measure():
     both = intersect(a, b)
     assert list(zip(both.start.tolist(), both.end.tolist())) == [(5, 10), (20, 25)]
     assert measure(a, np.array([0, 5, 12]), np.array([30, 25, 18])).tolist() == [20.0, 10.0, 0.0]
+
+
+def test_kernels_traced_but_not_kept_are_named_as_such(ep):
+    tl, _ = ep
+    plain = Timeline(tl.steps, tl.tokens, tl.series, tl.meta)  # the same steps, no activity rows
+    b = breakdown(plain, diagnose(plain))
+    assert b.status == "no_device_activity" and "keeps no per-kernel rows" in b.notes[0]

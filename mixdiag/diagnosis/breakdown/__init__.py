@@ -28,6 +28,9 @@ from mixdiag.diagnosis.config import BreakdownConfig
 
 __all__ = ["Breakdown", "breakdown"]
 
+NOT_KEPT = ("no device activity rows: the steps show traced kernels, but the reader of this source keeps no "
+            "per-kernel rows (mixdiag's own Kineto traces, or --no-breakdown): no breakdown")
+
 
 def _codes(col: pd.Series, vocabulary: tuple[str, ...]) -> np.ndarray:
     """Index into ``vocabulary`` of each categorical value (categories may come in any order)."""
@@ -41,6 +44,9 @@ def breakdown(timeline, result, config: BreakdownConfig = BreakdownConfig()) -> 
     step class of ``timeline`` as diagnosed in ``result`` (a :class:`~mixdiag.diagnosis.result.Diagnosis`)."""
     act = timeline.activity
     if not len(act):
+        st = timeline.steps
+        if "gpu_kernels" in st and (pd.to_numeric(st["gpu_kernels"], errors="coerce") > 0).any():
+            return Breakdown(notes=(NOT_KEPT,))  # kernels were traced, their rows were not kept: say so
         return Breakdown()
     episodes = getattr(getattr(result, "regimes", None), "episodes", None)
     classes = step_classes(result.steps, episodes)
