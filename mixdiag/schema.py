@@ -503,7 +503,7 @@ class Timeline:
         act = self.activity
         m = (act["t_end_ns"].to_numpy() >= lo * 1e9) & (act["t_start_ns"].to_numpy() <= hi * 1e9)
         if keep is not None:
-            m &= act["instance"].astype(str).isin(keep).to_numpy()
+            m &= act["instance"].isin(list(keep)).to_numpy()  # categorical: compared per category, not per row
         return Timeline(pick(self.steps, "t_start_s", "t_end_s"), pick(self.tokens, "t_s", "t_s"),
                         pick(self.series, "t_s", "t_s"), self.meta, act[m])
 

@@ -108,7 +108,7 @@ def stragglers(views: list[RankView], role: np.ndarray, name_code: np.ndarray, n
             rv = ranks[s]
             k = np.flatnonzero(match[s] == j)[0]
             step_no, t_s = int(classes.step[per[s][0][k]]), per[s][1][k] / 1e9
-            waiting = ", ".join(labels[i] for i in range(R) if i != s)
+            waiting = ", ".join(labels[i] for i in range(R) if i != s and comm[i, j] > comm[s, j])  # those that waited
             out.append((job, step_no, t_s, ", ".join(n_ for c, n_ in enumerate(class_names) if in_class[j, c]),
                         rv.instance, rv.device, labels[s], compute[s, j] / 1e9, med[j] / 1e9, float(ratio[j]),
                         kern.get(j, ""), kratio.get(j, np.nan), waiting,
