@@ -28,8 +28,8 @@ from mixdiag.diagnosis.config import BreakdownConfig
 
 __all__ = ["Breakdown", "breakdown"]
 
-NOT_KEPT = ("no device activity rows: the steps show traced kernels, but the reader of this source keeps no "
-            "per-kernel rows (mixdiag's own Kineto traces, or --no-breakdown): no breakdown")
+NOT_KEPT = ("no device activity rows: the steps show traced kernels, but no per-kernel rows were kept (a run "
+            "directory saved without them, or a trace whose steps were merged into another input's): no breakdown")
 
 
 def _codes(col: pd.Series, vocabulary: tuple[str, ...]) -> np.ndarray:
