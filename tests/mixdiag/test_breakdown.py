@@ -228,4 +228,4 @@ def test_kernels_traced_but_not_kept_are_named_as_such(ep):
     tl, _ = ep
     plain = Timeline(tl.steps, tl.tokens, tl.series, tl.meta)  # the same steps, no activity rows
     b = breakdown(plain, diagnose(plain))
-    assert b.status == "no_device_activity" and "keeps no per-kernel rows" in b.notes[0]
+    assert b.status == "no_device_activity" and "no per-kernel rows were kept" in b.notes[0]
