@@ -95,7 +95,7 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
     timelines = [_read(src, fmt, options) for src, fmt in inputs]
     if ignored:  # files of a directory in no known format: say so, never drop them silently
         tl = timelines[0]
-        timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored})
+        timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored}, tl.activity)
     if len(timelines) > 1:  # a year-less log (vLLM) takes its year from the unix-clock inputs beside it
         from mixdiag.collectors.logs.log_lines import align_assumed_years
         timelines = align_assumed_years(timelines, inputs, lambda s, f, **kw: _read(s, f, kw), options)
@@ -190,4 +190,7 @@ def rename_instances(tl: Timeline, mapping: dict[str, str]) -> Timeline:
                                                         "sources": [{**s, "view": mapping.get(s.get("view"), s.get("view"))}
                                                                     for s in v.get("sources", [])]}
                                     for k, v in meta["instance_sources"].items()}
-    return Timeline(ren(tl.steps), ren(tl.tokens), ren(tl.series), meta)
+    act = tl.activity
+    if len(act):  # categorical: rename the categories, not the rows
+        act = act.assign(instance=act["instance"].cat.rename_categories(lambda i: mapping.get(i, i)))
+    return Timeline(ren(tl.steps), ren(tl.tokens), ren(tl.series), meta, act)

@@ -328,11 +328,28 @@ def join_server(srv: Server) -> Timeline:
             else:
                 meta.setdefault(k, v)
     meta["signals"] = signals
+    activity = _spine_activity(srv, spine.get("step"), view_name["step"], notes)
     meta["instance_sources"] = {name: {"sources": sources, "views": list(members_of) or [name],
                                        "joined_by": srv.rule, "notes": notes}}
     return Timeline(pd.concat(frames, ignore_index=True) if frames else None,
                     pd.concat(tokens, ignore_index=True) if tokens else None,
-                    pd.concat(series, ignore_index=True) if series else None, meta)
+                    pd.concat(series, ignore_index=True) if series else None, meta, activity)
+
+
+def _spine_activity(srv: Server, spine, view: str, notes: list[str]):
+    """The device rows of the step view's spine (its steps keep their numbers), renamed to the view; other
+    members' device rows are dropped with a note (their steps merged into the spine's by time)."""
+    keep = None
+    for inp in srv.members:
+        act = inp.timeline.activity
+        if not len(act):
+            continue
+        if inp is spine and act["instance"].nunique() == 1:
+            keep = act.assign(instance=pd.Categorical.from_codes(np.zeros(len(act), dtype=np.int8), [view]))
+        else:
+            notes.append(f"{len(act)} device rows of {inp.given} not kept: its steps were merged into another "
+                         "input's by time, so the rows have no step of the joined view")
+    return keep
 
 
 def _rank(q: str) -> int:

@@ -238,6 +238,21 @@ def regime_figure(excess_s: dict[str, float], n_episodes: int, episodes_by_cause
     return fig
 
 
+def kernel_share_figure(kernels: pd.DataFrame, title: str = "") -> go.Figure:
+    """Top kernels' share of device time, one bar group per step class (``kernels``: the breakdown's
+    kernels frame rows of one instance and rank)."""
+    if not len(kernels):
+        return empty_figure("no kernels in these steps")
+    fig = go.Figure()
+    for cls, g in kernels.groupby("step_class", sort=False):
+        fig.add_bar(y=[k[:70] for k in g["kernel"]], x=g["share"], orientation="h", name=str(cls),
+                    customdata=np.stack([g["time_s"] * 1e3, g["calls"]], axis=1),
+                    hovertemplate="%{y}<br>share %{x:.1%}<br>%{customdata[0]:.3f} ms, %{customdata[1]} calls")
+    fig.update_layout(title=title, barmode="group", height=120 + 24 * kernels["kernel"].nunique(),
+                      xaxis_tickformat=".0%", yaxis_autorange="reversed", margin={"l": 10, "r": 10, "t": 40, "b": 30})
+    return fig
+
+
 def spike_figure(detail: SpikeDetail) -> go.Figure:
     """The spike and its neighbouring steps: measured ITL per step, baseline, the ledger's prediction."""
     nb = detail.neighbours

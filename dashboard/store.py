@@ -48,6 +48,15 @@ class Dataset:
     analysis_s: float
     loaded_unix_s: float = field(default_factory=time.time)
     views: dict = field(default_factory=dict)  # instance -> the Timeline page's view, computed once
+    _breakdown: object = None  # the device breakdown, computed on first use (:meth:`breakdown`)
+
+    def breakdown(self):
+        """The device breakdown of this dataset (:func:`mixdiag.diagnosis.breakdown.breakdown`), computed once."""
+        if self._breakdown is None:
+            from mixdiag.diagnosis.breakdown import breakdown
+
+            self._breakdown = breakdown(self.timeline, self.diagnosis)
+        return self._breakdown
 
 
 def is_scrape_dir(path: Path) -> bool:

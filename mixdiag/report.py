@@ -194,9 +194,10 @@ def regime_lines(d, top: int = 10) -> list[str]:
     return out
 
 
-def render(d, top: int = 10, warnings: list[str] | tuple = ()) -> str:
-    """The human report of ``analyze``; ``warnings`` (:func:`source_warnings`) end it in a section
-    of their own, so a report on partly read input says so where it is read."""
+def render(d, top: int = 10, warnings: list[str] | tuple = (), sections: list[str] | tuple = ()) -> str:
+    """The human report of ``analyze``; ``sections``: more lines before the warnings (the device
+    breakdown); ``warnings`` (:func:`source_warnings`) end it in a section of their own, so a report on
+    partly read input says so where it is read."""
     out = [d.verdict, ""]
     itl = d.itl
     out.append(f"ITL ({itl.get('source')}): p50 {ms(itl.get('p50_s'))}, p99 {ms(itl.get('p99_s'))}, "
@@ -239,6 +240,7 @@ def render(d, top: int = 10, warnings: list[str] | tuple = ()) -> str:
         if est:
             note += f"; estimated/inferred: {', '.join(est)}"
         out.append(note)
+    out += list(sections)
     out += warnings_section(warnings)
     return "\n".join(out)
 

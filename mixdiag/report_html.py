@@ -18,6 +18,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from mixdiag.report_breakdown import breakdown_html
 from mixdiag.causes import CAUSE_COLORS, color
 from mixdiag.fmt import ms
 from mixdiag.html_page import page
@@ -187,8 +188,9 @@ def budget_html(d) -> str:
 
 
 def write_html(d, path: str | Path, *, model: LedgerModel, device: DeviceModel, context_len: int = 4096,
-               top: int = 50, title: str = "mixdiag analyze") -> Path:
-    """Write the report to ``path`` (refuses to overwrite an existing file)."""
+               top: int = 50, title: str = "mixdiag analyze", breakdown=None) -> Path:
+    """Write the report to ``path`` (refuses to overwrite an existing file); ``breakdown``: the device
+    breakdown (:func:`mixdiag.diagnosis.breakdown.breakdown`) shown in a section of its own."""
     p = Path(path)
     if p.exists():
         raise FileExistsError(f"{p} exists; choose another path (mixdiag never overwrites your files)")
@@ -216,6 +218,7 @@ max {ms(itl.get('max_s'))}</p>
 decode rows, context {context_len}) on model <b>{html.escape(model.name)}</b> and device
 <b>{html.escape(device.name)}</b> (roofline, mixdiag.ledger.device_model): how tall a spike that shape would make on
 that deployment if the prefill chunk were the cause. Steps without prefill tokens have no prediction.</p>
-{_table(top_sp, t0)}"""
+{_table(top_sp, t0)}
+{breakdown_html(breakdown) if breakdown is not None else ''}"""
     p.write_text(page(title, d.verdict, body), encoding="utf-8")
     return p

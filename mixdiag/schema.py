@@ -15,6 +15,9 @@ Frames
 ``series``  any other time series in long form (a DCGM gauge, a queue length, ...).
 ``meta``    a JSON-able dict: sources read, clock origin, which signals are measured or
             estimated, whether the data is partial.
+``activity`` device work of trace sources (kernels, graph rows, copies), empty elsewhere: its
+            contract is :mod:`mixdiag.device_activity` (integer ns, categoricals; own file in a run
+            directory, ``activity.parquet``, written only when it has rows).
 
 Clock: all ``t_*_s`` columns of one Timeline share one clock, seconds as float64; ``meta["clock"]``
 says which (``"unix"`` for wall-clock epoch seconds, ``"relative"`` when only offsets are known).
@@ -30,6 +33,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from mixdiag import device_activity
 
 SCHEMA_VERSION = 1
 
@@ -394,8 +399,13 @@ class Timeline:
     FILES = {"steps": "steps.parquet", "tokens": "tokens.parquet", "series": "series.parquet", "meta": "meta.json"}
 
     def __init__(self, steps: pd.DataFrame | None = None, tokens: pd.DataFrame | None = None,
-                 series: pd.DataFrame | None = None, meta: dict | None = None):
+                 series: pd.DataFrame | None = None, meta: dict | None = None,
+                 activity: pd.DataFrame | None = None):
         self.steps = validate("steps", steps if steps is not None else empty("steps"))
+        try:
+            self.activity = device_activity.validate(activity)
+        except device_activity.ActivityError as e:
+            raise SchemaError(str(e)) from None
         self.tokens = validate("tokens", tokens if tokens is not None else empty("tokens"))
         self.series = validate("series", series if series is not None else empty("series"))
         meta = dict(meta or {})
@@ -502,8 +512,12 @@ class Timeline:
                 m &= df["instance"].isin(keep)
             return df[m]
 
+        act = self.activity
+        m = (act["t_end_ns"].to_numpy() >= lo * 1e9) & (act["t_start_ns"].to_numpy() <= hi * 1e9)
+        if keep is not None:
+            m &= act["instance"].isin(list(keep)).to_numpy()  # categorical: compared per category, not per row
         return Timeline(pick(self.steps, "t_start_s", "t_end_s"), pick(self.tokens, "t_s", "t_s"),
-                        pick(self.series, "t_s", "t_s"), self.meta)
+                        pick(self.series, "t_s", "t_s"), self.meta, act[m])
 
     @staticmethod
     def concat(timelines: Sequence["Timeline"]) -> "Timeline":
@@ -535,7 +549,12 @@ class Timeline:
             frames = [getattr(tl, frame) for tl in timelines if len(getattr(tl, frame))]
             return pd.concat(frames, ignore_index=True) if frames else empty(frame)
 
-        return Timeline(cat("steps"), cat("tokens"), cat("series"), meta)
+        acts = [tl.activity for tl in timelines if len(tl.activity)]
+        activity = None
+        if acts:  # categoricals of different inputs: union their categories, keep the codes compact
+            activity = pd.concat([a.astype({c: object for c, d in device_activity.COLUMNS.items() if d == "category"})
+                                  for a in acts], ignore_index=True) if len(acts) > 1 else acts[0]
+        return Timeline(cat("steps"), cat("tokens"), cat("series"), meta, activity)
 
     # ---- persistence ------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -547,12 +566,14 @@ class Timeline:
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         if not overwrite:
-            clash = [f for f in self.FILES.values() if (d / f).exists()]
+            clash = [f for f in list(self.FILES.values()) + [device_activity.ACTIVITY_FILE] if (d / f).exists()]
             if clash:
                 raise FileExistsError(f"{d} already holds {', '.join(clash)}; choose another directory or overwrite")
         for frame in ("steps", "tokens", "series"):
             getattr(self, frame).to_parquet(d / self.FILES[frame], index=False)
         (d / self.FILES["meta"]).write_text(json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+        if len(self.activity):
+            self.activity.to_parquet(d / device_activity.ACTIVITY_FILE, index=False)
         return d
 
     @classmethod
@@ -571,7 +592,9 @@ class Timeline:
                 frames[frame] = pd.read_parquet(p)
             else:
                 meta["partial"] = True
-        return cls(frames.get("steps"), frames.get("tokens"), frames.get("series"), meta)
+        act = d / device_activity.ACTIVITY_FILE
+        return cls(frames.get("steps"), frames.get("tokens"), frames.get("series"), meta,
+                   pd.read_parquet(act) if act.exists() else None)
 
     def to_csv(self, path: str | os.PathLike, overwrite: bool = False) -> Path:
         """Write the steps frame as CSV (one row per step/interval, documented columns first)."""
@@ -585,4 +608,5 @@ class Timeline:
         """Exact equality of all frames (values and dtypes) and meta."""
         return (all(getattr(self, f).equals(getattr(other, f)) and
                     list(getattr(self, f).dtypes) == list(getattr(other, f).dtypes)
-                    for f in ("steps", "tokens", "series")) and self.meta == other.meta)
+                    for f in ("steps", "tokens", "series")) and self.meta == other.meta
+                and self.activity.equals(other.activity))

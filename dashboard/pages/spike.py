@@ -141,6 +141,8 @@ def layout(**_query) -> html.Div:
         dcc.Graph(id="spike-graph", config=GRAPH_CONFIG),
         html.H4("Evidence"), html.Div(id="spike-evidence"),
         html.H4("Neighbouring steps"), html.Div(id="spike-neighbours", style={"overflowX": "auto"}),
+        html.H4("Device breakdown: spike steps beside the step's own kind"),
+        html.Div(id="spike-breakdown", style={"overflowX": "auto"}),
     ], style=PAGE)
 
 
@@ -221,6 +223,43 @@ def on_spike(store: DataStore, key: dict | None, choice: str | None, ledger: Led
             table(pd.DataFrame(neigh), id="spike-neighbours-table"))
 
 
+def breakdown_detail(bd, instance: str, step: int, kind: str):
+    """Page data of the breakdown panel: (utilisation rows, kernel rows, straggler rows) of ``instance``
+    for the classes ``spike`` and the step's ``kind`` (utilisation also ``all``; kernels of ``all`` when
+    neither class has rows), and the stragglers of ``step``."""
+    classes = ["spike", kind, "all"]
+    u = bd.utilisation[(bd.utilisation["instance"] == instance) & bd.utilisation["step_class"].isin(classes)]
+    mine = bd.kernels[bd.kernels["instance"] == instance]
+    k = mine[mine["step_class"].isin(classes[:2])]
+    k = k if len(k) else mine[mine["step_class"] == "all"]  # neither class has steps here: the whole capture
+    s = bd.stragglers[(bd.stragglers["step"] == int(step)) & (bd.stragglers["instance"] == instance)] \
+        if len(bd.stragglers) else bd.stragglers
+    return u, k, s
+
+
+def on_breakdown(store: DataStore, key: dict | None, choice: str | None):
+    """The device-breakdown panel for ``choice`` ('instance|step')."""
+    ds = store.get(key["id"]) if key else None
+    if ds is None or not choice or "|" not in choice:
+        return ""
+    bd = ds.breakdown()
+    if not bd.has_device_activity:
+        return html.Div(bd.notes[0] if bd.notes else "no device activity", id="spike-breakdown-none")
+    inst, step = choice.rsplit("|", 1)
+    st = ds.diagnosis.steps
+    row = st[(st["instance"] == inst) & (st["step"] == int(step))]
+    kind = str(row["kind"].iloc[0]) if len(row) else "unknown"
+    u, k, s = breakdown_detail(bd, inst, int(step), kind)
+    from mixdiag.report_breakdown import straggler_sentence
+
+    parts = [table(u.drop(columns=["instance"]), id="spike-breakdown-table")]
+    for rank, g in k.groupby("rank", sort=True):
+        parts.append(dcc.Graph(figure=figures.kernel_share_figure(g, f"top kernels, rank {rank}"), config=GRAPH_CONFIG))
+    parts += [html.Div(straggler_sentence(r), className="spike-straggler") for r in s.itertuples(index=False)]
+    parts += [html.Div(n, style={"color": "#666", "fontSize": "12px"}) for n in bd.notes]
+    return html.Div(parts)
+
+
 def register(app, store: DataStore, live=None) -> None:
     """Bind the Spike page's callbacks to ``app``."""
     ledger = LedgerChoice(store.config.ledger_preset, store.config.ledger_device)
@@ -235,3 +274,8 @@ def register(app, store: DataStore, live=None) -> None:
                   Input("spike-choice", "value"), State("app-dataset-key", "data"))
     def _spike(choice, key):
         return on_spike(store, key, choice, ledger)
+
+    @app.callback(Output("spike-breakdown", "children"), Input("spike-choice", "value"),
+                  State("app-dataset-key", "data"))
+    def _breakdown(choice, key):
+        return on_breakdown(store, key, choice)

@@ -21,6 +21,9 @@ def register(sub, common):
     p.add_argument("--strict", action="store_true",
                    help="exit 2 when any input line or file could not be read (default: warn on stderr and "
                         "analyse what was readable)")
+    p.add_argument("--no-breakdown", action="store_true",
+                   help="skip the device breakdown (kernels, idle split, comm overlap, copies, stragglers by step "
+                        "class) and keep no per-kernel rows of traces: faster on exports of millions of kernels")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes diagnosing a fleet's instances (default: the CPUs other work leaves idle; 1: serial)")
     h = p.add_argument_group("predicted spike height (HTML report)")
@@ -72,7 +75,8 @@ def run(args, console):
     joined = instance_options(args)
     inputs = list(args.inputs)  # paths named only by --instance are inputs too
     inputs += [p for paths in joined.get("join", {}).values() for p in paths if p not in inputs]
-    tl = load_inputs(inputs, args.format, **step_options(args), **source_options(args), **joined)
+    tl = load_inputs(inputs, args.format, **step_options(args), **source_options(args), **joined,
+                     **({"device_activity": False} if args.no_breakdown else {}))
     console.note(f"loaded {tl!r}", level=1)
     from mixdiag.report import skipped_by_source, source_warnings, strict_failure
     if args.strict and (failure := strict_failure(tl.meta)):
@@ -85,16 +89,23 @@ def run(args, console):
     if tl.meta.get("since_start"):  # one dump: the run's totals since process start are the verdict, no spikes
         from mixdiag.report_since_start import as_summary
         d = as_summary(d, tl)
+    bd = None
+    if not args.no_breakdown:
+        from mixdiag.diagnosis.breakdown import breakdown
+        bd = breakdown(tl, d)
     if args.html:
         from mixdiag.ledger.device_model import device
         from mixdiag.ledger.shapes import resolve
         from mixdiag.report_html import write_html
 
         write_html(d, args.html, model=resolve(args.model, args.model_config), device=device(args.device),
-                   context_len=args.context_len, title=f"mixdiag analyze {' '.join(inputs)}")
+                   context_len=args.context_len, title=f"mixdiag analyze {' '.join(inputs)}", breakdown=bd)
         console.note(f"wrote {args.html}")
-    human = render(d, top=args.top, warnings=warnings)
+    from mixdiag.report_breakdown import breakdown_lines
+    human = render(d, top=args.top, warnings=warnings, sections=breakdown_lines(bd) if bd is not None else ())
     doc = {**d.to_json(), "sources": skipped_by_source(tl.meta), "inputs_ignored": list(tl.meta.get("inputs_ignored", []))}
+    if bd is not None:
+        doc["breakdown"] = bd.to_json()
     if tl.meta.get("since_start"):  # one dump: the run's totals since process start, not spikes
         from mixdiag.report import warnings_section
         from mixdiag.report_since_start import HOW_TO_LOCATE, summary_lines, summary_rows

@@ -63,13 +63,13 @@ def run(args, console):
     for text in (args.before, args.after):
         paths, tl, d = _side(text, args, console)
         facts.append(capture_facts(tl, d, tuple(paths)))
-        kernels.append(kernels_of(tl, d))  # the kernel breakdown's frame; None until it is connected
+        kernels.append(kernels_of(tl, d))  # the device breakdown's kernels frame; None without device activity
     before, after = facts
     if kernels[0] is not None and kernels[1] is not None:
         kd, note = kernel_diff(kernels[0], kernels[1]), ""
     elif before.has_trace or after.has_trace:
         kd, note = None, ("not shown: " + ("only one side has a trace" if before.has_trace != after.has_trace
-                                          else "this build has no kernel breakdown"))
+                                          else "the traces hold no device activity (kernel rows not kept)"))
     else:
         kd, note = None, "no device trace on either side"
     pred = None

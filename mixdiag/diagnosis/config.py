@@ -178,6 +178,23 @@ class RegimeConfig:
 
 
 @dataclass(frozen=True)
+class BreakdownConfig:
+    """Settings of the kernel and idle breakdown (diagnosis/breakdown/); bases in its modules' docstrings."""
+
+    #: kernels listed per rank and step class
+    top_kernels: int = 10
+    #: a rank is a straggler of a step when its compute time is at least this x the median rank's (the
+    #: same 1.25 the regime stage calls elevated) and the other ranks spent longer in communication
+    straggler_ratio: float = 1.25
+
+    def __post_init__(self):
+        if self.top_kernels < 1:
+            raise ValueError("BreakdownConfig.top_kernels must be >= 1")
+        if not self.straggler_ratio > 1:
+            raise ValueError("BreakdownConfig.straggler_ratio must be > 1")
+
+
+@dataclass(frozen=True)
 class DiagnosisConfig:
     """All thresholds of the diagnosis, one setting for every workload (docs/analyze.md)."""
 

@@ -129,3 +129,18 @@ def test_an_interval_judgement_over_step_spikes_names_them_instead_of_adding_one
     assert spikes[0]["evidence"]["granularity"] == "step" and spikes[0]["evidence"]["interval"] == 3
     other = pd.Series({"instance": "other@intervals", "step": 3})  # another server's interval: not absorbed
     assert not _absorbed(spikes, [f], "other@intervals", other, a)
+
+
+def test_a_joined_server_keeps_its_trace_spines_device_rows_for_the_breakdown():
+    from pathlib import Path
+
+    from mixdiag.diagnosis.breakdown import breakdown
+
+    fix = Path(__file__).resolve().parents[1] / "fixtures"
+    trace, log = str(fix / "nsys" / "mock.sqlite"), str(fix / "logs" / "vllm_log_37307.txt")
+    alone = load(trace)
+    tl = load([trace, log], join={"srv": [trace, log]})
+    assert len(tl.activity) == len(alone.activity) > 0 and set(tl.activity["instance"]) == {"srv"}
+    assert tl.activity["step"].tolist() == alone.activity["step"].tolist()  # the spine's steps keep their numbers
+    b = breakdown(tl, diagnose(tl))
+    assert b.status == "ok" and set(b.utilisation["instance"]) == {"srv"}

@@ -278,3 +278,14 @@ def test_trace_without_step_stats_reports_those_signals_absent(recorded):
     sig = kineto.read(recorded).meta["signals"]
     for s in sig.values():
         assert (s["expert_imbalance"], s["kv_transfer"], s["preemption"]) == ("absent",) * 3
+
+
+def test_mixdiag_steps_keep_device_rows_with_their_step(tmp_path):
+    tl = kineto.read(_cuda_trace(tmp_path / "cuda.json"))
+    act = tl.activity
+    assert act["step"].value_counts().sort_index().tolist() == list(tl.steps["gpu_kernels"])  # [2, 4, 4]
+    assert set(act["instance"]) == set(tl.instances) and (act["launch_ns"] > 0).all()
+    # the kernel launched at 1100 us (step 1's graph) starts 20 us after its call, on the unix clock
+    k = act[act["name"] == "k102_0"].iloc[0]
+    assert k["t_start_ns"] - k["launch_ns"] == 20_000 and k["step"] == 1
+    assert len(kineto.read(tmp_path / "cuda.json", device_activity=False).activity) == 0

@@ -99,6 +99,10 @@ class NsysExport:
             "VALUES (?, ?, ?, 1, ?, ?, ?, ?, ?, 32, 1, 1, 1, 128, 1, 1, 0, 0, 0, 0, 1, 0, ?, 0)",
             (start, end, device, stream, corr, gpid(pid), sid, short_id, graph_id))
 
+    def memcpy(self, start, end, corr, pid, *, nbytes, copy_kind, device=0, stream=7):
+        """:meth:`copy` with keyword arguments (``copy_kind``: 1 = H2D, 2 = D2H, 8 = D2D, 10 = P2P)."""
+        self.copy(start, end, corr, pid, nbytes, copy_kind, device=device, stream=stream)
+
     def copy(self, start, end, corr, pid, nbytes, kind, *, device=0, stream=7):
         """A CUPTI memcpy row (``kind``: 1 H2D, 2 D2H, 8 D2D, 10 P2P as in ``ENUM_CUDA_MEMCPY_OPER``)."""
         self.conn.execute(

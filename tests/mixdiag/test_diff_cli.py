@@ -67,10 +67,17 @@ def test_tuned_prediction_is_shown(small_chunk_runs, tmp_path, capsys):
     assert f"Tuned: {p['current']} -> {p['recommendation']}" in out
 
 
-def test_a_trace_without_a_breakdown_says_so(capsys):
+def test_a_trace_against_itself_diffs_its_kernels_with_no_change(capsys):
+    """The device breakdown's kernels frame (real Nsight fixture) feeds the kernel diff: every kernel on
+    both sides, nothing moved; logs have no device trace and say so."""
     mock = str(FIX / "nsys" / "mock.sqlite")
     rc, out, _ = _run(["diff", mock, mock, "--json", "-q"], capsys)
-    assert rc == 0 and json.loads(out)["kernels_note"] == "not shown: this build has no kernel breakdown"
+    rows = json.loads(out)["kernels"]
+    assert rc == 0 and rows and all(r["status"] == "both" and r["change_s"] == 0.0 for r in rows)
+    assert sum(r["share_before"] for r in rows if r["step_class"] == "all") == pytest.approx(1.0)
+    log = str(FIX / "logs" / "vllm_log_37307.txt")
+    rc, out, _ = _run(["diff", log, log, "--json", "-q"], capsys)
+    assert rc == 0 and json.loads(out)["kernels_note"] == "no device trace on either side"
 
 
 def _garbage(tmp):

@@ -1,5 +1,7 @@
 """Step-class kernel times side by side over the breakdown's kernels frame (mixdiag/diagnosis/diff/kernels.py),
 on small hand-built frames."""
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -68,6 +70,10 @@ def test_bad_frames_are_one_line_errors(bad, msg):
         kernel_diff(bad, AFTER)
 
 
-def test_no_breakdown_on_this_build_means_no_frame():
-    """The integration point returns None until the breakdown (branch brk25) is connected."""
-    assert kernels_of(None, None) is None
+def test_a_capture_without_device_activity_gives_no_frame():
+    """A log's timeline holds no device activity: no kernels frame, so the diff says so instead of
+    comparing empty tables."""
+    from mixdiag.collectors import load
+    from mixdiag.diagnosis import diagnose
+    tl = load(str(Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "vllm_log_37307.txt"))
+    assert kernels_of(tl, diagnose(tl)) is None

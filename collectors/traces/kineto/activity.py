@@ -79,7 +79,7 @@ def read_activity(df: pd.DataFrame, base_ns: int, *, group_base: int = 0,
     pids, counts = np.unique(c_pid, return_counts=True)
     main_pid = int(pids[np.argmax(counts)]) if len(pids) else None
 
-    parts = []
+    parts, name_parts = [], []
     for cats, kind in ((KERNEL_CATS, 0), (COPY_CATS, 2)):
         sel = cat.isin(cats).to_numpy().copy()
         if not sel.any():
@@ -94,6 +94,7 @@ def read_activity(df: pd.DataFrame, base_ns: int, *, group_base: int = 0,
         else:
             flags, nbytes, ckind = z, sub["bytes"].to_numpy(dtype=np.int64), _by_name(sub["name"], _copy_kind)
         parts.append((s, e, dev, stream, sub["corr"].to_numpy(dtype=np.int64), z + kind, nbytes, ckind, flags))
+        name_parts.append(sub["name"].to_numpy(dtype=object) if kind == 0 else np.full(len(s), None, dtype=object))
     cols = [np.concatenate([p[i] for p in parts]) if parts else _EMPTY for i in range(9)]
     s, e, dev, stream, corr, kind, nbytes, ckind, flags = cols
 
@@ -110,7 +111,9 @@ def read_activity(df: pd.DataFrame, base_ns: int, *, group_base: int = 0,
         grp = group_base + dev
     items = Items(grp, s, e, dev, stream, corr, kind, nbytes, ckind, flags, graph)
     groups = {int(g): int(g - group_base) for g in np.unique(grp)}
-    return Activity(items, calls if len(calls.start) else None, _ranges(df, cat, base_ns, group_base, range_names)), groups
+    codes, uniq = pd.factorize(pd.Series(np.concatenate(name_parts) if name_parts else np.zeros(0, dtype=object)))
+    return Activity(items, calls if len(calls.start) else None, _ranges(df, cat, base_ns, group_base, range_names),
+                    item_name=codes.astype(np.int64), names=dict(enumerate(map(str, uniq)))), groups
 
 
 def _ranges(df: pd.DataFrame, cat: pd.Series, base_ns: int, group_base: int, names) -> pd.DataFrame:
@@ -134,4 +137,10 @@ def concat(acts: list[Activity]) -> Activity:
     items = Items(**{k: np.concatenate([getattr(a.items, k) for a in acts]) for k in acts[0].items.__dict__})
     calls = [a.calls for a in acts if a.calls is not None]
     calls = Calls(**{k: np.concatenate([getattr(c, k) for c in calls]) for k in calls[0].__dict__}) if calls else None
-    return Activity(items, calls, pd.concat([a.ranges for a in acts], ignore_index=True), sum((a.notes for a in acts), []))
+    names, ids, base = {}, [], 0  # each file's name codes shifted past the previous files'
+    for a in acts:
+        ids.append(np.where(a.item_name >= 0, a.item_name + base, -1))
+        names.update({k + base: v for k, v in (a.names or {}).items()})
+        base += len(a.names or {})
+    return Activity(items, calls, pd.concat([a.ranges for a in acts], ignore_index=True), sum((a.notes for a in acts), []),
+                    item_name=np.concatenate(ids), names=names)

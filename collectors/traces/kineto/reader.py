@@ -24,6 +24,7 @@ import pandas as pd
 from mixdiag import wire
 from mixdiag.collectors.provenance import source_entry
 from mixdiag.collectors.traces.steps import frame as foreign_frame
+from mixdiag.collectors.traces.steps.activity_frame import activity_frame
 from mixdiag.collectors.traces.steps.foreign import GRAPH_LAUNCH, method_notes, reconstruct
 from mixdiag.collectors.traces.kineto.activity import concat, read_activity
 from mixdiag.collectors.traces.kineto.events import KinetoFile
@@ -54,34 +55,36 @@ def sniff(head: bytes, name: str) -> bool:
 
 
 def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
-         **options) -> Timeline:
+         device_activity: bool = True, **options) -> Timeline:
     """Read one trace file (``.json`` or ``.json.gz``), or a list of one job's per-rank files (then
     steps are matched across ranks for the rank skew). ``step_gap_s``: GPU idle time that separates
     steps in the gap heuristic (default: from the trace's gap distribution); ``step_range``: a
     range name that marks steps."""
     if isinstance(source, (list, tuple)):
-        return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range)
+        return read_ranks(source, instance=instance, step_gap_s=step_gap_s, step_range=step_range,
+                          device_activity=device_activity)
     path = Path(os.fspath(source))
     f = KinetoFile(path)
     base = instance or path.name.split(".")[0] + ("" if f.rank is None else f":rank{f.rank}")
     steps, step_source = _annotated_steps(f.df[f.df["cat"] == "user_annotation"])
     if step_source == "kineto-mixdiag" and not step_range:
-        return _mixdiag(f, path, base, steps)
-    return _foreign([f], [path], base, step_gap_s, step_range)
+        return _mixdiag(f, path, base, steps, device_activity)
+    return _foreign([f], [path], base, step_gap_s, step_range, device_activity)
 
 
 def read_ranks(paths, *, instance: str | None = None, step_gap_s: float | None = None,
-               step_range: str | None = None) -> Timeline:
+               step_range: str | None = None, device_activity: bool = True) -> Timeline:
     """One job's per-rank Kineto files (torch writes one per process) read together: the same
     steps as :func:`read` per rank, plus ``rank_skew`` from the ranks' compute per matched step."""
     paths = [Path(os.fspath(p)) for p in paths]
     if not paths:
         raise UserError("no Kineto files given")
     files = [KinetoFile(p) for p in paths]
-    return _foreign(files, paths, instance or paths[0].name.split(".")[0], step_gap_s, step_range)
+    return _foreign(files, paths, instance or paths[0].name.split(".")[0], step_gap_s, step_range, device_activity)
 
 
-def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, step_range) -> Timeline:
+def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, step_range,
+             keep_activity: bool = True) -> Timeline:
     """Steps of engines we did not write (:mod:`..steps.foreign`), as for Nsight exports."""
     unix = all(isinstance(f.base_ns, int) for f in files)
     acts, pids = [], {}
@@ -134,13 +137,19 @@ def _foreign(files: list[KinetoFile], paths: list[Path], base: str, step_gap_s, 
     meta = {"clock": "unix" if unix else "relative", "sources": [entry], "signals": signals,
             "partial": entry["partial"]}
     cols = [c for c in foreign_frame.COLUMNS if c in steps.columns]
-    return Timeline(steps[cols] if len(steps) else None, None, None, meta)
+    activity = None
+    if len(steps) and keep_activity:
+        instance_of = dict(zip(steps["group"].to_numpy().tolist(), steps["instance"].tolist()))
+        activity, n = activity_frame(act, act.item_step, instance_of, base, 0)
+        entry["notes"] += n
+        entry["device_rows"] = len(activity)
+    return Timeline(steps[cols] if len(steps) else None, None, None, meta, activity)
 
 
 _SOURCES = {"nvtx-engine-naming": "kineto-engine-naming"}
 
 
-def _mixdiag(f: KinetoFile, path: Path, base: str, steps: pd.DataFrame) -> Timeline:
+def _mixdiag(f: KinetoFile, path: Path, base: str, steps: pd.DataFrame, keep_activity: bool = True) -> Timeline:
     """mixdiag's own ``step`` ranges (docs/contracts.md §2): kinds and tokens from the message."""
     df, events, notes, partial = f.df, f.events, list(f.notes), f.partial
     bad, ignored, examples = f.bad, f.ignored, f.examples
@@ -182,6 +191,10 @@ def _mixdiag(f: KinetoFile, path: Path, base: str, steps: pd.DataFrame) -> Timel
         steps["t_end_s"] = steps["t1_us"] / 1e6 + offset_s
         steps["granularity"] = "step"
     in_steps = int(steps["gpu_kernels"].sum()) if len(steps) else 0
+    activity = None
+    if keep_activity and len(steps) and len(kernels):
+        activity, n = _own_activity(df, base_ns if isinstance(base_ns, int) else 0, steps, launches, mapping, base)
+        notes += n
     signals = {n: {"steps": "measured", "kind": "measured", "token_allocation": "measured",
                    "prefill_tokens": "measured", "decode_rows": "measured",
                    "graph_mode": "measured" if cuda_traced else "estimated",
@@ -194,9 +207,36 @@ def _mixdiag(f: KinetoFile, path: Path, base: str, steps: pd.DataFrame) -> Timel
                          examples=examples, partial=partial, notes=notes, step_source=step_source,
                          heuristic=False, kernels_total=len(kernels),
                          kernels_in_steps=in_steps, instances=names)
+    if activity is not None:
+        entry["device_rows"] = len(activity)
     meta = {"clock": clock, "sources": [entry], "signals": signals, "partial": partial}
     cols = [c for c in _STEP_COLUMNS if c in steps.columns]
-    return Timeline(steps[cols] if len(steps) else None, None, None, meta)
+    return Timeline(steps[cols] if len(steps) else None, None, None, meta, activity)
+
+
+def _own_activity(df: pd.DataFrame, base_ns: int, steps: pd.DataFrame, launches: pd.DataFrame, mapping: dict,
+                  job: str):
+    """The activity frame of a trace with mixdiag's step ranges: each kernel's step is the step whose
+    range holds its launch call (same correlation id, as :func:`_attach` counts them); copies, whose
+    calls are not launches, belong to no step."""
+    act, _ = read_activity(df, base_ns)
+    lo = _owner(steps, launches)
+    corr = launches["corr"].to_numpy(dtype=np.int64)
+    ok = (lo >= 0) & (corr >= 0)
+    keys, vals = corr[ok], steps["step"].to_numpy(dtype=np.int64)[lo[ok]]
+    item_step = np.full(len(act.items.corr), -1, dtype=np.int64)
+    if len(keys):
+        o = np.argsort(keys, kind="stable")
+        pos = np.clip(np.searchsorted(keys[o], act.items.corr), 0, len(o) - 1)
+        hit = (keys[o][pos] == act.items.corr) & (act.items.corr >= 0)
+        item_step[hit] = vals[o][pos[hit]]
+    instance_of = {}
+    for g, name in mapping.items():
+        try:
+            instance_of[int(g)] = name
+        except (TypeError, ValueError):
+            return None, [f"process id {g!r} is not a number: no device rows kept for the breakdown"]
+    return activity_frame(act, item_step, instance_of, job, 0)
 
 
 _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",

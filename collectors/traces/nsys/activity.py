@@ -61,7 +61,7 @@ def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -
     kcols = db.columns(KERNEL)
     grp_col = "IFNULL(globalPid, -1)" if "globalPid" in kcols else "deviceId"
     flags = _flags(db)
-    parts = []
+    parts, name_ids = [], []
     if db.has(KERNEL):
         sql, n_cols = kernel_sql(db)
         cols = fetch_columns(db, sql, n_cols=n_cols, progress=progress)
@@ -70,6 +70,7 @@ def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -
         for ids in cols[7:]:
             f |= _lookup(flags, ids)
         parts.append((g, s, e, d, st, c, np.zeros_like(s), np.zeros_like(s), np.zeros_like(s), f, gr))
+        name_ids.append(cols[7] if len(cols) > 7 else np.full(len(s), -1, dtype=np.int64))  # shortName first
     if db.has(GRAPH_TRACE):
         gc = db.columns(GRAPH_TRACE)
         gg = "IFNULL(globalPid, -1)" if "globalPid" in gc and "globalPid" in kcols else "deviceId"
@@ -77,6 +78,7 @@ def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -
                                               f"IFNULL(correlationId, -1) FROM {GRAPH_TRACE}", n_cols=6, progress=progress)
         z = np.zeros_like(s)
         parts.append((g, s, e, d, st, c, z + 1, z, z, z, z + 1))
+        name_ids.append(z - 1)
     if db.has(MEMCPY_TABLE):
         mc = db.columns(MEMCPY_TABLE)
         mg = "IFNULL(globalPid, -1)" if "globalPid" in mc and "globalPid" in kcols else "deviceId"
@@ -85,9 +87,24 @@ def read_activity(db: NsysDb, progress=None, step_names: tuple[str, ...] = ()) -
                 f"IFNULL(bytes, 0), IFNULL(copyKind, 0) FROM {MEMCPY_TABLE}", n_cols=8, progress=progress)
         z = np.zeros_like(s)
         parts.append((g, s, e, d, st, c, z + 2, b, k, z, z))
+        name_ids.append(z - 1)
     arrays = [np.concatenate([p[i] for p in parts]) if parts else _EMPTY for i in range(11)]
     items = Items(*arrays)
-    return Activity(items, _calls(db), _ranges(db, step_names), notes)
+    ids = np.concatenate(name_ids) if name_ids else _EMPTY
+    return Activity(items, _calls(db), _ranges(db, step_names), notes, item_name=ids, names=_names(db, ids))
+
+
+def _names(db: NsysDb, ids: np.ndarray) -> dict:
+    """``StringIds`` value of each distinct kernel name id in ``ids`` (a few hundred, not one per row)."""
+    used = np.unique(ids[ids >= 0]) if len(ids) else _EMPTY
+    if not len(used) or not db.has(STRINGS):
+        return {}
+    out = {}
+    for lo in range(0, len(used), 900):  # SQLite's bound-parameter limit
+        chunk = [int(i) for i in used[lo:lo + 900]]
+        out.update(db.conn.execute(f"SELECT id, value FROM {STRINGS} WHERE id IN ({','.join('?' * len(chunk))})",
+                                   chunk).fetchall())
+    return out
 
 
 def _calls(db: NsysDb) -> Calls | None:

@@ -127,6 +127,14 @@ class NsysDb:
                 return "unix", (int(row[0]) - int(row[1])) / 1e9
         return "relative", 0.0
 
+    def clock_ns(self) -> int:
+        """:meth:`clock`'s offset as exact integer nanoseconds (add to ``t_ns``)."""
+        table = "TARGET_INFO_SESSION_START_TIME"
+        if self.clock()[0] == "unix":
+            row = self.conn.execute(f"SELECT utcEpochNs, systemClockNs FROM {table} LIMIT 1").fetchone()
+            return int(row[0]) - int(row[1])
+        return 0
+
 
 def _check_file(path: Path) -> None:
     """Fail with one line on a missing, empty, non-SQLite or truncated file."""

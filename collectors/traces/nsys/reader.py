@@ -17,8 +17,9 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.collectors.traces.nsys.db import GRAPH_TRACE, KERNEL, NVTX, RUNTIME, SQLITE_MAGIC, STRINGS, NsysDb, pid_of
-from mixdiag.collectors.traces.nsys.kernels import (launch_names, project, runtime_graph_launches,
+from mixdiag.collectors.traces.nsys.kernels import (_enclosing_range, launch_names, project, runtime_graph_launches,
                                              sm_active_samples, window_means)
+from mixdiag.collectors.traces.steps.activity_frame import activity_frame, launch_index
 from mixdiag.collectors.traces.steps import frame as foreign_frame
 from mixdiag.collectors.traces.steps.evidence import ep_ranks_basis, sm_rank_skew
 from mixdiag.collectors.traces.steps.foreign import method_notes, reconstruct
@@ -44,15 +45,17 @@ PROGRESS_MIN_ROWS = 500_000
 
 
 def read(source, *, instance: str | None = None, step_gap_s: float | None = None, step_range: str | None = None,
-         progress: bool | None = None, **options) -> Timeline:
+         progress: bool | None = None, device_activity: bool = True, **options) -> Timeline:
     """Read one export. ``step_gap_s``: GPU idle time that separates steps in the gap heuristic
     (default: from the trace's gap distribution); ``step_range``: a range name that marks steps;
     ``progress``: a tqdm bar on stderr while GPU rows are read (default: when stderr is a terminal
-    and the export holds >= :data:`PROGRESS_MIN_ROWS` rows)."""
+    and the export holds >= :data:`PROGRESS_MIN_ROWS` rows); ``device_activity``: keep every kernel,
+    graph row and copy in the Timeline's ``activity`` frame (the breakdown's input)."""
     path = Path(os.fspath(source))
     db = NsysDb(path)
     try:
-        return _read(db, path, instance or path.stem.split(".")[0], step_gap_s, step_range, progress)
+        return _read(db, path, instance or path.stem.split(".")[0], step_gap_s, step_range, progress,
+                     device_activity)
     except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: truncated or corrupt SQLite export ({' '.join(str(e).split())[:200]})") from None
     finally:
@@ -76,7 +79,7 @@ def _bar(db: NsysDb, count_rows, progress: bool | None):
 
 
 def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_range: str | None,
-          progress: bool | None = None) -> Timeline:
+          progress: bool | None = None, keep_activity: bool = True) -> Timeline:
     if not (db.has(KERNEL) or db.has(NVTX) or db.has(RUNTIME)):
         raise UserError(f"{path}: not an Nsight Systems export (no {KERNEL}, {RUNTIME} or {NVTX} table)")
     clock, offset_s = db.clock()
@@ -93,6 +96,7 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
     cuda_traced = db.has(RUNTIME) and db.has(STRINGS) and bool(any(launch_names(db)))
 
     foreign = None
+    act = None
     kernels_total = 0
     if nv.source == "nvtx-mixdiag" and not step_range:
         kernels_total = count_kernels()
@@ -173,9 +177,33 @@ def _read(db: NsysDb, path: Path, base: str, step_gap_s: float | None, step_rang
         kernels_total=kernels_total, kernels_in_steps=in_steps, graph_trace_rows=graph_rows,
         projection="correlationId+process" if "globalPid" in db.columns(KERNEL) else "correlationId",
         instances=names, **db.export_info())
+    activity = None
+    if keep_activity and len(steps):
+        if act is None:  # NVTX steps: the projection read no rows per kernel; read them now
+            act = read_activity(db)
+            act.item_step = nvtx_item_steps(act, nv.ranges)
+        instance_of = dict(zip(steps["group"].to_numpy().tolist(), steps["instance"].tolist()))
+        activity, n = activity_frame(act, act.item_step, instance_of, base, db.clock_ns())
+        entry["notes"] += n
+        entry["device_rows"] = len(activity)
     keep = [c for c in _STEP_COLUMNS if c in steps.columns]
     meta = {"clock": clock, "sources": [entry], "signals": signals, "partial": partial}
-    return Timeline(steps[keep] if len(steps) else None, None, series, meta)
+    return Timeline(steps[keep] if len(steps) else None, None, series, meta, activity)
+
+
+def nvtx_item_steps(act, ranges: pd.DataFrame) -> np.ndarray:
+    """Step of each item under NVIDIA's projection rule: the NVTX step range on the thread whose
+    launch call (same process and correlation id) lies inside it; -1 when none."""
+    out = np.full(len(act.items.start), -1, dtype=np.int64)
+    li = launch_index(act)
+    if not len(ranges) or not (li >= 0).any():
+        return out
+    has = np.flatnonzero(li >= 0)
+    c = act.calls
+    row = _enclosing_range(ranges.reset_index(drop=True), c.tid[li[has]], c.start[li[has]], c.end[li[has]])
+    steps = ranges["step"].to_numpy(dtype=np.int64)
+    out[has] = np.where(row >= 0, steps[np.maximum(row, 0)], -1)
+    return out
 
 
 _STEP_COLUMNS = ["instance", "step", "t_start_s", "t_end_s", "granularity", "kind", "prefill_tokens",

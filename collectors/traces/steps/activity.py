@@ -48,3 +48,8 @@ class Activity:
     calls: Calls | None
     ranges: pd.DataFrame            # grp, tid, start, end, name (step and transfer ranges only)
     notes: list[str] = field(default_factory=list)
+    #: per item: index into ``names`` (kernels; -1 for others), kept for the device-activity frame
+    item_name: np.ndarray | None = None
+    names: dict | None = None       # name index -> kernel name
+    #: per item, written by :func:`reconstruct`: the step (of its group, as numbered in the result), -1 none
+    item_step: np.ndarray | None = None

@@ -50,6 +50,7 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
     frames, sources = [], []
     names = (step_range,) if step_range else range_names
     it = act.items
+    act.item_step = np.full(len(it.start), -1, dtype=np.int64)
     single = len(it.grp) and it.grp.min() == it.grp.max()  # one process: no per-group copies
     order = None if single else np.argsort(it.grp, kind="stable")
     bounds = np.zeros(1, dtype=np.int64) if single else np.flatnonzero(np.diff(it.grp[order], prepend=np.int64(-2**62)))
@@ -61,8 +62,10 @@ def reconstruct(act: Activity, *, step_range: str | None = None, gap_ns: int | N
         sel = cgrp == g if cgrp is not None else None
         calls = None if sel is None else (act.calls if sel.all() else _sub(act.calls, sel))
         ranges = act.ranges[act.ranges["grp"] == g] if len(act.ranges) else act.ranges
-        steps, how, n = _group_steps(g, items, calls, ranges, names, gap_ns)
+        steps, how, n, item_step = _group_steps(g, items, calls, ranges, names, gap_ns)
         notes += n
+        if item_step is not None:
+            act.item_step[slice(None) if single else order[lo:hi]] = item_step
         if len(steps):
             frames.append(steps)
             sources.append(how)
@@ -134,15 +137,15 @@ def _group_steps(g, items: Items, calls: Calls | None, ranges: pd.DataFrame, nam
             step[cp[ok]] = k[ok]
         how = "gap"
     if not (step >= 0).any():
-        return pd.DataFrame(), "gap", notes
+        return pd.DataFrame(), "gap", notes, None
     item_cpu = np.where(call_idx >= 0, calls.start[np.maximum(call_idx, 0)], -1) if calls is not None and len(
         calls.start) else np.full(len(items.start), -1)
-    out = _aggregate(g, items, step, how, np.where(step >= 0, item_cpu, -1) if how != "gap" else None)
+    out, renumber = _aggregate(g, items, step, how, np.where(step >= 0, item_cpu, -1) if how != "gap" else None)
     xr = ranges[ranges["transfer"]] if len(ranges) and "transfer" in ranges else None
     transfers(out, items, _transfer_candidates(items, call_idx, on_main), xr,
               item_cpu if how != "gap" else np.full(len(items.start), -1))
     kv_overlap(out, items, compute_streams(items, on_main))
-    return out, how, notes
+    return out, how, notes, np.where(step >= 0, renumber[np.maximum(step, 0)], -1)
 
 
 def _bursts_beat_gpu_gaps(call_step: np.ndarray, items: Items, on_main: np.ndarray) -> bool:
@@ -258,7 +261,7 @@ def _aggregate(g, items: Items, step: np.ndarray, how: str, item_cpu) -> pd.Data
     out = out[present].reset_index(drop=True)
     out["step"] = np.arange(len(out))
     _idle_before(out, items)
-    return out
+    return out, np.where(present, np.cumsum(present) - 1, -1)  # old step number -> the one in ``out``
 
 
 def _idle_before(out: pd.DataFrame, items: Items) -> None:

@@ -60,11 +60,10 @@ def kernel_diff(before: pd.DataFrame, after: pd.DataFrame) -> pd.DataFrame:
 
 
 def kernels_of(timeline, diagnosis) -> pd.DataFrame | None:
-    """INTEGRATION POINT (issue 25 item 1, branch brk25): the kernel breakdown's ``kernels`` frame
-    (columns KERNEL_COLUMNS) of one capture, or None when this build has no breakdown.
-
-    The breakdown package (``mixdiag/diagnosis/breakdown/``) is not on this branch; the integrator
-    replaces this body with its call, e.g. ``return breakdown_of(timeline, diagnosis).kernels``,
-    returning None for a capture without device activity. Everything downstream
-    (:func:`kernel_diff`, the diff's text/JSON/HTML) already handles the frame."""
-    return None
+    """The device breakdown's ``kernels`` frame (columns KERNEL_COLUMNS) of one capture, or None for a
+    capture without device activity (logs, scrapes, client records, a CPU-only trace)."""
+    from mixdiag.diagnosis.breakdown import breakdown
+    b = breakdown(timeline, diagnosis)
+    if b.status != "ok" or not len(b.kernels):
+        return None
+    return b.kernels

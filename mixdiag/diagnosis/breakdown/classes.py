@@ -1,0 +1,76 @@
+"""Classes of steps the breakdown is computed for, from the diagnosis result: ``all`` (the whole capture
+on the device), ``decode``, ``mixed``, ``prefill`` (prefill-only), ``spike`` (the diagnosis's spike steps)
+and ``episode N`` (the steps of each episode of :mod:`~mixdiag.diagnosis.detection.regimes`). A step can
+sit in several classes (a decode step that spiked inside an episode is in three).
+
+Kinds come from the Timeline (measured or inferred by the collector); a step of kind ``unknown`` is in
+no kind class, so a capture whose kinds cannot be told shows ``all``, ``spike`` and episodes only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+ALL = "all"
+KIND_CLASSES = {"decode": "decode", "mixed": "mixed", "prefill": "prefill"}  # Timeline kind -> class
+
+
+@dataclass(frozen=True)
+class StepClasses:
+    """Steps of every instance (``instance``, ``step`` sorted) and their class membership.
+
+    ``member[i, c]``: step row ``i`` is in class ``names[c]``; ``names[0]`` is ``all``.
+    """
+
+    instance: np.ndarray  # str per step row
+    step: np.ndarray      # int64 per step row
+    names: tuple[str, ...]
+    member: np.ndarray    # bool (n_steps, n_classes)
+    #: per step row: found by the engine's own marks (ranges, the sync pattern, records), so step n of
+    #: one rank is step n of another; False for steps split on GPU idle gaps (``step_source == "gap"``)
+    matchable: np.ndarray
+
+    def lookup(self, inst_codes: np.ndarray, inst_names, step: np.ndarray) -> np.ndarray:
+        """Row of each ``(instance, step)`` pair, -1 when the diagnosis has no such step; instances given
+        as codes into ``inst_names`` (a categorical's), so no string is compared per row."""
+        out = np.full(len(step), -1, dtype=np.int64)
+        if not len(self.step) or not len(step):
+            return out
+        names, codes = np.unique(self.instance, return_inverse=True)
+        key = codes.astype(np.int64) << 40 | (self.step & ((1 << 40) - 1))
+        order = np.argsort(key, kind="stable")
+        pos = {n: i for i, n in enumerate(names)}
+        table = np.array([pos.get(str(n), -1) for n in inst_names] + [-1], dtype=np.int64)
+        q_code = table[inst_codes]  # code -1 (missing) reads the sentinel
+        q = np.where((q_code >= 0) & (step >= 0), q_code << 40 | (step & ((1 << 40) - 1)), -1)
+        ids, uq = pd.factorize(q)  # millions of rows, a few thousand distinct steps: search those only
+        pos = np.clip(np.searchsorted(key[order], uq), 0, len(order) - 1)
+        got = np.where((uq >= 0) & (key[order][pos] == uq), order[pos], -1)
+        return got[ids]
+
+
+def step_classes(steps: pd.DataFrame, episodes: pd.DataFrame | None) -> StepClasses:
+    """Membership of every step row of the diagnosis (``steps``: instance, step, kind, is_spike,
+    granularity; ``episodes``: instance, episode, step_start, step_end) in each class."""
+    st = steps[steps["granularity"] == "step"] if "granularity" in steps else steps
+    inst = st["instance"].astype(str).to_numpy()
+    step = st["step"].to_numpy(dtype=np.int64)
+    kind = st["kind"].astype(str).to_numpy()
+    cols = [np.ones(len(st), dtype=bool)]
+    names = [ALL]
+    for k, label in KIND_CLASSES.items():
+        cols.append(kind == k)
+        names.append(label)
+    spike = st["is_spike"].fillna(False).to_numpy(dtype=bool) if "is_spike" in st else np.zeros(len(st), bool)
+    cols.append(spike)
+    names.append("spike")
+    if episodes is not None and len(episodes):
+        for ep in episodes.itertuples(index=False):  # one column per episode (a handful), not per step
+            m = (inst == str(ep.instance)) & (step >= int(ep.step_start)) & (step <= int(ep.step_end))
+            if m.any():
+                cols.append(m)
+                names.append(f"episode {int(ep.episode)}")  # rows carry their instance
+    src = st["step_source"].astype(str).to_numpy() if "step_source" in st else np.full(len(st), "")
+    return StepClasses(inst, step, tuple(names), np.stack(cols, axis=1), src != "gap")
