@@ -37,6 +37,10 @@ class Family:
             self.state[key] = [0.0, 0.0, [0] * len(self.buckets)] if self.kind in ("histogram", "summary") else [0.0]
         return self.state[key]
 
+    def touch(self, **labels):
+        """Create a labelled child at zero (vLLM/SGLang create theirs at start-up)."""
+        self._get(labels)
+
     def inc(self, v: float = 1.0, **labels):
         self._get(labels)[0] += v
 
@@ -54,7 +58,9 @@ class Family:
 
     def render(self, created: float) -> list[str]:
         base = self.name[:-6] if self.kind == "counter" and self.name.endswith("_total") else self.name
-        out = [f"# HELP {base} {self.help}", f"# TYPE {base} {self.kind}"]
+        # prometheus_client's 0.0.4 text keeps ``_total`` in a counter's HELP/TYPE (the real vLLM scrape)
+        shown = base + "_total" if self.kind == "counter" else base
+        out = [f"# HELP {shown} {self.help}", f"# TYPE {shown} {self.kind}"]
         created_lines = []
         for key, s in self.state.items():
             lab = dict(key)

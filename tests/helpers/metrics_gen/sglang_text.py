@@ -42,6 +42,11 @@ def registry() -> Registry:
     r.add("sglang:realtime_tokens_total", "counter", "Number of tokens processed, by mode.")
     r.add("sglang:kv_transfer_latency_ms", "histogram", "The transfer latency of the KV cache in ms.", XFER_MS_BUCKETS)
     r.add("sglang:eplb_balancedness", "summary", "Balancedness of MoE in expert parallelism.")
+    for name, f in r.families.items():   # children exist from start-up
+        if name.startswith(("sglang:prompt", "sglang:generation", "sglang:inter", "sglang:time_to", "sglang:e2e")):
+            f.touch(**REQ_LABELS)
+        elif name not in ("sglang:cuda_graph_passes_total", "sglang:realtime_tokens_total", "sglang:eplb_balancedness"):
+            f.touch(**SCHED_LABELS)
     for mode in ("decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none"):
         r["sglang:cuda_graph_passes_total"].inc(0.0, **SCHED_LABELS, mode=mode)
     r["sglang:num_retracted_requests_total"].inc(0.0, **SCHED_LABELS)

@@ -22,7 +22,7 @@ def steps_frame(steps) -> pd.DataFrame:
         row = {"step": s.idx, "t_start_s": s.t_start, "t_end_s": s.t_end, "gap_s": s.gap_s,
                "ctx_tokens": s.ctx_tokens, "gen_reqs": s.gen_reqs, "eager": s.eager, "running": s.running,
                "waiting": s.waiting, "preempted": s.preempted, "healthy_s": s.healthy_s,
-               "tokens_out": len(s.itl) + len(s.ttft),
+               "tokens_out": len(s.itl) + len(s.ttft), "itl_count": len(s.itl), "prompt_done": s.prompt_done,
                "max_itl_s": max(s.itl) if s.itl else 0.0, "causes": ";".join(sorted(s.causes))}
         for c in CAUSES:
             row[f"mag_{c}"] = s.causes.get(c, np.nan)

@@ -54,13 +54,14 @@ def registry(with_nixl: bool) -> Registry:
         r.add("vllm:nixl_bytes_transferred", "histogram", "Histogram of bytes transferred per NIXL KV Cache transfers.",
               NIXL_BYTES_BUCKETS)
         r.add("vllm:nixl_num_failed_transfers_total", "counter", "Number of failed NIXL KV Cache transfers.")
-    # zero-valued series exist from start-up (prometheus_client keeps labelled children once created)
-    for name in ("vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
-        r[name].inc(0.0, **LABELS)
+    # labelled children exist from start-up (PrometheusStatLogger builds them in __init__)
+    for name, f in r.families.items():
+        if name not in ("vllm:prompt_tokens_by_source_total", "vllm:request_success_total"):
+            f.touch(**LABELS)
+    for reason in ("stop", "length", "abort"):
+        r["vllm:request_success_total"].touch(**LABELS, finished_reason=reason)
     for src in ("local_compute", "local_cache_hit", "external_kv_transfer"):
         r["vllm:prompt_tokens_by_source_total"].inc(0.0, **LABELS, source=src)
-    if with_nixl:
-        r["vllm:nixl_num_failed_transfers_total"].inc(0.0, **LABELS)
     return r
 
 
