@@ -56,6 +56,9 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     out = Path(out)
     rng = np.random.default_rng([_key(cfg), 0x9E4])
     params = draw_params(rng)
+    # per-deployment logging choices, drawn before anything whose count depends on n_steps
+    form = int(rng.integers(0, 2))        # which Iteration line shape this "build" prints
+    eplb = bool(rng.random() < 0.5)       # --eplb-config log_balancedness on half the captures
     sched = draw_schedule(_key(cfg), ScheduleConfig(n_steps=cfg.n_steps))
     t0 = T0_UNIX + 3600.0 * cfg.seed + float(rng.uniform(0, 60))
     steps = simulate(params, sched, cfg.n_steps, _key(cfg), t0)
@@ -65,9 +68,9 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     scrape_times = np.arange(t0 - 0.5, steps[-1].t_end + cfg.scrape_interval_s, cfg.scrape_interval_s)
     scrape_times = scrape_times + rng.uniform(0.0, 0.01, len(scrape_times))  # the scraper's own jitter
     if cfg.dialect == "vllm":
-        op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, rng, t0)
+        op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb)
     else:
-        op, det, ltruth = _sglang(cfg, steps, scrape_times, out)
+        op, det, ltruth = _sglang(cfg, params, steps, scrape_times, out)
     sf = steps_frame(steps)
     sf.to_csv(out / "truth" / "steps.csv", index=False)
     units(sf, scrape_times).to_csv(out / "truth" / "intervals.csv", index=False)
@@ -87,11 +90,9 @@ def _line_truth(lines, kind, t, st, w0, w1):
             "t1_s": w1, "causes": "" if st is None else ";".join(sorted(st.causes))}
 
 
-def _vllm(cfg, params, steps, scrape_times, pd_windows, out, rng, t0):
+def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb):
     reg = vllm_text.registry(with_nixl=True)
     created = t0 - 30.0
-    form = int(rng.integers(0, 2))        # which Iteration line shape this "build" prints
-    eplb = bool(rng.random() < 0.5)       # --eplb-config log_balancedness on half the captures
     op = vllm_text.startup_lines(t0 - 20.0, params)
     det = list(op)
     lt_op, lt_det = [], []
@@ -146,10 +147,12 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, rng, t0):
         dict(x, log="details") for x in lt_det]
 
 
-def _sglang(cfg, steps, scrape_times, out):
+def _sglang(cfg, params, steps, scrape_times, out):
     reg = sglang_text.registry()
     created = steps[0].t_start - 30.0
-    op, det, lt_op, lt_det = [], [], [], []
+    op = [sglang_text.server_args_line(created, params, cfg.decode_log_interval)]
+    det = [sglang_text.server_args_line(created, params, 1)]
+    lt_op, lt_det = [], []
     si, n_decode, fid = 0, 0, 0
     last_log_t, gen_since = steps[0].t_start, 0
     bal: list[float] = []

@@ -92,6 +92,17 @@ def prefix(t: float) -> str:
     return "[" + time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + "] "
 
 
+def server_args_line(t: float, params, decode_log_interval: int) -> str:
+    """SGLang prints its ServerArgs at launch: the only place an operator finds mixed chunk, the
+    chunk size, the graph batch limit and the decode log interval (formats.md 2.1)."""
+    return prefix(t) + (
+        f"server_args=ServerArgs(model_path='gen-model', tp_size=8, dp_size=8, ep_size=8, "
+        f"chunked_prefill_size={params.token_budget}, enable_mixed_chunk=True, "
+        f"cuda_graph_max_bs={params.max_capture}, disable_cuda_graph=False, decode_log_interval={decode_log_interval}, "
+        f"disaggregation_mode='decode', disaggregation_transfer_backend='nixl', enable_eplb=True, "
+        f"enable_metrics=True)")
+
+
 def prefill_line(st, in_tps: float) -> str:
     return prefix(st.t_end) + (
         f"Prefill batch, #new-seq: {st.ctx_reqs}, #new-token: {st.ctx_tokens}, #cached-token: 0, "
