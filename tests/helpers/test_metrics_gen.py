@@ -223,3 +223,27 @@ def test_units_visibility_by_share_and_tail():
     assert u["visible_kv_pressure"].tolist() == [False, True]
     assert u["causes"].tolist() == ["host_stall", "kv_pressure"]
     assert VISIBLE_SHARE <= 0.3 and TAIL_FACTOR <= 3.0   # the hand-built cases sit on the right side
+
+
+def test_cudagraph_table_counts_every_step_and_shows_none_above_the_largest_size(tmp_path):
+    cap = generate(GenConfig("vllm", seed=0, n_steps=700), tmp_path)   # seed 0 draws --cudagraph-metrics on
+    text = cap.log.read_text()
+    stamps = [m for m in re.findall(r"^\(APIServer pid=\d+\) INFO \d\d-\d\d (\d\d:\d\d:\d\d) \[cuda_graph", text, re.M)]
+    assert stamps, "seed 0 logs the --cudagraph-metrics table"
+    tables = text.split("**CUDAGraph Stats:**")[1:]
+    rows = [[r.split("|")[1:-1] for r in t.splitlines() if re.match(r"^\| \d", r)] for t in tables]
+    total = sum(int(r[4]) for t in rows for r in t)
+    st = cap.steps
+    stats_t = [ln for ln in text.splitlines() if "Avg prompt throughput" in ln]
+    assert len(rows) == len(stats_t)
+    # every step before the last table's interval end is counted exactly once
+    params = __import__("json").loads((cap.root / "truth" / "params.json").read_text())
+    t_last = params["t0_unix"] + params["stats_interval_s"] * len(stats_t)
+    assert total == int((st["t_end_s"] < t_last).sum())
+    big = st[(st["gen_reqs"] + st["ctx_tokens"] > params["max_capture"]) & (st["t_end_s"] < t_last)]
+    none = sum(int(r[4]) for t in rows for r in t if r[3].strip() == "NONE")
+    assert none == len(big)
+    for t in rows:
+        for r in t:
+            u, p, pad, mode = int(r[0]), int(r[1]), int(r[2]), r[3].strip()
+            assert p - u == pad and (mode == "NONE") == (u > params["max_capture"])

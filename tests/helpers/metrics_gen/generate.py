@@ -59,6 +59,7 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     # per-deployment logging choices, drawn before anything whose count depends on n_steps
     form = int(rng.integers(0, 2))        # which Iteration line shape this "build" prints
     eplb = bool(rng.random() < 0.5)       # --eplb-config log_balancedness on half the captures
+    cg_table = bool(rng.random() < 0.5)   # --cudagraph-metrics on half the captures
     sched = draw_schedule(_key(cfg), ScheduleConfig(n_steps=cfg.n_steps))
     t0 = T0_UNIX + 3600.0 * cfg.seed + float(rng.uniform(0, 60))
     steps = simulate(params, sched, cfg.n_steps, _key(cfg), t0)
@@ -66,9 +67,10 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     (out / "truth").mkdir(exist_ok=True)
     pd_windows = [(e.start, e.end) for e in sched if e.cause == "pd_transfer"]
     scrape_times = np.arange(t0 - 0.5, steps[-1].t_end + cfg.scrape_interval_s, cfg.scrape_interval_s)
-    scrape_times = scrape_times + rng.uniform(0.0, 0.01, len(scrape_times))  # the scraper's own jitter
+    # the scraper's own jitter; rounded to the file name's millisecond so name and content agree
+    scrape_times = np.round(scrape_times + rng.uniform(0.0, 0.01, len(scrape_times)), 3)
     if cfg.dialect == "vllm":
-        op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb)
+        op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table)
     else:
         op, det, ltruth = _sglang(cfg, params, steps, scrape_times, out)
     sf = steps_frame(steps)
@@ -86,11 +88,12 @@ def _write_scrape(out: Path, t: float, text: str) -> None:
 
 
 def _line_truth(lines, kind, t, st, w0, w1):
-    return {"line": len(lines), "kind": kind, "t_s": t, "step": -1 if st is None else st.idx, "t0_s": w0,
+    # "entry": the record's index in its log (a multi-line record, the CUDA-graph table, counts once)
+    return {"entry": len(lines), "kind": kind, "t_s": t, "step": -1 if st is None else st.idx, "t0_s": w0,
             "t1_s": w1, "causes": "" if st is None else ";".join(sorted(st.causes))}
 
 
-def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb):
+def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table):
     reg = vllm_text.registry(with_nixl=True)
     created = t0 - 30.0
     op = vllm_text.startup_lines(t0 - 20.0, params)
@@ -98,7 +101,8 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb):
     lt_op, lt_det = [], []
     si = 0
     next_stats = t0 + cfg.stats_interval_s
-    acc = {"prompt": 0, "gen": 0, "pre": 0, "xfer": []}
+    acc = {"prompt": 0, "gen": 0, "pre": 0, "xfer": [], "cg": {}}
+    sizes = vllm_text.capture_sizes(params.max_capture)
     last_st = None
 
     def flush_stats(t_log):
@@ -112,6 +116,11 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb):
                 lt.append({**_line_truth(lines, "kv_transfer", t_log, None, t_log - cfg.stats_interval_s, t_log),
                            "causes": "pd_transfer"})
                 lines.append(vllm_text.kv_transfer_line(t_log, acc["xfer"]))
+            if cg_table and acc["cg"]:
+                fb = "graph_fallback" if any("graph_fallback" in s.causes for s in window) else ""
+                lt.append({**_line_truth(lines, "cudagraph", t_log, None, t_log - cfg.stats_interval_s, t_log),
+                           "causes": fb})
+                lines.append(vllm_text.cudagraph_table(t_log, sizes, acc["cg"]))
 
     window = []
     for st in steps:
@@ -120,7 +129,7 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb):
             si += 1
         while st.t_end >= next_stats and last_st is not None:
             flush_stats(next_stats)
-            acc = {"prompt": 0, "gen": 0, "pre": 0, "xfer": []}
+            acc = {"prompt": 0, "gen": 0, "pre": 0, "xfer": [], "cg": {}}
             window = []
             next_stats += cfg.stats_interval_s
         pd_active = any(a <= st.idx < b for a, b in pd_windows)
@@ -129,6 +138,8 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb):
         acc["gen"] += len(st.itl) + len(st.ttft)
         acc["pre"] += st.preempted
         acc["xfer"] += st.kv_xfer
+        row = vllm_text.graph_row(st, sizes)
+        acc["cg"][row] = acc["cg"].get(row, 0) + 1
         window.append(st)
         last_st = st
         lt_det.append(_line_truth(det, "iteration", st.t_end, st, st.t_start, st.t_end))

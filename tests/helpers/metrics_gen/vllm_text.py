@@ -5,8 +5,9 @@ cite ``vllm/v1/metrics/loggers.py`` (PrometheusStatLogger, LoggingStatLogger), `
 (IterationStats: prompt tokens counted at a request's first output), ``nixl_connector.py``
 (NixlPromMetrics, KV Transfer log keys), ``eplb_state.py`` (``EPLB step:`` line) and PR #31193
 (``Iteration(N):`` lines); the real 0.32 scrape in tests/fixtures/vllm032 for label sets and
-``_created`` families. vLLM has no per-step graph-mode metric; the only graph evidence an operator
-has is the capture list in the engine's startup config line and the running-request gauge.
+``_created`` families. vLLM has no per-step graph-mode metric; the graph evidence an operator has is the
+capture list in the engine's startup config line, the running-request gauge and, with
+``--cudagraph-metrics`` (v0.13+, log only), a per-interval table of runtime modes.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def core(t: float, src: str, msg: str) -> str:
 
 
 def startup_lines(t: float, params) -> list[str]:
-    sizes = [1, 2, 4] + list(range(8, params.max_capture + 1, 8))
+    sizes = capture_sizes(params.max_capture)
     return [
         api(t, "api_utils.py:347", "vLLM server version 0.32.0, serving model gen-model"),
         api(t, "scheduler.py:307", f"Chunked prefill is enabled with max_num_batched_tokens={params.token_budget}."),
@@ -159,3 +160,31 @@ def eplb_line(t: float, st, n_ranks: int = 8) -> str:
     mx = avg / st.ep_balancedness
     return core(t, "eplb_state.py:512", f"EPLB step: avg_tokens={avg:.2f}, max_tokens={int(round(mx))}, "
                 f"balancedness={st.ep_balancedness:.4f}")
+
+
+def capture_sizes(max_capture: int) -> list[int]:
+    """vLLM's default ladder up to the largest size: 1, 2, 4, then multiples of 8 (formats.md 1.3)."""
+    return [1, 2, 4] + list(range(8, max_capture + 1, 8))
+
+
+def graph_row(st, sizes: list[int]) -> tuple[int, int, str]:
+    """(unpadded, padded, runtime mode) of one step under FULL_AND_PIECEWISE: uniform decode within
+    the sizes replays FULL, a step with a prompt chunk PIECEWISE, anything above the largest size
+    runs NONE unpadded (``CudagraphDispatcher.dispatch``)."""
+    n = st.gen_reqs + st.ctx_tokens
+    if n > sizes[-1]:
+        return n, n, "NONE"
+    padded = next(s for s in sizes if s >= n)
+    return n, padded, "PIECEWISE" if st.ctx_tokens else "FULL"
+
+
+def cudagraph_table(t: float, sizes: list[int], counts: dict) -> str:
+    """``--cudagraph-metrics``: the interval's table, one logger call with embedded newlines, so
+    only its first line carries the prefix; rows by count, descending (formats.md 1.2).
+    Which process logs it is UNVERIFIED; the stat logger's is used here."""
+    rows = sorted(counts.items(), key=lambda kv: -kv[1])
+    body = ["**CUDAGraph Config Settings:**", "", "- Mode: FULL_AND_PIECEWISE", f"- Capture sizes: {sizes}", "",
+            "**CUDAGraph Stats:**", "", "| Unpadded Tokens | Padded Tokens | Num Paddings | Runtime Mode | Count |",
+            "|---|---|---|---|---|"]
+    body += [f"| {u} | {p} | {p - u} | {m} | {c} |" for (u, p, m), c in rows]
+    return api(t, "cuda_graph.py:120", "\n".join(body))
