@@ -1,0 +1,135 @@
+"""Tier (e2): the diagnosis on what an operator has - timed /metrics scrapes and the operator log -
+from an independent generator (tests/helpers/metrics_gen), scored strictly per interval
+(benchmarks/e2_scoring.py). docs/analyze.md, "Tier (e2)".
+
+Views per capture: ``scrapes`` (scrapes/ only), ``scrapes+log`` (scrapes/ + the operator log),
+``details`` (the operator log with per-step lines: vLLM ``Iteration(N)`` lines, SGLang a Decode
+line every forward; read alone). Dialects: vllm, sglang. Seeds: ``tune`` (0-4) may be looked at;
+``heldout`` (2000-2004) is run ONCE by the integrator after the last rule change.
+
+    .venv/bin/python benchmarks/tier_e2.py [--seeds tune|heldout|0,1] [--dialects vllm,sglang]
+        [--steps 2000] [--cache benchmarks/.cache] [--json-out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2_scoring import judge, score, score_episodes  # noqa: E402
+from helpers.metrics_gen import CAUSES, DIALECTS, GenConfig, generate, units  # noqa: E402
+
+SEED_SETS = {"tune": (0, 1, 2, 3, 4), "heldout": (2000, 2001, 2002, 2003, 2004)}
+VIEWS = ("scrapes", "scrapes+log", "details")
+#: issue 23 acceptance (/metrics + log): macro-F1 >= 0.75, host_stall and graph_fallback F1 >= 0.5,
+#: mixing false positives < 2 %
+TARGETS = {"macro_f1": 0.75, "host_stall": 0.5, "graph_fallback": 0.5, "mixing_fp_rate": 0.02}
+
+
+def ensure_capture(cache: Path, dialect: str, seed: int, n_steps: int) -> Path:
+    d = cache / "e2" / f"{dialect}__seed{seed}__steps{n_steps}"
+    if not (d / "truth" / "params.json").exists():
+        tmp = d.with_name(d.name + ".part")
+        shutil.rmtree(tmp, ignore_errors=True)
+        generate(GenConfig(dialect, seed, n_steps), tmp)
+        shutil.rmtree(d, ignore_errors=True)
+        tmp.rename(d)
+    return d
+
+
+def view_paths(cap: Path, dialect: str, view: str) -> list[str]:
+    log = f"{dialect}.log"
+    return {"scrapes": [str(cap / "scrapes")], "scrapes+log": [str(cap / "scrapes"), str(cap / log)],
+            "details": [str(cap / "details" / log)]}[view]
+
+
+def view_units(cap: Path, view: str, steps: pd.DataFrame) -> pd.DataFrame:
+    """The view's unit grid: scrape intervals where it reads scrapes, stamp seconds otherwise."""
+    if view == "details":
+        lo, hi = math.floor(steps["t_start_s"].min()), math.ceil(steps["t_end_s"].max()) + 1
+        return units(steps, list(range(lo, hi + 1)))
+    return pd.read_csv(cap / "truth" / "intervals.csv")
+
+
+def run_case(cap: Path, dialect: str, view: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    from mixdiag.collectors import load
+    from mixdiag.diagnosis import diagnose
+    steps = pd.read_csv(cap / "truth" / "steps.csv", keep_default_na=False, na_values={"mag_" + c: [""] for c in CAUSES})
+    paths = view_paths(cap, dialect, view)
+    d = diagnose(load(paths if len(paths) > 1 else paths[0]))
+    judged = judge(d.spikes, steps)
+    eps = score_episodes(d.regimes.episodes, pd.read_csv(cap / "truth" / "schedule.csv"), steps)
+    return judged, view_units(cap, view, steps), eps
+
+
+def evaluate(dialects, seeds, cache: Path, n_steps: int) -> dict:
+    res = {}
+    for dialect in dialects:
+        for view in VIEWS:
+            js, us, ep = [], [], {}
+            for seed in seeds:
+                cap = ensure_capture(cache, dialect, seed, n_steps)
+                j, u, e = run_case(cap, dialect, view)
+                js.append(j)
+                us.append(u)
+                for c, v in e.items():
+                    cur = ep.setdefault(c, {"found": 0, "of": 0})
+                    cur["found"] += v["found"]
+                    cur["of"] += v["of"]
+            s = score(pd.concat(js, ignore_index=True), pd.concat(us, ignore_index=True), CAUSES)
+            s["episodes"] = ep
+            res[f"{dialect}/{view}"] = s
+    return res
+
+
+def _cell(v: dict) -> str:
+    f = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    return f"{f(v['precision'])}/{f(v['recall'])}/**{f(v['f1'])}** ({v['called']}, {v['visible_units']})"
+
+
+def render(res: dict) -> str:
+    extra = sorted({c for s in res.values() for c in s["per_cause"]} - set(CAUSES))
+    cols = list(CAUSES) + extra
+    out = ["| dialect/view | " + " | ".join(cols) + " | macro-F1 | mixing FP | spikes (unknown) | episodes found |",
+           "|" + "---|" * (len(cols) + 5)]
+    for k, s in res.items():
+        cells = [_cell(s["per_cause"][c]) if c in s["per_cause"] else "n/a" for c in cols]
+        mf = "-" if s["macro_f1"] is None else f"{s['macro_f1']:.2f}"
+        eps = ", ".join(f"{c} {v['found']}/{v['of']}" for c, v in sorted(s["episodes"].items()))
+        out.append(f"| {k} | " + " | ".join(cells) + f" | **{mf}** | {100 * s['mixing_fp_rate']:.1f} % "
+                   f"({s['mixing_fp']}/{s['non_mixing_spikes']}) | {s['spikes']} ({s['unknown']}) | {eps} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="tune")
+    ap.add_argument("--dialects", default=",".join(DIALECTS))
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache"))
+    ap.add_argument("--json-out")
+    a = ap.parse_args(argv)
+    seeds = SEED_SETS.get(a.seeds) or tuple(int(x) for x in a.seeds.split(","))
+    t0, r0 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
+    res = evaluate([d for d in a.dialects.split(",") if d], seeds, Path(a.cache), a.steps)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    print(render(res))
+    print(f"\nseeds {list(seeds)}, {a.steps} steps; wall {time.time() - t0:.1f} s, "
+          f"CPU {r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime:.1f} s (user+sys)")
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps({"seeds": list(seeds), "steps": a.steps, "results": res}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
