@@ -42,6 +42,7 @@ from mixdiag.dashboard.pages.timeline import timeline_view
 from mixdiag.dashboard.store import Dataset
 from mixdiag.diagnosis import diagnose
 from mixdiag.diagnosis.budget import budget_of
+from mixdiag.diagnosis.detection.spikes import itl_events
 from mixdiag.diagnosis.rules.decomposition import regimes_of
 from mixdiag.schema import Timeline
 
@@ -133,7 +134,8 @@ def main(argv=None) -> int:
     d = diagnose(tl)
     # the regime stage and the budget inside diagnose, timed alone on its result (included above, not extra)
     t_reg, c_reg = timed_cpu(lambda: regimes_of(d.steps, d.config.regimes), a.repeat)
-    t_bud, c_bud = timed_cpu(lambda: budget_of(tl.tokens, d.steps, d.spikes), a.repeat)
+    itl = {"engine0": itl_events(tl.tokens)}  # diagnose hands the budget the ITL events detection built
+    t_bud, c_bud = timed_cpu(lambda: budget_of(tl.tokens, d.steps, d.spikes, itl), a.repeat)
     eps = d.regimes.episodes
     by_ep = eps["cause"].value_counts().to_dict() if len(eps) else {}
     t_view, view = timed(lambda: timeline_view(tl, d, "engine0"), repeat=1)

@@ -12,7 +12,9 @@ each ``--repeat`` times (default 2), the best run counting for both (the load av
 on a shared machine one run can take twice as long as the next; the client-side CPU seconds of
 both are printed too),
 
-and prints the ratio (target <= 3x), absolute time (<= 15 s at 500) and RSS (<= 1 GB). One instance
+and prints the ratio (target <= 3x), absolute time (<= 15 s at 500) and RSS (<= 1 GB at 500, <= 4 GB at
+2000 instances: issue 23), and what the regime stage (healthy reference, episodes, decomposition of the
+excess by cause - it runs inside analyze, after the workers) found. One instance
 in ``--burst-every`` carries prefill bursts (4096 prompt tokens, ITL 60 ms instead of 20 ms) every
 5th step; the verdicts per instance group are printed. Usage::
 
@@ -201,7 +203,9 @@ def main(argv=None) -> int:
               f"target <= 15 s at 500: {'ok' if an_s <= 15 else 'MISSED'}")
         print(f"CPU (client side, Prometheus' own not counted): analyze {min(cpus):.2f} s, bare fetch "
               f"{bare_cpu:.2f} s = {min(cpus) / bare_cpu:.2f}x (less sensitive to other load than wall time)")
-        print(f"peak RSS of the analyze process: {rss_gb:.2f} GB (target <= 1 GB)")
+        rss_target = 1.0 if a.instances <= 500 else 4.0
+        print(f"peak RSS of the analyze process: {rss_gb:.2f} GB (target <= {rss_target:g} GB at "
+              f"{'500' if a.instances <= 500 else '2000'} instances: {'ok' if rss_gb <= rss_target else 'MISSED'})")
         report(json.loads(out.stdout), a.burst_every)
     finally:
         proc.terminate()
@@ -223,7 +227,12 @@ def report(doc: dict, burst_every: int) -> None:
         grp = "burst" if burst_every > 0 and i % burst_every == 0 else "steady"
         cause = s.get("cause", "?")
         by[grp][cause] = by[grp].get(cause, 0) + 1
-    print(f"verdict: {doc.get('verdict')}")
+    verdict = str(doc.get("verdict"))
+    print(f"verdict ({len(verdict)} characters): {verdict[:300]}{' ...' if len(verdict) > 300 else ''}")
+    reg = doc.get("regimes") or {}
+    sat = sum(1 for s in (reg.get("saturation") or {}).values() if s.get("saturated"))
+    print(f"regime stage: reference for {len(reg.get('reference') or {})} instances, {sat} saturated, "
+          f"{len(reg.get('episodes') or [])} episodes, excess shares {(reg.get('excess') or {}).get('shares')}")
     for grp, causes in by.items():
         print(f"spikes on {grp} instances: " + (", ".join(f"{c} {n}" for c, n in sorted(causes.items())) or "none"))
 

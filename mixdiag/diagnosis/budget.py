@@ -36,6 +36,7 @@ import pandas as pd
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.detection.spikes import itl_events, rows_of
+from mixdiag.diagnosis.labels import label_column
 
 #: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
 BUDGET_CAUSES = (*CAUSES, "none")
@@ -206,9 +207,11 @@ def _units(inst, t, lat, base, weight, spike, cause, keep_all: bool = False, wit
     distinct = list(dict.fromkeys(kept))
     to_distinct = np.array([distinct.index(k) for k in kept], dtype=np.intp)
     c = to_distinct[np.where(spike & (codes >= 0), codes, len(names))]
+    if isinstance(inst, str):  # one instance's units: its name from a one-label dictionary, like the causes
+        inst = label_column(np.zeros(len(t), dtype=np.intp), [inst])
     out = pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
                         "excess_s": excess * np.where(good, weight, 0.0), "weight": np.where(good, weight, 0.0),
-                        "cause": np.array(distinct, dtype=object)[c]})
+                        "cause": label_column(c, distinct)})
     if not keep_all and not good.all():
         out, c = out[good], c[good]
     return (out, c, distinct) if with_codes else out

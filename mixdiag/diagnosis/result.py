@@ -334,7 +334,7 @@ def counted_once(steps: pd.DataFrame, frames: list, meta: dict) -> pd.DataFrame:
     (client records, a log, a trace): their midpoint inside it. Both views measured the same token gaps
     there - the step view finer - so counting both would add one server's excess twice. Interval rows
     outside that span still count (scrapes that ran longer than the log)."""
-    if not len(steps) or "latency_s" not in steps.columns or not (steps["granularity"] == "step").any():
+    if len(frames) < 2 or "latency_s" not in steps.columns:  # one view (frame): nothing counted twice
         return steps
     key = engine_keys(frames, listed_servers(meta))
     span: dict = {}
