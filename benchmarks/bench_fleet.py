@@ -5,8 +5,9 @@ Backfills the TSDB with ``promtool tsdb create-blocks-from openmetrics`` (vLLM n
 
 * a bare fetch-and-parse of the same raw series over the window (``query_range`` + JSON),
 * ``mixdiag analyze http://127.0.0.1:PORT/?start=..&end=..&step=15 --json`` in a child process
-  (wall time, peak RSS from ``getrusage(RUSAGE_CHILDREN)``: the largest of it and its diagnosis
-  workers; ``--jobs`` is passed through, default the CPU count),
+  (wall time; peak RSS as the child reports it from ``getrusage``: the largest of it and its diagnosis
+  workers - read inside the child, because this process's RUSAGE_CHILDREN also holds promtool's
+  backfill; ``--jobs`` is passed through, default the CPU count),
 
 each ``--repeat`` times (default 2), the best run counting for both (the load average is printed:
 on a shared machine one run can take twice as long as the next; the client-side CPU seconds of
@@ -137,6 +138,17 @@ def bare_fetch(url: str, start: float, end: float) -> tuple[float, int, float]:
     return time.perf_counter() - t, n, time.process_time() - c
 
 
+#: runs the CLI as ``python -m mixdiag.cli`` does, then reports its own peak RSS and its workers' on stderr
+_RSS_WRAPPER = ("import resource, sys\n"
+                "from mixdiag.cli import main\n"
+                "try:\n"
+                "    rc = main(sys.argv[1:])\n"
+                "finally:\n"
+                "    kb = max(resource.getrusage(w).ru_maxrss for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))\n"
+                "    sys.stderr.write(f'\\nMAXRSS_KB {kb}\\n')\n"
+                "sys.exit(rc)\n")
+
+
 def _child_cpu_s() -> float:
     u = resource.getrusage(resource.RUSAGE_CHILDREN)
     return u.ru_utime + u.ru_stime
@@ -177,19 +189,20 @@ def main(argv=None) -> int:
         start, end = t0, t0 + (points - 1) * STEP_S
         bare = [bare_fetch(url, start, end) for _ in range(a.repeat)]
         bare_s, n_bare, bare_cpu = min(bare)
-        cmd = [sys.executable, "-m", "mixdiag.cli", "analyze", f"{url}/?start={start}&end={end}&step={STEP_S}",
+        cmd = [sys.executable, "-c", _RSS_WRAPPER, "analyze", f"{url}/?start={start}&end={end}&step={STEP_S}",
                "--json"] + (["--jobs", str(a.jobs)] if a.jobs else [])
-        times, cpus = [], []
+        times, cpus, rss = [], [], []
         for _ in range(a.repeat):  # best of N, as the bare fetch: the machine may be shared
             tic, cpu = time.perf_counter(), _child_cpu_s()
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             times.append(time.perf_counter() - tic)
             cpus.append(_child_cpu_s() - cpu)  # the analyze process and its diagnosis workers
+            rss += [int(x.split()[1]) for x in out.stderr.splitlines() if x.startswith("MAXRSS_KB ")]
             if out.returncode != 0:
                 print(out.stderr[-2000:])
                 return 1
         an_s = min(times)
-        rss_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+        rss_gb = max(rss) / 2**20 if rss else float("nan")
         from mixdiag.collectors.prometheus import server_reader  # after the child: its RSS is measured alone
 
         tic = time.perf_counter()
