@@ -158,6 +158,8 @@ def _culprits(st: pd.DataFrame, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 def _token_units(inst: str, st: pd.DataFrame, tokens: pd.DataFrame, itl: pd.DataFrame | None = None):
     """Units of one instance's token gaps (``itl``: ``itl_events(tokens)`` when detection built it),
     with their cause codes (:func:`_units`)."""
+    # only the columns read here: sorting the whole signal frame copies ~100 columns of every step
+    st = st[["step", "t_end_s", "is_spike", "latency_s", "baseline_s", "cause"]]
     st = st.sort_values("step", kind="stable").reset_index(drop=True)
     if itl is None:
         itl = itl_events(tokens)  # per request by time, as a string sort would give, at a fraction of its cost
@@ -209,9 +211,10 @@ def _units(inst, t, lat, base, weight, spike, cause, keep_all: bool = False, wit
     c = to_distinct[np.where(spike & (codes >= 0), codes, len(names))]
     if isinstance(inst, str):  # one instance's units: its name from a one-label dictionary, like the causes
         inst = label_column(np.zeros(len(t), dtype=np.intp), [inst])
+    # copy=False: the columns are fresh arrays; stacking them into one block copies a million rows again
     out = pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
                         "excess_s": excess * np.where(good, weight, 0.0), "weight": np.where(good, weight, 0.0),
-                        "cause": label_column(c, distinct)})
+                        "cause": label_column(c, distinct)}, copy=False)
     if not keep_all and not good.all():
         out, c = out[good], c[good]
     return (out, c, distinct) if with_codes else out
