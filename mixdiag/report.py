@@ -230,6 +230,9 @@ def render(d, top: int = 10, warnings: list[str] | tuple = (), sections: list[st
         if len(info.get("sources", ())) > 1:  # one server read from several inputs (collectors/join.py)
             out.append(f"{inst}: one server from {len(info['sources'])} inputs ({info.get('joined_by')}): "
                        + ", ".join(f"{s['path']} ({s['format']})" for s in info["sources"]))
+        elif info.get("sources"):  # several inputs, this server from one of them: which one
+            s = info["sources"][0]
+            out.append(f"{inst}: one server from {s['path']} ({s['format']}; {info.get('joined_by')})")
         if "signals" not in info:
             continue
         missing = [s for s, q in info["signals"].items() if q == "absent"]

@@ -36,6 +36,7 @@ import pandas as pd
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.detection.spikes import itl_events, rows_of
+from mixdiag.diagnosis.labels import label_column
 
 #: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
 BUDGET_CAUSES = (*CAUSES, "none")
@@ -154,17 +155,24 @@ def _culprits(st: pd.DataFrame, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return out
 
 
-def _token_units(inst: str, st: pd.DataFrame, tokens: pd.DataFrame) -> pd.DataFrame:
+def _token_units(inst: str, st: pd.DataFrame, tokens: pd.DataFrame, itl: pd.DataFrame | None = None):
+    """Units of one instance's token gaps (``itl``: ``itl_events(tokens)`` when detection built it),
+    with their cause codes (:func:`_units`)."""
+    # only the columns read here: sorting the whole signal frame copies ~100 columns of every step
+    st = st[["step", "t_end_s", "is_spike", "latency_s", "baseline_s", "cause"]]
     st = st.sort_values("step", kind="stable").reset_index(drop=True)
-    itl = itl_events(tokens)  # per request by time, as a string sort would give, at a fraction of its cost
+    if itl is None:
+        itl = itl_events(tokens)  # per request by time, as a string sort would give, at a fraction of its cost
     lo, hi = _spans(st, itl)
     pos = _culprits(st, lo, hi)
     ok = pos >= 0
     p = pos[ok]
     lat = (itl["t_s"] - itl["prev_t_s"]).to_numpy(dtype="float64")[ok]
+    # causes factorised on the steps (200 k rows), then spread to the gaps (1.6 M) by position
+    codes, names = pd.factorize(st["cause"].to_numpy(dtype=object))
     return _units(inst, itl["t_s"].to_numpy(dtype="float64")[ok], lat, st["baseline_s"].to_numpy(dtype="float64")[p],
-                  np.ones(len(p)), st["is_spike"].fillna(False).to_numpy(dtype=bool)[p],
-                  st["cause"].to_numpy(dtype=object)[p])
+                  np.ones(len(p)), st["is_spike"].fillna(False).to_numpy(dtype=bool)[p], (codes[p], names),
+                  with_codes=True)
 
 
 def _row_units(inst: str, rows: pd.DataFrame, weighted: bool) -> pd.DataFrame:
@@ -188,18 +196,28 @@ def _row_units(inst: str, rows: pd.DataFrame, weighted: bool) -> pd.DataFrame:
                   spike[has], cause[has], keep_all=True)
 
 
-def _units(inst, t, lat, base, weight, spike, cause, keep_all: bool = False) -> pd.DataFrame:
+def _units(inst, t, lat, base, weight, spike, cause, keep_all: bool = False, with_codes: bool = False):
     """Units with their excess (``weight x max(0, latency - baseline)``) and cause. Units without a
-    latency or baseline are dropped, or with ``keep_all`` kept with no excess (counted unmeasured)."""
+    latency or baseline are dropped, or with ``keep_all`` kept with no excess (counted unmeasured).
+    ``cause``: per unit, or ``(codes, names)`` already factorised. ``with_codes``: also the units' cause
+    codes into a list of distinct budget causes (what :func:`_instance_budget` would factorise again)."""
     good = np.isfinite(lat) & np.isfinite(base)
     excess = np.where(good, np.maximum(lat - base, 0.0), 0.0)
-    codes, names = pd.factorize(cause)  # the few distinct causes are mapped once, not a million strings
-    kept = np.array([n if n in BUDGET_CAUSES else "unknown" for n in names] + ["none"], dtype=object)
-    c = kept[np.where(spike & (codes >= 0), codes, len(names))]
+    # the few distinct causes are mapped once, not a million strings
+    codes, names = cause if isinstance(cause, tuple) else pd.factorize(cause)
+    kept = [n if n in BUDGET_CAUSES else "unknown" for n in names] + ["none"]
+    distinct = list(dict.fromkeys(kept))
+    to_distinct = np.array([distinct.index(k) for k in kept], dtype=np.intp)
+    c = to_distinct[np.where(spike & (codes >= 0), codes, len(names))]
+    if isinstance(inst, str):  # one instance's units: its name from a one-label dictionary, like the causes
+        inst = label_column(np.zeros(len(t), dtype=np.intp), [inst])
+    # copy=False: the columns are fresh arrays; stacking them into one block copies a million rows again
     out = pd.DataFrame({"instance": inst, "t_s": t, "latency_s": lat, "baseline_s": base,
                         "excess_s": excess * np.where(good, weight, 0.0), "weight": np.where(good, weight, 0.0),
-                        "cause": c})
-    return out if keep_all else out[good]
+                        "cause": label_column(c, distinct)}, copy=False)
+    if not keep_all and not good.all():
+        out, c = out[good], c[good]
+    return (out, c, distinct) if with_codes else out
 
 
 def _p99(lat: np.ndarray) -> float:
@@ -207,8 +225,10 @@ def _p99(lat: np.ndarray) -> float:
     return float(np.quantile(lat, 0.99)) if len(lat) else math.nan
 
 
-def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int]) -> InstanceBudget:
-    codes, names = pd.factorize(u["cause"])  # integer codes: comparing 1 M strings once per cause costs seconds
+def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int], coded=None) -> InstanceBudget:
+    """``coded``: ``(codes, names)`` of ``u["cause"]`` when :func:`_units` gave them."""
+    # integer codes: comparing 1 M strings once per cause costs seconds
+    codes, names = coded if coded is not None else pd.factorize(u["cause"])
     return _budget_arrays(u["latency_s"].to_numpy(dtype="float64"), u["baseline_s"].to_numpy(dtype="float64"),
                           u["excess_s"].to_numpy(dtype="float64"), u["weight"].to_numpy(dtype="float64"),
                           codes, list(names), source, spikes)
@@ -277,9 +297,10 @@ def _interval_budgets(rows: pd.DataFrame, counts: dict) -> dict:
     return out
 
 
-def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -> Budget:
+def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame, itl: dict | None = None) -> Budget:
     """The budget of a diagnosis: ``steps`` is ``Diagnosis.steps`` (latency, baseline, is_spike and
-    cause per row), ``tokens`` the Timeline's token events, ``spikes`` ``Diagnosis.spikes``."""
+    cause per row), ``tokens`` the Timeline's token events, ``spikes`` ``Diagnosis.spikes``; ``itl``:
+    instance -> ``itl_events`` of its tokens where detection built them (part.Part.itl)."""
     if not len(steps) or "baseline_s" not in steps:
         return Budget()
     counts_all: dict[str, dict[str, int]] = {}
@@ -303,8 +324,9 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
         counts = counts_all.get(inst, {})
         step_rows = rows if is_step[mine].all() else rows[is_step[mine]]
         tok = rows_of(tokens, inst)
+        coded = None
         if len(step_rows) and len(tok):
-            u, source = _token_units(inst, step_rows, tok), "token_gaps"
+            (u, *coded), source = _token_units(inst, step_rows, tok, (itl or {}).get(inst)), "token_gaps"
         elif len(step_rows):
             dec = step_rows["has_decode"].fillna(False).astype(bool)
             # no decode rows known (a trace without token counts): every step, as the headline P99 does
@@ -312,7 +334,10 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame) -
             u, source = _row_units(inst, step_rows[keep], weighted=False), "step_latency"
         else:
             u, source = _row_units(inst, rows, weighted=True), "interval_itl"
-        insts[inst] = _instance_budget(u, source, counts)
+        insts[inst] = _instance_budget(u, source, counts, coded)
         frames.append(u)
-    units = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=UNIT_COLUMNS)
+    if len(frames) == 1:  # one instance: no concatenation copy of a million units
+        units = frames[0].reset_index(drop=True)
+    else:
+        units = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=UNIT_COLUMNS)
     return Budget(instances=insts, units=units)

@@ -69,7 +69,7 @@ def _work(insts: list[str]):
     tl, cfg = _STATE["timeline"], _STATE["config"]
     part = diagnose_part(tl, cfg, insts)
     steps = pd.concat(part.frames, ignore_index=True) if part.frames else None
-    budget = budget_of(tl.tokens, steps, spike_frame(part.spikes)) if steps is not None else Budget()
+    budget = budget_of(tl.tokens, steps, spike_frame(part.spikes), part.itl) if steps is not None else Budget()
     return part, budget
 
 

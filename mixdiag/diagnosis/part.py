@@ -6,7 +6,7 @@ the rules attribute each spike.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -15,9 +15,10 @@ from mixdiag.causes import SIGNALS
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.interval_batch import interval_pipeline, interval_views
 from mixdiag.diagnosis.detection.signals import graph_off_decode_column, looks_like_llm_serving, signal_quality
-from mixdiag.diagnosis.detection.spikes import rows_of, spike_rows
+from mixdiag.diagnosis.detection.spikes import itl_events, rows_of, spike_rows
 from mixdiag.diagnosis.detection.step_view import step_pipeline, window_mean_latency
-from mixdiag.diagnosis.evidence.fusion import couple_ranks, engine_of, faults_seen_by_intervals, fuse_evidence
+from mixdiag.diagnosis.evidence.fusion import (couple_ranks, engine_of, faults_seen_by_intervals, fuse_evidence,
+                                               listed_servers)
 from mixdiag.diagnosis.rules.attribution import attribute_spike
 from mixdiag.diagnosis.rules.fused_rules import attribute_between_steps, attribute_preemptions
 from mixdiag.schema import Timeline
@@ -48,12 +49,16 @@ def _spike(inst: str, row: pd.Series, itl_s, baseline_s, a, missing: list) -> di
 class Part:
     """What detection and attribution found for some instances: their signal frames (in instance
     order), spike records (per instance in the order attribution made them), per-instance
-    summaries, and which instances do not look like LLM serving."""
+    summaries, which instances do not look like LLM serving, and the ITL events detection built from
+    each instance's tokens (instance -> ``itl_events`` frame: the budget and the ITL summary read
+    them instead of sorting a million token events again) with how many token rows they cover."""
 
     frames: list
     spikes: list
     instances: dict
     not_llm: list
+    itl: dict = field(default_factory=dict)
+    itl_token_rows: int = 0
 
 
 def _instance_rows(steps: pd.DataFrame, insts) -> dict:
@@ -85,12 +90,15 @@ def _summary(ctx, source: str) -> dict:
 
 def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
     """Detection: ``[(frame, [(instance, context, latency source), ...])]`` - one frame for all interval-only
-    instances (detection/interval_batch.py), else one per instance - and ``[(instance, frame)]`` per instance
-    where frames are per instance."""
+    instances (detection/interval_batch.py), else one per instance - ``[(instance, frame)]`` per instance
+    where frames are per instance, ``{instance: itl_events frame}`` of the instances with token events and
+    the token rows those cover."""
+    itl: dict = {}
+    n_tok = 0
     if not has_steps:
         batch = interval_views(timeline, cfg, insts)
         if batch is not None:
-            return [(batch[0], [(inst, ctx, "interval_itl_quantiles") for inst, ctx in batch[2]])], []
+            return [(batch[0], [(inst, ctx, "interval_itl_quantiles") for inst, ctx in batch[2]])], [], itl, n_tok
     # interval-only inputs have no step view to protect from interval-seen faults
     seen_faulty = faults_seen_by_intervals(timeline, cfg) if has_steps else {}
     by_inst = _instance_rows(timeline.steps, insts)
@@ -105,15 +113,17 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
         is_step = (rows["granularity"] == "step").to_numpy()
         step_rows = rows if is_step.all() else rows[is_step]
         if len(step_rows):
+            if len(tokens):
+                itl[inst], n_tok = itl_events(tokens), n_tok + len(tokens)
             sig, ctx, period, source = step_pipeline(inst, step_rows, tokens, quality, cfg, seen_faulty.get(inst),
-                                                     window_mean_latency(timeline.meta, inst))
+                                                     window_mean_latency(timeline.meta, inst), itl.get(inst))
         else:
             sig, ctx, period, source = interval_pipeline(rows, quality, cfg)
         sig["instance"] = inst
         ctx = replace(ctx, llm_like=looks_like_llm_serving(sig, len(tokens) > 0, cfg.signals))
         owners.append((sig, [(inst, ctx, source)]))
         views.append((inst, sig))
-    return owners, views
+    return owners, views, itl, n_tok
 
 
 def _token_views_own_latency(owners) -> set:
@@ -169,10 +179,11 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
 def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     spikes = []
     has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
-    owners, views = _views(timeline, cfg, insts, has_steps)
+    owners, views, itl, n_tok = _views(timeline, cfg, insts, has_steps)
     instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
     frames = [sig for sig, _ in owners]
-    has_step_view = fuse_evidence(frames, cfg)  # each view's rows get the other view's evidence
+    # each view's rows get the other view's evidence (views of one server only: as the collectors listed them)
+    has_step_view = fuse_evidence(frames, cfg, listed_servers(timeline.meta))
     by_tokens = _token_views_own_latency(owners)
     # EP ranks of one engine: each step row learns what its peers' same step held
     couple_ranks(frames, cfg.fusion.rank_align)
@@ -216,4 +227,5 @@ def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
             f.loc[iv, "cause"] = [kept.get(k) for k in keys]
             f.loc[iv, "is_spike"] = [k in kept for k in keys]
     return Part(frames=frames, spikes=spikes, instances=instances,
-                not_llm=[inst for _, ctxs in owners for inst, ctx, _ in ctxs if not ctx.llm_like])
+                not_llm=[inst for _, ctxs in owners for inst, ctx, _ in ctxs if not ctx.llm_like], itl=itl,
+                itl_token_rows=n_tok)

@@ -15,7 +15,7 @@ from mixdiag.causes import CAUSES, VERDICT_LEAD
 from mixdiag.diagnosis.budget import Budget, budget_of
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.spikes import itl_values
-from mixdiag.diagnosis.evidence.fusion import engine_of
+from mixdiag.diagnosis.evidence.fusion import engine_keys, engine_of, listed_servers
 from mixdiag.diagnosis.part import Part
 from mixdiag.diagnosis.rules.decomposition import Regimes, regime_sentence, regimes_json, regimes_of
 from mixdiag.schema import Column, Timeline
@@ -254,11 +254,15 @@ class Diagnosis:
                 "instances": self.instances}
 
 
-def itl_summary(tl: Timeline, steps: pd.DataFrame) -> dict:
+def itl_summary(tl: Timeline, steps: pd.DataFrame, part: Part | None = None) -> dict:
     """ITL P50/P99/max (s) and their source: token events, else decode step latency, else the
-    interval quantiles' medians (max = the largest interval P99)."""
+    interval quantiles' medians (max = the largest interval P99). ``part``: its ITL events are read
+    when they cover every token event (the same values in another order: the same quantiles)."""
     if len(tl.tokens):
-        v = itl_values(tl.tokens)  # Timeline.itl()'s values, in request order: same quantiles
+        if part is not None and part.itl and part.itl_token_rows == len(tl.tokens):
+            v = np.concatenate([f["itl_s"].to_numpy(dtype="float64") for f in part.itl.values()])
+        else:
+            v = itl_values(tl.tokens)  # Timeline.itl()'s values, in request order: same quantiles
         src = "token_events"
     else:
         st = steps[(steps["granularity"] == "step")]
@@ -330,6 +334,40 @@ def with_sources(instances: dict, listing: dict) -> dict:
     return out
 
 
+def counted_once(steps: pd.DataFrame, frames: list, meta: dict) -> pd.DataFrame:
+    """The rows of ``steps`` whose latency is counted (budget, regimes): all but the interval rows of a
+    server's interval view (scrapes) that lie within the time its step view with per-step latency covers
+    (client records, a log, a trace): their midpoint inside it. Both views measured the same token gaps
+    there - the step view finer - so counting both would add one server's excess twice. Interval rows
+    outside that span still count (scrapes that ran longer than the log)."""
+    if len(frames) < 2 or "latency_s" not in steps.columns:  # one view (frame): nothing counted twice
+        return steps
+    key = engine_keys(frames, listed_servers(meta))
+    span: dict = {}
+    for f in frames:
+        if not len(f) or not (f["granularity"] == "step").any():
+            continue
+        st = f[(f["granularity"] == "step") & f["latency_s"].notna()]
+        if len(st) >= 3:
+            eng = key(str(f["instance"].iloc[0]))
+            lo, hi = float(st["t_start_s"].min()), float(st["t_end_s"].max())
+            span[eng] = (min(lo, span.get(eng, (lo, hi))[0]), max(hi, span.get(eng, (lo, hi))[1]))
+    iv = (steps["granularity"] == "interval").to_numpy()
+    if not span or not iv.any():
+        return steps
+    names = steps["instance"].astype(str).to_numpy()
+    drop = np.zeros(len(steps), dtype=bool)
+    t0, t1 = steps["t_start_s"].to_numpy(dtype="float64"), steps["t_end_s"].to_numpy(dtype="float64")
+    for inst in np.unique(names[iv]):
+        eng = key(inst)
+        if eng not in span:
+            continue
+        lo, hi = span[eng]
+        mid = 0.5 * (t0 + t1)  # an interval straddling the span's edge goes with the side holding most of it
+        drop |= iv & (names == inst) & (mid >= lo) & (mid <= hi)
+    return steps[~drop] if drop.any() else steps
+
+
 def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) -> Diagnosis:
     """The Diagnosis of ``timeline`` from the detection/attribution of all its instances (one
     :class:`~mixdiag.diagnosis.part.Part`, or the parts of parallel.py merged): counts, ITL, verdict,
@@ -337,7 +375,7 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     steps = _frames_or_empty(timeline, part.frames)
     sp = spike_frame(part.spikes)
     by_cause = count_by_cause(sp["cause"])
-    itl = itl_summary(timeline, steps)
+    itl = itl_summary(timeline, steps, part)
     n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
@@ -348,7 +386,8 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
                    f"{cap}. {verdict}")
     elif not_llm:
         verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cap})."
-    regimes = regimes_of(steps, cfg.regimes)
+    once = counted_once(steps, part.frames, timeline.meta)  # one server's views: its latency counted once
+    regimes = regimes_of(once, cfg.regimes)
     said = regime_sentence(regimes)
     if said:  # saturation leads: it is the level every spike stands on
         verdict = f"{said} {verdict}" if any(s.get("saturated") for s in regimes.saturation.values()) else f"{verdict} {said}"
@@ -356,4 +395,4 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     return Diagnosis(spikes=sp, steps=steps, by_cause=by_cause, verdict=verdict, itl=itl, headline=headline,
                      instances=with_sources(part.instances, timeline.meta.get("instance_sources") or {}), config=cfg,
                      regimes=regimes,
-                     budget=budget if budget is not None else budget_of(timeline.tokens, steps, sp))
+                     budget=budget if budget is not None else budget_of(timeline.tokens, once, sp, part.itl))

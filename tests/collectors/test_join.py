@@ -81,6 +81,20 @@ def test_client_records_and_scrapes_count_each_spike_once(run_dir, tmp_path):
     # the stalls the client saw are named once each: a stall is host_stall or unknown, never both
     stalls = sp[sp["cause"].isin(["host_stall", "unknown"])].sort_values("t_s")
     assert not (stalls["t_s"].diff() < 1e-3).any()
+    # the server's token time and excess are counted once too: the scrapes' ITL histogram saw the same
+    # gaps the client did (budget and regimes read the finer view only where both cover the time)
+    assert_counted_once(d, alone)
+
+
+def assert_counted_once(d, alone):
+    """``d`` (one server from several inputs) counts the token time, excess and episodes ``alone`` (its
+    client records alone) counts: no second count from the scrapes of the same gaps."""
+    tt = {k: v["token_time_s"] for k, v in d.budget.to_json()["instances"].items()}
+    alone_tt = sum(v["token_time_s"] for v in alone.budget.to_json()["instances"].values())
+    assert sum(tt.values()) == pytest.approx(alone_tt, rel=1e-9), tt
+    assert d.budget.to_json()["total"]["excess_s"] == pytest.approx(alone.budget.to_json()["total"]["excess_s"])
+    assert sum(d.regimes.excess_by_cause().values()) == pytest.approx(sum(alone.regimes.excess_by_cause().values()))
+    assert len(d.regimes.episodes) == len(alone.regimes.episodes)
 
 
 def test_explicit_instance_overrides_the_join(run_dir):
@@ -90,6 +104,61 @@ def test_explicit_instance_overrides_the_join(run_dir):
     assert tl.meta["instance_sources"]["a"]["joined_by"] == "--instance"
     both = load([log, scrapes], join={"srv": [log, scrapes]})
     assert set(both.instances) == {"srv", "srv@intervals"}
+
+
+def _per_instance(d, name):
+    sp = d.spikes[d.spikes["instance"] == name]
+    return list(zip(sp["step"], sp["granularity"], sp["cause"]))
+
+
+@pytest.mark.parametrize("first", ["engine.log", "client"])
+def test_inputs_named_apart_are_diagnosed_apart(run_dir, tmp_path, first):
+    """Explicit names win over inference: a log (or client records) and the scrapes of one run, named as two
+    instances with --instance, are diagnosed as each alone - no evidence fused across them, no interval spike
+    absorbed by the other's steps - although their clocks overlap as one server's would."""
+    a = str(client_file(run_dir, tmp_path / "client.jsonl")) if first == "client" else str(run_dir / first)
+    b = str(run_dir / "scrapes")
+    d = diagnose(load([a, b], join={"a": [a], "b": [b]}))
+    assert d.headline.instances == ("a", "b")
+    for name, path in (("a", a), ("b", b)):
+        alone = diagnose(load([path], join={name: [path]}))
+        assert _per_instance(d, name) == _per_instance(alone, name), name
+    a_rows = d.steps[d.steps["instance"] == "a"]
+    assert a_rows["fused_interval"].isna().all()
+    joined = diagnose(load([a, b]))  # without the names: one server (the overlap rule), as before
+    assert len(joined.headline.instances) == 1
+
+
+def test_two_servers_logs_named_apart_stay_two(run_dir, tmp_path):
+    """Two servers' logs (same role, same minutes) named apart, one of them with its scrapes: two servers,
+    each counted as its own inputs alone; the report lists each server's sources."""
+    from mixdiag.report import render
+
+    la, lb = tmp_path / "a.log", tmp_path / "b.log"
+    la.write_text((run_dir / "engine.log").read_text())
+    lb.write_text((run_dir / "engine.log").read_text())
+    scrapes = str(run_dir / "scrapes")
+    d = diagnose(load([str(la), str(lb), scrapes], join={"A": [str(la), scrapes], "B": [str(lb)]}))
+    assert d.headline.instances == ("A", "B")
+    assert _per_instance(d, "B") == _per_instance(diagnose(load([str(lb)], join={"B": [str(lb)]})), "B")
+    both = diagnose(load([str(la), scrapes], join={"A": [str(la), scrapes]}))
+    assert _per_instance(d, "A") == _per_instance(both, "A")
+    text = render(d)
+    assert f"A: one server from 2 inputs (--instance): {la} (vllm-log), {scrapes} (prom-text)" in text
+    assert f"B: one server from {lb} (vllm-log; --instance)" in text
+
+
+def test_log_scrapes_and_client_records_of_one_server_are_one_instance(run_dir, tmp_path):
+    """One server's log, scrape directory and client records: one instance listing its three sources; each
+    spike, each token gap's excess and each episode counted once (as the client records alone count them)."""
+    client = str(client_file(run_dir, tmp_path / "client.jsonl"))
+    paths = [str(run_dir / "engine.log"), str(run_dir / "scrapes"), client]
+    d = diagnose(load(paths))
+    (name,) = d.headline.instances
+    assert [s["role"] for s in d.to_json()["instances"][name]["sources"]] == ["log", "scrapes", "client"]
+    alone = diagnose(load(client))
+    assert d.headline.n_spikes == alone.headline.n_spikes > 0, (d.by_cause, alone.by_cause)
+    assert_counted_once(d, alone)
 
 
 def test_two_servers_with_different_model_names_stay_two(run_dir, tmp_path):

@@ -28,12 +28,29 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.diagnosis.config import RegimeConfig
+from mixdiag.diagnosis.row_arrays import RowArrays, as_rows
 
 #: standard-normal quantiles at 0.25 and 0.05 (the low side the reference is read from)
 _Z25, _Z05 = -0.6745, -1.6449
 
 EPISODE_COLUMNS = ["instance", "episode", "row_start", "row_end", "t_start_s", "t_end_s", "rows",
                    "reference_s", "median_latency_s", "ratio", "excess_s"]
+
+
+#: samples up to this size take their median from a full sort (np.median's per-call overhead, ~20 us,
+#: is most of the cost on a fleet instance's 60 rows); larger ones use np.median's partition
+_SORT_MEDIAN_MAX = 2048
+
+
+def _median(v: np.ndarray) -> float:
+    """``np.median`` of a non-empty finite 1-D sample, bit for bit (the middle value, or the mean of the
+    two middle ones computed as numpy does: their sum / 2)."""
+    n = len(v)
+    if n > _SORT_MEDIAN_MAX:
+        return float(np.median(v))
+    s = np.sort(v)
+    h = n // 2
+    return float(s[h]) if n % 2 else float((s[h - 1] + s[h]) / 2)
 
 
 def low_side_reference(values: np.ndarray, rounds: int = 3) -> tuple[float, float]:
@@ -53,8 +70,8 @@ def low_side_reference(values: np.ndarray, rounds: int = 3) -> tuple[float, floa
         inl = v[v <= centre + 3.0 * sigma]
         if len(inl) < 3:
             break
-        centre = float(np.median(inl))
-        sigma = float(1.4826 * np.median(np.abs(inl - centre)))
+        centre = _median(inl)
+        sigma = float(1.4826 * _median(np.abs(inl - centre)))
     return float(centre), float(sigma)
 
 
@@ -68,7 +85,11 @@ def reference(latency: np.ndarray, strata: np.ndarray | None = None, use: np.nda
     centre = np.full(len(lat), c0)
     sigma = np.full(len(lat), s0)
     if strata is not None and len(lat):
-        codes, uniq = pd.factorize(pd.Series(strata), sort=True)
+        strata = np.asarray(strata)
+        if strata.dtype.kind in "iub":  # integer bins (LatencyView): the same sorted codes, without a Series
+            uniq, codes = np.unique(strata, return_inverse=True)
+        else:
+            codes, uniq = pd.factorize(pd.Series(strata), sort=True)
         for k in range(len(uniq)):
             mine = codes == k
             pick = mine & use
@@ -89,9 +110,15 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 def elevated(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray, cfg: RegimeConfig = RegimeConfig()) -> np.ndarray:
     """Rows whose centred rolling median stands above the reference (ratio and noise guard)."""
-    lat = pd.Series(np.asarray(latency, dtype=float))
-    smooth = lat.rolling(cfg.smooth_rows, center=True, min_periods=max(1, cfg.smooth_rows // 2 + 1)).median().to_numpy()
+    lat = np.asarray(latency, dtype=float)
     bar = np.maximum(cfg.ratio * centre, centre + cfg.sigma_k * sigma)
+    with np.errstate(invalid="ignore"):
+        # a rolling median never exceeds the largest value it covers: no row above the lowest bar, none elevated
+        finite = lat[np.isfinite(lat)]
+        if not len(finite) or not np.isfinite(bar).any() or finite.max() <= np.nanmin(bar):
+            return np.zeros(len(lat), dtype=bool)
+    smooth = pd.Series(lat).rolling(cfg.smooth_rows, center=True,
+                                    min_periods=max(1, cfg.smooth_rows // 2 + 1)).median().to_numpy()
     with np.errstate(invalid="ignore"):
         return np.isfinite(smooth) & np.isfinite(bar) & (smooth > bar)
 
@@ -102,6 +129,12 @@ def find_episodes(instance: str, t_s: np.ndarray, latency: np.ndarray, centre: n
 
     ``weight`` is how many token gaps each row's latency stands for (1 per step; an interval's ITL count),
     so ``excess_s`` is the latency the episode added over the reference, in seconds of token time."""
+    return pd.DataFrame(episode_rows(instance, t_s, latency, centre, sigma, cfg, weight), columns=EPISODE_COLUMNS)
+
+
+def episode_rows(instance: str, t_s: np.ndarray, latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray,
+                 cfg: RegimeConfig = RegimeConfig(), weight: np.ndarray | None = None) -> list[tuple]:
+    """:func:`find_episodes` as a list of row tuples (no frame per instance: a fleet has thousands)."""
     lat = np.asarray(latency, dtype=float)
     t = np.asarray(t_s, dtype=float)
     w = np.ones(len(lat)) if weight is None else np.asarray(weight, dtype=float)
@@ -124,7 +157,7 @@ def find_episodes(instance: str, t_s: np.ndarray, latency: np.ndarray, centre: n
         ref = float(np.median(ref_seg[ok])) if ok.any() else float("nan")
         rows.append((instance, len(rows), a, b, float(t[a]), float(t[b]), b - a + 1, ref, med,
                      med / ref if ref > 0 else float("nan"), excess))
-    return pd.DataFrame(rows, columns=EPISODE_COLUMNS)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -147,58 +180,54 @@ class LatencyView:
     strata: np.ndarray
 
 
-def _num(frame: pd.DataFrame, col: str) -> np.ndarray:
-    if col not in frame.columns:
-        return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype="float64")
-
-
 def _log2_bins(v: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         b = np.floor(np.log2(np.where(np.isfinite(v) & (v >= 1), v, np.nan)))
     return np.where(np.isfinite(b), b, -1).astype(int)
 
 
-def latency_view(rows: pd.DataFrame) -> LatencyView | None:
+def latency_view(rows: pd.DataFrame | RowArrays) -> LatencyView | None:
     """The rows of one instance (the diagnosis's steps frame) as a :class:`LatencyView`: step rows when
     they carry a latency, interval rows otherwise; None when neither does."""
     if not len(rows):
         return None
-    gran = rows["granularity"].to_numpy()
-    lat_steps = _num(rows, "latency_s")
+    rows = as_rows(rows)
+    gran = rows.raw("granularity")
+    lat_steps = rows.num("latency_s")
     steps = (gran == "step") & np.isfinite(lat_steps)
     if steps.sum() >= 3:
         pos = np.flatnonzero(steps)
-        sub = rows.iloc[pos]
-        dec = _num(sub, "decode_reqs")
+        sub = rows.take(pos)
+        dec = sub.num("decode_reqs")
         weight = np.where(np.isfinite(dec) & (dec >= 1), dec, 1.0)
-        use = sub["decode_only"].to_numpy(dtype=bool) if "decode_only" in sub.columns else np.ones(len(sub), bool)
+        use = sub.bools("decode_only") if sub.has("decode_only") else np.ones(len(sub), bool)
         if use.sum() < 3:
             use = np.ones(len(sub), bool)
-        return LatencyView("step", pos, _num(sub, "t_end_s"), lat_steps[pos], weight, use, _log2_bins(dec))
-    count = _num(rows, "itl_count")
-    mean = _num(rows, "itl_mean_s")
+        return LatencyView("step", pos, sub.num("t_end_s"), lat_steps[pos], weight, use, _log2_bins(dec))
+    count = rows.num("itl_count")
+    mean = rows.num("itl_mean_s")
     ivl = (gran == "interval") & np.isfinite(mean) & (count > 0)
     if ivl.sum() >= 3:
         pos = np.flatnonzero(ivl)
-        sub = rows.iloc[pos]
-        return LatencyView("interval", pos, _num(sub, "t_end_s"), mean[pos], count[pos], np.ones(len(pos), bool),
-                           _log2_bins(_num(sub, "running_reqs")))
+        sub = rows.take(pos)
+        return LatencyView("interval", pos, sub.num("t_end_s"), mean[pos], count[pos], np.ones(len(pos), bool),
+                           _log2_bins(sub.num("running_reqs")))
     return None
 
 
-def saturation(rows: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> dict:
+def saturation(rows: pd.DataFrame | RowArrays, cfg: RegimeConfig = RegimeConfig()) -> dict:
     """Whether the instance ran saturated: requests waited after most rows while the running batch stood at
     its ceiling. Basis: vLLM and SGLang admit a waiting request as soon as the token budget, the batch limit
     (max-num-seqs / max-running-requests) and KV blocks allow, so a queue that persists while the batch is
     at its largest size means admission is capacity-bound, and every token's latency carries the load.
     Where the engine says why requests wait (vLLM 0.32 ``waiting_capacity_reqs``), only those waiting for
     capacity count: a request deferred by a LoRA budget or a KV transfer waits on something else."""
-    waiting = _num(rows, "waiting_capacity_reqs")
+    rows = as_rows(rows)
+    waiting = rows.num("waiting_capacity_reqs")
     capacity = bool(np.isfinite(waiting).any())
     if not capacity:
-        waiting = _num(rows, "waiting_reqs")
-    running = _num(rows, "running_reqs")
+        waiting = rows.num("waiting_reqs")
+    running = rows.num("running_reqs")
     seen = np.isfinite(waiting)
     out = {"saturated": False, "rows": int(seen.sum())}
     if capacity:

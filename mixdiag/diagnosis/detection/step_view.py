@@ -35,10 +35,12 @@ def window_mean_latency(meta: dict, inst: str) -> bool:
 
 
 def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: dict, cfg: DiagnosisConfig,
-                   outside_faulty: np.ndarray | None = None, window_latency: bool = False):
+                   outside_faulty: np.ndarray | None = None, window_latency: bool = False,
+                   itl: pd.DataFrame | None = None):
     """Detection on one instance's step rows: its signal frame (latency, baseline, spikes), context,
     periodicity and latency source. ``outside_faulty``: rows another view of the engine saw a fault
-    in (kept out of the baseline); ``window_latency``: the rows' ``elapsed_s`` is a window mean."""
+    in (kept out of the baseline); ``window_latency``: the rows' ``elapsed_s`` is a window mean;
+    ``itl``: ``itl_events(tokens)`` when the caller has it already (the budget reads it too)."""
     st = step_timing(rows).reset_index(drop=True)
     coarse = _coarse_clock(st)
     if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
@@ -49,7 +51,8 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
         quality = quality | {"host_time": "absent"}
     has_tokens = len(tokens) > 0
     if has_tokens:
-        st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl_events(tokens)).to_numpy()
+        st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl if itl is not None
+                                                                    else itl_events(tokens)).to_numpy()
     else:
         st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
     sig = step_signals(st, cfg.signals)

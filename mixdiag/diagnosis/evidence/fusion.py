@@ -4,7 +4,10 @@ once (by :mod:`mixdiag.diagnosis.rules.attribution`, the only place causes are d
 evidence either view has.
 
 Instances named ``X@source`` (how ``collectors.load`` names clashing inputs) are views of engine
-``X``; a lone step-only view and a lone interval-only view that overlap in time are one engine too.
+``X``; a lone step-only view and a lone interval-only view that overlap in time are one engine too -
+unless the collectors already decided which inputs are one server (``meta["instance_sources"]``,
+collectors/join.py: ``--instance NAME=PATH,...``, labels, overlap and identity hints): then their
+decision stands, and inputs the user named as separate instances are never merged by inference.
 The interval rows' per-kind step counts (``prefill_steps``, ``decode_steps``, ``mixed_steps``) tell
 which steps each interval covers, which lets interval gauges and counters (EP imbalance, off-FULL
 decode dispatches, KV transfers, preemptions) speak for the log steps inside, and lets the ITL sum
@@ -26,14 +29,31 @@ def engine_of(instance: str) -> str:
     return instance.split("@", 1)[0]
 
 
-def _engine_keys(frames: list[pd.DataFrame]):
-    """instance -> engine. ``X@source`` names are views of ``X``; and when the input holds exactly
-    one step-only and one interval-only view overlapping in time (a log and a scrape directory
-    of one server, named after the files), they are one engine."""
-    keys = {str(f["instance"].iloc[0]): engine_of(str(f["instance"].iloc[0])) for f in frames if len(f)}
+def listed_servers(meta: dict | None) -> dict[str, str]:
+    """view -> server from the collectors' listing of which inputs are one server
+    (``meta["instance_sources"]``: NAME -> its ``views``; collectors/join.py). Empty without one
+    (a single input, a Timeline built by hand)."""
+    out: dict[str, str] = {}
+    for name, entry in ((meta or {}).get("instance_sources") or {}).items():
+        for view in (entry or {}).get("views") or [name]:
+            out[str(view)] = str(name)
+    return out
+
+
+def engine_keys(frames: list[pd.DataFrame], listed: dict[str, str] | None = None):
+    """instance -> engine. ``X@source`` names are views of ``X``, or of the server ``listed`` (from
+    :func:`listed_servers`) puts them in; and when the input holds exactly one step-only and one
+    interval-only view overlapping in time (a log and a scrape directory of one server, named after
+    the files) that no listing placed, they are one engine. A listing is the collectors' decision with
+    every hint (explicit ``--instance`` names first, then labels, model names, URLs): inference on time
+    overlap alone never overrides it - two inputs the user named apart stay two servers."""
+    listed = listed or {}
+    keys = {str(f["instance"].iloc[0]): listed.get(str(f["instance"].iloc[0]), engine_of(str(f["instance"].iloc[0])))
+            for f in frames if len(f)}
     step_only = [f for f in frames if len(f) and (f["granularity"] == "step").all()]
     iv_only = [f for f in frames if len(f) and (f["granularity"] == "interval").all()]
-    if len(keys) == 2 and len(step_only) == 1 and len(iv_only) == 1:
+    placed = any(str(f["instance"].iloc[0]) in listed for f in step_only + iv_only)
+    if len(keys) == 2 and len(step_only) == 1 and len(iv_only) == 1 and not placed:
         a, b = step_only[0], iv_only[0]
         lo = max(a["t_start_s"].min(), b["t_start_s"].min())
         hi = min(a["t_end_s"].max(), b["t_end_s"].max())
@@ -159,7 +179,7 @@ def _time_or_count_window(st: pd.DataFrame, ab, r) -> pd.DataFrame:
     return st[(t >= r.t_start_s - 1.0) & (t <= r.t_end_s)]
 
 
-def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
+def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict[str, str] | None = None) -> bool:
     """One engine seen through step rows (log lines, a trace) and interval rows (scrapes): each
     view's rows get the other view's evidence as ``fused_*`` columns (in place); the causes are
     :mod:`~mixdiag.diagnosis.rules.attribution`'s. Returns whether the input has a step view at all.
@@ -172,9 +192,10 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
     whether this step is among the batches that left FULL, its KV transfer, whether a step of its
     own installed that transfer (``fused_pd_install``), its preemptions.
     Intervals are matched to steps by the scrapes' step counters when they add up to the step
-    view's steps, else by time.
+    view's steps, else by time. ``listed``: which views the collectors placed in one server
+    (:func:`listed_servers`).
     """
-    key = _engine_keys(frames)
+    key = engine_keys(frames, listed)
     step_views: dict[str, pd.DataFrame] = {}
     for f in frames:
         st = f[f["granularity"] == "step"]
@@ -341,7 +362,7 @@ def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[s
     baseline, so a fault window longer than half the baseline window still stands out."""
     steps = timeline.steps
     frames = [g.assign(instance=i) for i, g in steps.groupby("instance", sort=True)]
-    key = _engine_keys(frames)
+    key = engine_keys(frames, listed_servers(timeline.meta))
     by_eng: dict[str, dict] = {}
     for f in frames:
         inst = str(f["instance"].iloc[0])

@@ -31,8 +31,8 @@ import pandas as pd
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.config import RegimeConfig
-from mixdiag.diagnosis.labels import label_in
-from mixdiag.diagnosis.detection.regimes import (EPISODE_COLUMNS, LatencyView, find_episodes, latency_view,
+from mixdiag.diagnosis.row_arrays import RowArrays, as_rows
+from mixdiag.diagnosis.detection.regimes import (EPISODE_COLUMNS, LatencyView, episode_rows, latency_view,
                                                 low_side_reference, reference, saturation)
 
 #: the causes a row's excess can be split across (unknown takes the rest)
@@ -45,23 +45,21 @@ STEP_NAMES = {"row_start": "step_start", "row_end": "step_end"}
 EPISODE_RESULT_COLUMNS = [STEP_NAMES.get(c, c) for c in EPISODE_COLUMNS] + ["cause", "shares", "why"]
 
 
-def _num(frame: pd.DataFrame, col: str) -> np.ndarray:
-    if col not in frame.columns:
-        return np.zeros(len(frame))
-    v = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype="float64")
+def _num(rows: RowArrays, col: str) -> np.ndarray:
+    if not rows.has(col):
+        return np.zeros(len(rows))
+    v = rows.num(col)
     return np.where(np.isfinite(v), v, 0.0)
 
 
-def _flag(frame: pd.DataFrame, col: str) -> np.ndarray:
-    if col not in frame.columns:
-        return np.zeros(len(frame), dtype=bool)
-    return frame[col].fillna(False).to_numpy(dtype=bool)
+def _flag(rows: RowArrays, col: str) -> np.ndarray:
+    return rows.flag(col)
 
 
-def _not_estimated(frame: pd.DataFrame, qcol: str) -> np.ndarray:
-    if qcol not in frame.columns:
-        return np.ones(len(frame), dtype=bool)
-    return ~label_in(frame[qcol], ["estimated"], na="nan")  # astype(str) of a missing value: "nan"
+def _not_estimated(rows: RowArrays, qcol: str) -> np.ndarray:
+    if not rows.has(qcol):
+        return np.ones(len(rows), dtype=bool)
+    return ~rows.label_in(qcol, ["estimated"], na="nan")  # astype(str) of a missing value: "nan"
 
 
 def _relative_excess(v: np.ndarray) -> np.ndarray:
@@ -74,8 +72,9 @@ def _relative_excess(v: np.ndarray) -> np.ndarray:
     return np.where(ok, np.clip(v / base - 1.0, 0, None), 0.0)
 
 
-def features(rows: pd.DataFrame, granularity: str) -> np.ndarray:
+def features(rows: pd.DataFrame | RowArrays, granularity: str) -> np.ndarray:
     """Per-row, per-cause evidence (rows x len(SPLIT_CAUSES)), zero where the row shows none."""
+    rows = as_rows(rows)
     n = len(rows)
     f = np.zeros((n, len(SPLIT_CAUSES)))
     col = {c: i for i, c in enumerate(SPLIT_CAUSES)}
@@ -83,7 +82,7 @@ def features(rows: pd.DataFrame, granularity: str) -> np.ndarray:
     graph_ok = _not_estimated(rows, "rq_graph_mode") & _not_estimated(rows, "q_graph_mode")
     ep_ok = _not_estimated(rows, "rq_expert_imbalance")
     kv_ok = _not_estimated(rows, "rq_kv_transfer")
-    imbalance = np.maximum.reduce([_relative_excess(_num(rows, c).copy() if c in rows.columns else np.zeros(n))
+    imbalance = np.maximum.reduce([_relative_excess(_num(rows, c).copy() if rows.has(c) else np.zeros(n))
                                    for c in ("expert_imbalance", "rank_skew", "rank_sm_skew")])
     # a prompt chunk on this rank or a peer makes its rank slower by design (DP-attention ranks: only the rank
     # holding the chunk runs prefill attention) - that skew is mixing's cost, not an expert hotspot's
@@ -245,6 +244,16 @@ def _name(shares: dict[str, float]) -> tuple[str, str]:
     return best, ""
 
 
+def _instance_rows(steps: pd.DataFrame):
+    """``(instance, positions)`` per instance in sorted order, its rows by end time (ties in frame order):
+    what ``groupby("instance", sort=True)`` then a stable ``sort_values("t_end_s")`` gives, from one sort."""
+    codes, names = pd.factorize(steps["instance"], sort=True)
+    order = np.lexsort((steps["t_end_s"].to_numpy(dtype="float64"), codes))
+    order = order[codes[order] >= 0]  # rows without an instance: in no group
+    bounds = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1], True]) if len(order) else [0]
+    return [(names[codes[order[a]]], order[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regimes:
     """Healthy reference, episodes, excess by cause and saturation for every instance of the diagnosis's
     steps frame (the rows with their signals, as ``Diagnosis.steps`` holds them)."""
@@ -252,40 +261,31 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
     if not len(steps):
         return out
     episodes = []
-    for inst, rows in steps.groupby("instance", sort=True):
-        rows = rows.sort_values("t_end_s", kind="stable")
+    every = RowArrays(steps)  # columns converted once, sliced per instance (row_arrays.py: a fleet's thousands)
+    for inst, pos in _instance_rows(steps):
+        rows = every.take(pos)
         out.saturation[str(inst)] = saturation(rows, cfg)
         view: LatencyView | None = latency_view(rows)
         if view is None:
             continue
-        sub = rows.iloc[view.positions]
+        sub = rows.take(view.positions)
         centre, sigma = reference(view.latency_s, view.strata, view.use, cfg)
         parts = split(view.latency_s, centre, view.weight, features(sub, view.granularity))
         names = SPLIT_CAUSES + ("unknown",)
         out.excess_s[str(inst)] = {names[i]: float(v) for i, v in enumerate(parts.sum(axis=0))}
         out.reference[str(inst)] = {"granularity": view.granularity, "rows": int(len(view.latency_s)),
                                     "reference_s": float(np.nanmedian(centre)) if np.isfinite(centre).any() else None}
-        step_no = sub["step"].to_numpy()
+        step_no = sub.raw("step")
         order = np.argsort(step_no, kind="stable")
         out.row_parts[str(inst)] = (step_no[order], parts[order])
         out.row_t[str(inst)] = view.t_s[order]
-        ep = find_episodes(str(inst), view.t_s, view.latency_s, centre, sigma, cfg, view.weight)
-        causes, shares, whys = [], [], []
-        for r in ep.itertuples(index=False):
-            sh = _shares(parts[r.row_start:r.row_end + 1].sum(axis=0))
+        for r in episode_rows(str(inst), view.t_s, view.latency_s, centre, sigma, cfg, view.weight):
+            a, b = r[2], r[3]  # row positions inside the view -> the instance's own step numbers
+            sh = _shares(parts[a:b + 1].sum(axis=0))
             cause, why = _name(sh)
-            causes.append(cause)
-            shares.append(sh)
-            whys.append(why)
-        if len(ep):
-            # row positions inside the view -> the instance's own step numbers
-            ep["row_start"] = step_no[ep["row_start"].to_numpy()]
-            ep["row_end"] = step_no[ep["row_end"].to_numpy()]
-            ep["cause"], ep["shares"], ep["why"] = causes, shares, whys
-            ep = ep.rename(columns=STEP_NAMES)
-            episodes.append(ep)
+            episodes.append((*r[:2], step_no[a], step_no[b], *r[4:], cause, sh, why))
     if episodes:
-        out.episodes = pd.concat(episodes, ignore_index=True)
+        out.episodes = pd.DataFrame(episodes, columns=EPISODE_RESULT_COLUMNS)
     return out
 
 
