@@ -24,8 +24,9 @@ def test_analyze_json_document(run_dir, capsys):
     assert set(doc["steps"]) >= {"total", "by_kind"} and set(doc["itl"]) >= {"p50_s", "p99_s", "max_s"}
     assert {s["step"]: s["cause"] for s in doc["spikes"]} == EXPECTED
     for s in doc["spikes"]:
-        assert set(s) == {"instance", "step", "t_s", "itl_s", "baseline_s", "cause", "confidence", "evidence",
-                          "missing_signals", "shares"}
+        assert set(s) == {"instance", "step", "t_s", "t_start_s", "t_end_s", "itl_s", "baseline_s", "cause",
+                          "confidence", "evidence", "missing_signals", "shares"}
+        assert s["t_start_s"] <= s["t_end_s"]
         assert not s["shares"] or abs(sum(s["shares"].values()) - 1) < 0.01  # shares of the row's excess
 
 
