@@ -150,3 +150,17 @@ def test_spikes_carry_their_shares_in_json():
     mixing = [s for s in doc["spikes"] if s["cause"] == "mixing"]
     assert mixing and all("shares" in s for s in doc["spikes"])
     assert max(mixing[0]["shares"], key=mixing[0]["shares"].get) == "mixing"
+
+
+def test_every_step_of_a_sustained_hotspot_spikes_with_its_cause():
+    # 150 steps at 2.5x: a 41-step rolling median would take the stretch as its norm and leave its middle
+    # unseen; rows of an episode are no baseline reference rows, so every step of it is judged against the
+    # healthy steps around it (detection/step_view.py) and carries the evidence of its own row
+    d = diagnose(_hotspot())
+    st = d.steps.set_index("step")
+    hot = st.loc[300:449]
+    assert hot["is_spike"].all(), hot.index[~hot["is_spike"]].tolist()
+    assert (hot["cause"] == "ep_hotspot").all(), hot["cause"].value_counts()
+    assert st.loc[300:449, "baseline_s"].max() < 0.03   # the healthy level (20 ms), not the fault's 50 ms
+    quiet = st.drop(index=list(range(300, 450)) + [100, 550])
+    assert not quiet["is_spike"].any()

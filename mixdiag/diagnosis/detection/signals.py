@@ -82,8 +82,8 @@ def _low_side_level(values: pd.Series, ref: pd.Series, groups: np.ndarray | None
     g = np.zeros(len(v), dtype=np.int64) if groups is None else np.asarray(groups)
     r = ref.to_numpy(dtype=bool) & np.isfinite(v)
     out = np.full(len(v), np.nan)
-    for k in np.unique(g):
-        mine = g == k
+    for grp in np.unique(g):  # (not ``k``: that is the sigma multiple)
+        mine = g == grp
         pick = mine & r if (mine & r).sum() >= 3 else mine & np.isfinite(v)
         if pick.any():
             centre, sigma = low_side_reference(v[pick])
@@ -143,6 +143,9 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     s["sm_skew_delta"] = smsk - _low_side_level(smsk, ref, groups)
     # a wide window: hotspot windows last tens of steps and must not become their own reference
     imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, cfg.wide_window), groups)
+    # ... never above the instance's healthy band (low-side level of its reference rows): a hotspot holding
+    # most of the window would otherwise be its own reference (regimes.low_side_reference)
+    imb_ref = np.fmin(imb_ref, _low_side_level(s["expert_imbalance"], ref, groups, k=cfg.imbalance_band_sigma))
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
     # KV moving on a side stream inside the step's span (traces): the step waited on it (compute stream idle

@@ -11,6 +11,7 @@ from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity, prefill_events,
                                                  prefill_since_last_decode, row_qualities, step_signals)
+from mixdiag.diagnosis.detection.regimes import sustained_rows
 from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 
@@ -90,6 +91,15 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     norm = decode_graph_norm(sig)
     if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
         ref &= sig["graph_mode"] == norm
+    # A fault lasting longer than half the rolling window (an EP hotspot, a stall before every step for
+    # hundreds of steps) would become its own baseline and only its edges would spike: rows of an episode
+    # against the instance's low-side reference (detection/regimes.py, per decode-batch stratum) are no
+    # reference rows, so the stretch is judged against the healthy steps around it.
+    held = sustained_rows(sig["latency_s"].to_numpy(dtype="float64"), _batch_strata(sig), ref.to_numpy(dtype=bool),
+                          cfg.regimes)
+    if (ref & ~held).sum() >= cfg.spikes.min_periods:
+        ref &= ~held
+    sig["sustained"] = held
     if ref.sum() < cfg.spikes.min_periods:
         ref = visible
     base, sigma = rolling_baseline(sig["latency_s"], ref, cfg.spikes.window_steps, cfg.spikes.min_periods)
@@ -110,6 +120,15 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))
+
+
+def _batch_strata(sig: pd.DataFrame) -> np.ndarray:
+    """log2 bins of the decode batch (-1 unknown): a decode step's cost grows with its batch, so rows are
+    compared with rows of comparable work (regimes.latency_view uses the same bins)."""
+    dec = pd.to_numeric(sig["decode_reqs"], errors="coerce").to_numpy(dtype="float64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = np.floor(np.log2(np.where(np.isfinite(dec) & (dec >= 1), dec, np.nan)))
+    return np.where(np.isfinite(b), b, -1).astype(int)
 
 
 def _with_columns(frame: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
