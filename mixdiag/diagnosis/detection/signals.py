@@ -266,11 +266,29 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
+def kind_unread(sig: pd.DataFrame) -> pd.Series:
+    """Rows whose token allocation the source could not read (no counts, kind unknown)."""
+    return sig["rq_token_allocation"].eq("absent") if "rq_token_allocation" in sig.columns else \
+        ~sig["kind"].isin(["prefill", "decode", "mixed"])
+
+
+def decode_like(sig: pd.DataFrame) -> pd.Series:
+    """Decode-only rows, and rows whose allocation could not be read that replayed the FULL graph (measured):
+    a FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode, SGLang's cuda
+    graph runner captures decode only), while a graph-level trace hides the attention kernels that would say so
+    and a rank that uploaded no prompt calibrates no copies."""
+    full = sig["graph_mode"].eq("FULL") & sig.get("graph_replayed", pd.Series(np.nan, index=sig.index)).ne(0)
+    if "rq_graph_mode" in sig.columns:
+        full &= sig["rq_graph_mode"].eq("measured")
+    return sig["decode_only"].astype(bool) | (kind_unread(sig) & full)
+
+
 def decode_graph_norm(sig: pd.DataFrame) -> str:
-    """The graph mode most decode-only steps of the instance ran in ('unknown' if none known).
+    """The graph mode most decode-only steps of the instance ran in ('unknown' if none known; rows of unread
+    allocation that replayed FULL count as decode, :func:`decode_like`).
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
     (decode steps are the bulk of serving)."""
-    m = sig.loc[sig["decode_only"] & (sig["graph_mode"] != "unknown"), "graph_mode"]
+    m = sig.loc[decode_like(sig) & (sig["graph_mode"] != "unknown"), "graph_mode"]
     if len(m):
         return str(m.mode().iloc[0])
     m = sig.loc[sig["graph_mode"] != "unknown", "graph_mode"]

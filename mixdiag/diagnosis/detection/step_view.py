@@ -9,8 +9,9 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.context import InstanceContext
-from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity, prefill_events,
-                                                 prefill_since_last_decode, row_qualities, step_signals)
+from mixdiag.diagnosis.detection.signals import (decode_graph_norm, decode_like, kind_unread, periodicity,
+                                                 prefill_events, prefill_since_last_decode, row_qualities,
+                                                 step_signals)
 from mixdiag.diagnosis.detection.regimes import sustained_rows
 from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
@@ -74,8 +75,9 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
         # ... and only such a request shows that decodes waited through it (no gap: nobody did)
         sig["decodes_waited"] = sig["has_prefill"] & ~sig["has_decode"] & visible
     elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
-        # a prefill-only step is felt only by decodes that waited through it (signals.decodes_waited)
-        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_waited"])
+        # a prefill-only step is felt only by decodes that waited through it (signals.decodes_waited); a row
+        # whose allocation the source could not read is judged as a source without counts judges every row
+        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_waited"]) | kind_unread(sig)
     else:
         visible = pd.Series(True, index=sig.index)
     # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
@@ -83,8 +85,12 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
     if outside_faulty is not None and len(outside_faulty) == len(sig):
         faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
-    ref = visible & sig["decode_only"] & ~faulty
-    if not sig["decode_only"].any():  # no token counts: every visible step, then its usual graph mode
+    # a measured FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode,
+    # SGLang's cuda graph runner captures decode only): decode rows where the allocation could not be read
+    # (a graph-level trace hides the attention kernels; a rank that uploaded no prompt calibrates no copies)
+    decodeish = decode_like(sig)
+    ref = visible & decodeish & ~faulty
+    if not decodeish.any():  # no token counts: every visible step, then its usual graph mode
         ref = visible & ~faulty
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
