@@ -189,6 +189,11 @@ def latency_view(rows: pd.DataFrame) -> LatencyView | None:
         dec = _num(sub, "decode_reqs")
         weight = np.where(np.isfinite(dec) & (dec >= 1), dec, 1.0)
         use = sub["decode_only"].to_numpy(dtype=bool) if "decode_only" in sub.columns else np.ones(len(sub), bool)
+        if "reference_row" in sub.columns and sub["reference_row"].fillna(False).to_numpy(dtype=bool).sum() >= 3:
+            # the spike baseline's healthy rows (detection/step_view.py): decode steps in the graph mode decode
+            # usually replays, no measured fault - a stretch of eager fallback at a batch size no healthy step ran
+            # must not become its own stratum's reference
+            use = sub["reference_row"].fillna(False).to_numpy(dtype=bool)
         if use.sum() < 3:
             use = np.ones(len(sub), bool)
         return LatencyView("step", pos, _num(sub, "t_end_s"), lat_steps[pos], weight, use, _log2_bins(dec))

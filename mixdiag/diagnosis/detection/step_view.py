@@ -97,6 +97,8 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     norm = decode_graph_norm(sig)
     if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
         ref &= sig["graph_mode"] == norm
+    # the regime stage reads its low-side reference from these rows too (regimes.latency_view)
+    sig["reference_row"] = ref.to_numpy(dtype=bool)
     # A fault lasting longer than half the rolling window (an EP hotspot, a stall before every step for
     # hundreds of steps) would become its own baseline and only its edges would spike: rows of an episode
     # against the instance's low-side reference (detection/regimes.py, per decode-batch stratum) are no
