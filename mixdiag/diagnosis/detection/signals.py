@@ -268,8 +268,9 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
 
 def kind_unread(sig: pd.DataFrame) -> pd.Series:
     """Rows whose token allocation the source could not read (no counts, kind unknown)."""
-    return sig["rq_token_allocation"].eq("absent") if "rq_token_allocation" in sig.columns else \
-        ~sig["kind"].isin(["prefill", "decode", "mixed"])
+    if "rq_token_allocation" in sig.columns:
+        return pd.Series(label_in(sig["rq_token_allocation"], ["absent"]), index=sig.index)
+    return pd.Series(~label_in(sig["kind"], ["prefill", "decode", "mixed"]), index=sig.index)
 
 
 def decode_like(sig: pd.DataFrame) -> pd.Series:
@@ -277,9 +278,9 @@ def decode_like(sig: pd.DataFrame) -> pd.Series:
     a FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode, SGLang's cuda
     graph runner captures decode only), while a graph-level trace hides the attention kernels that would say so
     and a rank that uploaded no prompt calibrates no copies."""
-    full = sig["graph_mode"].eq("FULL") & sig.get("graph_replayed", pd.Series(np.nan, index=sig.index)).ne(0)
-    if "rq_graph_mode" in sig.columns:
-        full &= sig["rq_graph_mode"].eq("measured")
+    full = label_in(sig["graph_mode"], ["FULL"]) & sig.get("graph_replayed", pd.Series(np.nan, index=sig.index)).ne(0)
+    if "rq_graph_mode" in sig.columns:  # label_in: per distinct value, not per row (labels.py)
+        full &= label_in(sig["rq_graph_mode"], ["measured"])
     return sig["decode_only"].astype(bool) | (kind_unread(sig) & full)
 
 
@@ -288,7 +289,8 @@ def decode_graph_norm(sig: pd.DataFrame) -> str:
     allocation that replayed FULL count as decode, :func:`decode_like`).
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
     (decode steps are the bulk of serving)."""
-    m = sig.loc[decode_like(sig) & (sig["graph_mode"] != "unknown"), "graph_mode"]
+    dl = sig["decode_like"].astype(bool) if "decode_like" in sig.columns else decode_like(sig)  # step_view keeps it
+    m = sig.loc[dl & (sig["graph_mode"] != "unknown"), "graph_mode"]
     if len(m):
         return str(m.mode().iloc[0])
     m = sig.loc[sig["graph_mode"] != "unknown", "graph_mode"]

@@ -89,6 +89,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # SGLang's cuda graph runner captures decode only): decode rows where the allocation could not be read
     # (a graph-level trace hides the attention kernels; a rank that uploaded no prompt calibrates no copies)
     decodeish = decode_like(sig)
+    sig["decode_like"] = decodeish
     ref = visible & decodeish & ~faulty
     if not decodeish.any():  # no token counts: every visible step, then its usual graph mode
         ref = visible & ~faulty
