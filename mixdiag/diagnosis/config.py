@@ -42,6 +42,9 @@ class SignalConfig:
     # low_side_reference). A stall longer than half the window would otherwise become its own usual gap.
     # 3: the regimes' own noise guard (RegimeConfig.sigma_k); healthy host gaps vary with load inside it
     gap_band_sigma: float = 3.0
+    # the usual expert imbalance is capped the same way (low-side centre + this x sigma): imbalance only rises
+    # with a hotspot, and one covering most of the wide window would otherwise be its own reference
+    imbalance_band_sigma: float = 3.0
     # imbalance, collective-share and SM-skew references: hotspot windows last tens of steps and
     # must not become their own reference
     wide_window: int = 201
@@ -60,8 +63,8 @@ class SignalConfig:
     def __post_init__(self):
         if min(self.neighbour_window, self.gap_window, self.wide_window) < 3:
             raise ValueError("SignalConfig windows must be >= 3")
-        if self.gap_band_sigma < 0:
-            raise ValueError("SignalConfig.gap_band_sigma must be >= 0")
+        if self.gap_band_sigma < 0 or self.imbalance_band_sigma < 0:
+            raise ValueError("SignalConfig.gap_band_sigma and imbalance_band_sigma must be >= 0")
         if not 0 < self.period_alpha < 1 or not 0 < self.llm_min_share <= 1:
             raise ValueError("SignalConfig.period_alpha must be in (0, 1), llm_min_share in (0, 1]")
         if min(self.period_min_near, self.relation_perms, self.relation_min_rows, self.relation_min_work,

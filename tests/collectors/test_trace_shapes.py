@@ -149,3 +149,23 @@ def test_zero_copy_steps_of_a_non_llm_trace_are_not_decode(tmp_path):
     path, truth = build(shape, tmp_path / "x.sqlite", seed=5, n_steps=40)
     s = nsys.read(path).steps
     assert set(s["kind"]) == {"unknown"} and s["prefill_tokens"].isna().all()
+
+
+def test_fa2_causal_on_every_step_leaves_the_kinds_to_the_copies(tmp_path):
+    """vLLM V1 sync scheduling, FA2 paged, speculative decoding (k = 1): the verification rows keep
+    ``Is_causal`` true in every step (flash_api.cpp clears it only when max_seqlen_q == 1), so the kernel's phase
+    flag marks every step as prompt-bearing and says nothing. query_start_loc and seq_lens are copied whole,
+    padded to max_num_seqs (gpu_model_runner.py ``copy_to_gpu()`` without a length): constant bytes every step.
+    The copies must still tell decode from mixed steps."""
+    from helpers.trace_shapes import fa2_splitkv_spec
+    shape = Shape("vllm_sync_fa2_spec_padded", VLLM_INPUTS, fa2_splitkv_spec, (4, 8, 8), (), False, 8, COMPUTE, "main",
+                  False, False, True, padded_copies=(4 * 1025, 4 * 1024), spec_tokens=1)
+    path, truth = build(shape, tmp_path / "spec.sqlite", seed=7, n_steps=60)
+    s = nsys.read(path).steps
+    sc = score(s, truth)
+    assert sc.recall == 1.0 and sc.precision == 1.0
+    got = s["kind"].to_numpy()[sc.matched]
+    assert (got == truth["kind"].to_numpy()).all(), list(zip(truth["kind"], got))
+    pt = s["prefill_tokens"].to_numpy()[sc.matched]
+    mixed = truth["kind"].to_numpy() == "mixed"
+    assert (pt[~mixed] == 0).all() and (pt[mixed] > 0).all()

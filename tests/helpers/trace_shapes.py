@@ -39,6 +39,12 @@ def fa2_splitkv(prompt: bool) -> list[tuple[str, str]]:
              f"false, false, true, false, false, false>(flash::Flash_fwd_params)", "flash_fwd_splitkv_kernel")]
 
 
+def fa2_splitkv_spec(prompt: bool) -> list[tuple[str, str]]:
+    """FA2 paged under speculative decoding: every decode request carries k + 1 verification rows, so
+    max_seqlen_q > 1 in every step and ``Is_causal`` stays true whether a prompt rides along or not."""
+    return fa2_splitkv(True)
+
+
 def fa3(prompt: bool) -> list[tuple[str, str]]:
     """FlashAttention-3 (hopper/): one persistent cutlass kernel for every phase."""
     return [("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<"
@@ -86,6 +92,8 @@ class Shape:
     per_layer: tuple[str, ...] = ()       # extra kernels per layer (collectives); prompt steps may differ
     per_layer_prompt: tuple[str, ...] | None = None
     layers: int = 4
+    padded_copies: tuple[int, ...] = ()   # H2D bytes copied whole every step (buffers padded to max_num_seqs)
+    spec_tokens: int = 0                  # draft tokens per decode request (verification rows: k + 1 each)
 
     def __post_init__(self):
         if self.wait not in ("main", "output-thread", "next-launch", "none"):
@@ -210,7 +218,7 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60, fmt: st
     windows, pending_wait = [], None
     for p in steps.itertuples(index=False):
         prompt = p.prefill_tokens > 0
-        tokens, reqs = p.prefill_tokens + p.decode_rows, p.sampled_reqs
+        tokens, reqs = p.prefill_tokens + p.decode_rows * (1 + shape.spec_tokens), p.sampled_reqs
         # the host schedules between forwards (0.3-0.9 ms); a synchronous engine has waited for the GPU
         w.cpu += (int(rng.uniform(300, 900)) + int(p.host_stall_us)) * US
         w.first, w.last = None, 0
@@ -219,6 +227,8 @@ def build(shape: Shape, path: Path, *, seed: int = 0, n_steps: int = 60, fmt: st
                 w.copy(b * tokens, 1, COMPUTE)
             for i, b in enumerate(shape.request_copies):
                 w.copy(b * (reqs + (1 if i == 0 else 0)), 1, COMPUTE)
+            for b in shape.padded_copies:
+                w.copy(b, 1, COMPUTE)
         step_us = 3000 + 12 * p.decode_rows + 2 * p.prefill_tokens      # GPU time of the forward
         kern_us = step_us // (shape.layers * 6)
         if not prompt and shape.decode_graph:

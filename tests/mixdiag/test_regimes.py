@@ -150,3 +150,38 @@ def test_spikes_carry_their_shares_in_json():
     mixing = [s for s in doc["spikes"] if s["cause"] == "mixing"]
     assert mixing and all("shares" in s for s in doc["spikes"])
     assert max(mixing[0]["shares"], key=mixing[0]["shares"].get) == "mixing"
+
+
+def test_every_step_of_a_sustained_hotspot_spikes_with_its_cause():
+    # 150 steps at 2.5x: a 41-step rolling median would take the stretch as its norm and leave its middle
+    # unseen; rows of an episode are no baseline reference rows, so every step of it is judged against the
+    # healthy steps around it (detection/step_view.py) and carries the evidence of its own row
+    d = diagnose(_hotspot())
+    st = d.steps.set_index("step")
+    hot = st.loc[300:449]
+    assert hot["is_spike"].all(), hot.index[~hot["is_spike"]].tolist()
+    assert (hot["cause"] == "ep_hotspot").all(), hot["cause"].value_counts()
+    assert st.loc[300:449, "baseline_s"].max() < 0.03   # the healthy level (20 ms), not the fault's 50 ms
+    quiet = st.drop(index=list(range(300, 450)) + [100, 550])
+    assert not quiet["is_spike"].any()
+
+
+def test_a_sustained_fallback_at_a_batch_size_no_healthy_step_ran_is_a_fallback_episode():
+    # decode batches above the largest captured size run eager (vLLM CudagraphDispatcher: no FULL key) for 150
+    # steps; that batch-size stratum holds only fallback rows, so read as its own reference it would hide the
+    # stretch - the regime reference comes from the spike baseline's healthy rows (decode, usual graph mode)
+    rng = np.random.default_rng(4)
+    rows, t = [], 100.0
+    for i in range(500):
+        fb = 200 <= i < 350
+        reqs = 300.0 if fb else 100.0 + (i % 7)
+        dur = (0.05 if fb else 0.02) * rng.uniform(0.98, 1.02)
+        rows.append(dict(instance="e", step=i, t_start_s=t + 0.0005, t_end_s=t + 0.0005 + dur, granularity="step",
+                         kind="decode", prefill_tokens=0.0, decode_rows=reqs, decode_reqs=reqs,
+                         graph_mode="NONE" if fb else "FULL", graph_replayed=1.0, q_token_allocation="measured",
+                         q_graph_mode="measured"))
+        t += 0.0005 + dur
+    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    ep = d.regimes.episodes
+    assert len(ep) == 1 and ep.iloc[0]["cause"] == "graph_fallback", ep
+    assert abs(ep.iloc[0]["step_start"] - 200) <= 3 and abs(ep.iloc[0]["step_end"] - 349) <= 3

@@ -90,3 +90,38 @@ def test_sustained_host_stall_keeps_its_gap_excess_and_names_the_episode():
     cov = _covering(d.regimes.episodes, 150, 269)
     assert len(cov) == 1 and cov.iloc[0]["cause"] == "host_stall", cov
     assert cov.iloc[0]["shares"]["host_stall"] >= 0.8
+
+
+def test_every_step_of_a_sustained_host_stall_spikes_as_host_stall():
+    # the same 120-step stall: each of its steps is a spike named host_stall, not only the stretch's edges
+    import numpy as np
+    import pandas as pd
+    from mixdiag.schema import Timeline
+    rng = np.random.default_rng(5)
+    rows, t = [], 100.0
+    for i in range(400):
+        gap = 0.0008 + (0.03 if 150 <= i < 270 else 0.0)
+        dur = 0.02 * rng.uniform(0.98, 1.02)
+        rows.append(dict(instance="e", step=i, t_start_s=t + gap, t_end_s=t + gap + dur, granularity="step",
+                         kind="decode", prefill_tokens=0.0, decode_rows=64.0, decode_reqs=64.0, graph_mode="FULL",
+                         graph_replayed=1.0, q_token_allocation="measured", q_graph_mode="measured"))
+        t += gap + dur
+    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    sp = d.spikes.set_index("step")
+    assert set(sp.index) == set(range(150, 270))
+    assert (sp["cause"] == "host_stall").all()
+
+
+@pytest.mark.parametrize("n_ranks", [2, 4])
+def test_every_hot_step_inside_full_graphs_spikes_as_ep_hotspot(tmp_path, n_ranks):
+    out = tmp_path / f"ep{n_ranks}.sqlite"
+    hot = range(50, 120)
+    sustained_ep.write(out, n_ranks=n_ranks, hot=hot)
+    d = diagnose(load(out))
+    sp = d.spikes
+    assert len(sp) and not (sp["cause"] == "mixing").any()
+    named = sp[sp["cause"] == "ep_hotspot"]
+    assert set(named["step"]) <= set(hot)
+    # the hot rank's steps last until it ends; every rank waits in the all-to-all: most hot steps spike on each
+    for inst, g in named.groupby("instance"):
+        assert len(g) >= 0.8 * len(hot), (inst, len(g))

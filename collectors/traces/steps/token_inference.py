@@ -53,6 +53,16 @@ def _families_only(s: pd.DataFrame) -> pd.DataFrame:
                         index=s.index)
 
 
+def _phase_flag(pf: np.ndarray, regular: np.ndarray) -> np.ndarray:
+    """The prefill-family flag where it can mark prompt steps, else all False. Decode steps are the bulk of
+    serving (the calibration's premise), so a flag on most regular steps does not mark prompts: FlashAttention-2's
+    split-KV kernel stays causal for any batch whose longest query exceeds one token (spec-decode verification
+    rows; kernel_names.py), and then every step reads as prefill-family. Only copies can tell those steps apart."""
+    if regular.any() and pf[regular].mean() >= 0.5:
+        return np.zeros(len(pf), dtype=bool)
+    return pf
+
+
 def _requests(s: pd.DataFrame) -> np.ndarray:
     """Sampled requests per step from the D2H sizes (NaN where the unit cannot be calibrated)."""
     d2h = s["d2h_bytes"].to_numpy().astype(np.int64)
@@ -124,7 +134,8 @@ def infer_tokens(s: pd.DataFrame, hs: np.ndarray, ordinal: np.ndarray, hb: np.nd
     hist, edges = np.histogram(lr[regular], bins=max(10, int(np.ptp(lr[regular]) / 0.05) + 1))
     k = int(np.argmax(hist))
     mode = (edges[k] + edges[k + 1]) / 2
-    cal = regular & (np.abs(lr - mode) < 0.1) & ~s["prefill_family"].to_numpy()
+    pf = _phase_flag(s["prefill_family"].to_numpy(), regular)
+    cal = regular & (np.abs(lr - mode) < 0.1) & ~pf
     if cal.sum() < max(MIN_DECODE_STEPS, 0.1 * regular.sum()):
         return out
     B = np.zeros((n, n_ord))
@@ -147,7 +158,6 @@ def infer_tokens(s: pd.DataFrame, hs: np.ndarray, ordinal: np.ndarray, hb: np.nd
     tokens = np.full(n, np.nan)
     if any_tok.any():
         tokens[any_tok] = np.nanmedian(est[any_tok], axis=1)
-    pf = s["prefill_family"].to_numpy()
     has_prefill = np.where(regular, any_tok, pf)
     decode_rows = np.where(has_prefill, np.maximum(reqs - 1, 0), reqs)
     prefill = np.where(any_tok, np.round(tokens - decode_rows), np.where(has_prefill, np.nan, 0.0))

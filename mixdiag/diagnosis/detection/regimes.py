@@ -123,6 +123,31 @@ def elevated(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray, cfg: Re
         return np.isfinite(smooth) & np.isfinite(bar) & (smooth > bar)
 
 
+def episode_runs(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray,
+                 cfg: RegimeConfig = RegimeConfig()) -> list[tuple[int, int]]:
+    """[start, end] (inclusive row positions) of each episode: elevated runs merged across gaps of at most
+    ``merge_gap_rows`` rows, kept when at least ``min_rows`` long (shorter ones are spikes)."""
+    merged: list[list[int]] = []
+    for a, b in _runs(elevated(np.asarray(latency, dtype=float), centre, sigma, cfg)):
+        if merged and a - merged[-1][1] - 1 <= cfg.merge_gap_rows:
+            merged[-1][1] = b
+        else:
+            merged.append([a, b])
+    return [(a, b) for a, b in merged if b - a + 1 >= cfg.min_rows]
+
+
+def sustained_rows(latency: np.ndarray, strata: np.ndarray | None, use: np.ndarray,
+                   cfg: RegimeConfig = RegimeConfig()) -> np.ndarray:
+    """Rows inside an episode against the low-side reference of the ``use`` rows (per stratum): the rows a
+    rolling baseline must not learn from, or a fault lasting longer than half its window becomes its own norm."""
+    lat = np.asarray(latency, dtype=float)
+    centre, sigma = reference(lat, strata, use, cfg)
+    out = np.zeros(len(lat), dtype=bool)
+    for a, b in episode_runs(lat, centre, sigma, cfg):
+        out[a:b + 1] = True
+    return out
+
+
 def find_episodes(instance: str, t_s: np.ndarray, latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray,
                   cfg: RegimeConfig = RegimeConfig(), weight: np.ndarray | None = None) -> pd.DataFrame:
     """Episodes of one instance's rows in time order, columns EPISODE_COLUMNS.
@@ -138,17 +163,8 @@ def episode_rows(instance: str, t_s: np.ndarray, latency: np.ndarray, centre: np
     lat = np.asarray(latency, dtype=float)
     t = np.asarray(t_s, dtype=float)
     w = np.ones(len(lat)) if weight is None else np.asarray(weight, dtype=float)
-    runs = _runs(elevated(lat, centre, sigma, cfg))
-    merged: list[list[int]] = []
-    for a, b in runs:
-        if merged and a - merged[-1][1] - 1 <= cfg.merge_gap_rows:
-            merged[-1][1] = b
-        else:
-            merged.append([a, b])
     rows = []
-    for a, b in merged:
-        if b - a + 1 < cfg.min_rows:
-            continue
+    for a, b in episode_runs(lat, centre, sigma, cfg):
         seg = slice(a, b + 1)
         lat_seg, ref_seg = lat[seg], centre[seg]
         ok = np.isfinite(lat_seg) & np.isfinite(ref_seg)
@@ -201,6 +217,11 @@ def latency_view(rows: pd.DataFrame | RowArrays) -> LatencyView | None:
         dec = sub.num("decode_reqs")
         weight = np.where(np.isfinite(dec) & (dec >= 1), dec, 1.0)
         use = sub.bools("decode_only") if sub.has("decode_only") else np.ones(len(sub), bool)
+        if sub.has("reference_row") and sub.flag("reference_row").sum() >= 3:
+            # the spike baseline's healthy rows (detection/step_view.py): decode steps in the graph mode decode
+            # usually replays, no measured fault - a stretch of eager fallback at a batch size no healthy step ran
+            # must not become its own stratum's reference
+            use = sub.flag("reference_row")
         if use.sum() < 3:
             use = np.ones(len(sub), bool)
         return LatencyView("step", pos, sub.num("t_end_s"), lat_steps[pos], weight, use, _log2_bins(dec))

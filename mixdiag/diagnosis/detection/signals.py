@@ -82,8 +82,8 @@ def _low_side_level(values: pd.Series, ref: pd.Series, groups: np.ndarray | None
     g = np.zeros(len(v), dtype=np.int64) if groups is None else np.asarray(groups)
     r = ref.to_numpy(dtype=bool) & np.isfinite(v)
     out = np.full(len(v), np.nan)
-    for k in np.unique(g):
-        mine = g == k
+    for grp in np.unique(g):  # (not ``k``: that is the sigma multiple)
+        mine = g == grp
         pick = mine & r if (mine & r).sum() >= 3 else mine & np.isfinite(v)
         if pick.any():
             centre, sigma = low_side_reference(v[pick])
@@ -143,6 +143,9 @@ def step_signals(steps: pd.DataFrame, cfg: SignalConfig = SignalConfig(), groups
     s["sm_skew_delta"] = smsk - _low_side_level(smsk, ref, groups)
     # a wide window: hotspot windows last tens of steps and must not become their own reference
     imb_ref = _rolling_ref_median(s["expert_imbalance"], ref, max(w, cfg.wide_window), groups)
+    # ... never above the instance's healthy band (low-side level of its reference rows): a hotspot holding
+    # most of the window would otherwise be its own reference (regimes.low_side_reference)
+    imb_ref = np.fmin(imb_ref, _low_side_level(s["expert_imbalance"], ref, groups, k=cfg.imbalance_band_sigma))
     s["imbalance_rel"] = s["expert_imbalance"] / imb_ref.where(imb_ref > 0)
     s["kv_xfer"] = (s["kv_transfer_bytes"].fillna(0) > 0) | (s["kv_transfer_s"].fillna(0) > 0)
     # KV moving on a side stream inside the step's span (traces): the step waited on it (compute stream idle
@@ -263,11 +266,31 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
+def kind_unread(sig: pd.DataFrame) -> pd.Series:
+    """Rows whose token allocation the source could not read (no counts, kind unknown)."""
+    if "rq_token_allocation" in sig.columns:
+        return pd.Series(label_in(sig["rq_token_allocation"], ["absent"]), index=sig.index)
+    return pd.Series(~label_in(sig["kind"], ["prefill", "decode", "mixed"]), index=sig.index)
+
+
+def decode_like(sig: pd.DataFrame) -> pd.Series:
+    """Decode-only rows, and rows whose allocation could not be read that replayed the FULL graph (measured):
+    a FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode, SGLang's cuda
+    graph runner captures decode only), while a graph-level trace hides the attention kernels that would say so
+    and a rank that uploaded no prompt calibrates no copies."""
+    full = label_in(sig["graph_mode"], ["FULL"]) & sig.get("graph_replayed", pd.Series(np.nan, index=sig.index)).ne(0)
+    if "rq_graph_mode" in sig.columns:  # label_in: per distinct value, not per row (labels.py)
+        full &= label_in(sig["rq_graph_mode"], ["measured"])
+    return sig["decode_only"].astype(bool) | (kind_unread(sig) & full)
+
+
 def decode_graph_norm(sig: pd.DataFrame) -> str:
-    """The graph mode most decode-only steps of the instance ran in ('unknown' if none known).
+    """The graph mode most decode-only steps of the instance ran in ('unknown' if none known; rows of unread
+    allocation that replayed FULL count as decode, :func:`decode_like`).
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
     (decode steps are the bulk of serving)."""
-    m = sig.loc[sig["decode_only"] & (sig["graph_mode"] != "unknown"), "graph_mode"]
+    dl = sig["decode_like"].astype(bool) if "decode_like" in sig.columns else decode_like(sig)  # step_view keeps it
+    m = sig.loc[dl & (sig["graph_mode"] != "unknown"), "graph_mode"]
     if len(m):
         return str(m.mode().iloc[0])
     m = sig.loc[sig["graph_mode"] != "unknown", "graph_mode"]

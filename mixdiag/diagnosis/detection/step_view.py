@@ -9,8 +9,10 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.context import InstanceContext
-from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity, prefill_events,
-                                                 prefill_since_last_decode, row_qualities, step_signals)
+from mixdiag.diagnosis.detection.signals import (decode_graph_norm, decode_like, kind_unread, periodicity,
+                                                 prefill_events, prefill_since_last_decode, row_qualities,
+                                                 step_signals)
+from mixdiag.diagnosis.detection.regimes import sustained_rows
 from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
 
@@ -76,8 +78,9 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
         # ... and only such a request shows that decodes waited through it (no gap: nobody did)
         sig["decodes_waited"] = sig["has_prefill"] & ~sig["has_decode"] & visible
     elif quality.get("token_allocation") != "absent" or sig["kind"].isin(["prefill", "decode", "mixed"]).any():
-        # a prefill-only step is felt only by decodes that waited through it (signals.decodes_waited)
-        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_waited"])
+        # a prefill-only step is felt only by decodes that waited through it (signals.decodes_waited); a row
+        # whose allocation the source could not read is judged as a source without counts judges every row
+        visible = sig["has_decode"] | (sig["has_prefill"] & sig["decodes_waited"]) | kind_unread(sig)
     else:
         visible = pd.Series(True, index=sig.index)
     # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
@@ -85,14 +88,30 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
     if outside_faulty is not None and len(outside_faulty) == len(sig):
         faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
-    ref = visible & sig["decode_only"] & ~faulty
-    if not sig["decode_only"].any():  # no token counts: every visible step, then its usual graph mode
+    # a measured FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode,
+    # SGLang's cuda graph runner captures decode only): decode rows where the allocation could not be read
+    # (a graph-level trace hides the attention kernels; a rank that uploaded no prompt calibrates no copies)
+    decodeish = decode_like(sig)
+    sig["decode_like"] = decodeish
+    ref = visible & decodeish & ~faulty
+    if not decodeish.any():  # no token counts: every visible step, then its usual graph mode
         ref = visible & ~faulty
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
     norm = decode_graph_norm(sig)
     if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
         ref &= sig["graph_mode"] == norm
+    # the regime stage reads its low-side reference from these rows too (regimes.latency_view)
+    sig["reference_row"] = ref.to_numpy(dtype=bool)
+    # A fault lasting longer than half the rolling window (an EP hotspot, a stall before every step for
+    # hundreds of steps) would become its own baseline and only its edges would spike: rows of an episode
+    # against the instance's low-side reference (detection/regimes.py, per decode-batch stratum) are no
+    # reference rows, so the stretch is judged against the healthy steps around it.
+    held = sustained_rows(sig["latency_s"].to_numpy(dtype="float64"), _batch_strata(sig), ref.to_numpy(dtype=bool),
+                          cfg.regimes)
+    if (ref & ~held).sum() >= cfg.spikes.min_periods:
+        ref &= ~held
+    sig["sustained"] = held
     if ref.sum() < cfg.spikes.min_periods:
         ref = visible
     base, sigma = rolling_baseline(sig["latency_s"], ref, cfg.spikes.window_steps, cfg.spikes.min_periods)
@@ -113,6 +132,15 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))
+
+
+def _batch_strata(sig: pd.DataFrame) -> np.ndarray:
+    """log2 bins of the decode batch (-1 unknown): a decode step's cost grows with its batch, so rows are
+    compared with rows of comparable work (regimes.latency_view uses the same bins)."""
+    dec = pd.to_numeric(sig["decode_reqs"], errors="coerce").to_numpy(dtype="float64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b = np.floor(np.log2(np.where(np.isfinite(dec) & (dec >= 1), dec, np.nan)))
+    return np.where(np.isfinite(b), b, -1).astype(int)
 
 
 def _with_columns(frame: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
