@@ -200,6 +200,36 @@ def describe() -> str:
     return "\n".join(out)
 
 
+def repeat_label(n: int, value: str) -> np.ndarray:
+    """An object array of ``n`` references to the one ``value``. ``np.full(n, "x", dtype=object)``
+    casts through a numpy string and makes a new str per row (56 MB a million rows)."""
+    return np.full(n, np.array(value, dtype=object))
+
+
+# Copy-on-write (pandas 3, or 2.x with the option on) copies a block before writing into it when
+# another block references its values; a block that references this one forever makes every write
+# into a broadcast NaN block (below) copy first, whichever frame or view of it is written.
+_COW = int(pd.__version__.split(".")[0]) >= 3 or bool(getattr(pd.options.mode, "copy_on_write", False))
+_PINNED = pd.DataFrame({"pin": [np.nan]})._mgr.blocks[0]
+
+
+def nan_columns(names: list[str], index: pd.Index) -> pd.DataFrame:
+    """All-NaN float64 columns ``names`` on ``index`` as one block that holds no memory per row.
+
+    The block is one NaN broadcast to (rows, columns) (strides 0, read-only): 34 absent documented
+    columns of a million-row log were 272 MB. Reads see NaN; a write copies the written column first
+    (copy-on-write, see ``_PINNED``). Without copy-on-write the columns are ordinary arrays.
+    """
+    shape = (len(index), len(names))
+    if _COW:
+        frame = pd.DataFrame(np.broadcast_to(np.nan, shape), columns=names, index=index, copy=False)
+        blocks = getattr(getattr(frame, "_mgr", None), "blocks", ())
+        if len(blocks) == 1 and hasattr(blocks[0], "refs") and hasattr(blocks[0].refs, "add_reference"):
+            blocks[0].refs.add_reference(_PINNED)
+            return frame
+    return pd.DataFrame(np.full(shape, np.nan), columns=names, index=index)
+
+
 def _is_str_dtype(s: pd.Series) -> bool:
     return pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s)
 
@@ -222,8 +252,8 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
                 out[c.name] = None  # all-NaN: filled below
                 continue
             # a Series: the frame constructor would infer pandas' string dtype from a bare object array
-            out[c.name] = pd.Series(np.full(n, c.fill(), dtype=object if c.dtype == "str" else None), index=df.index,
-                                    dtype=object if c.dtype == "str" else None)
+            out[c.name] = pd.Series(repeat_label(n, c.fill()) if c.dtype == "str" else np.full(n, c.fill()),
+                                    index=df.index, dtype=object if c.dtype == "str" else None)
             continue
         s = df[c.name]
         if c.dtype == "str":
@@ -262,15 +292,16 @@ def _coerce(frame: str, df: pd.DataFrame) -> pd.DataFrame:
         if name not in out:
             out[name] = df[name]
     # The documented columns a source does not fill (most of them) are NaN: each run of them in
-    # column order is one 2-D block, so a frame of a million rows stays a few dozen blocks (adding
-    # columns later never fragments it) and nothing is copied to put the columns in order.
+    # column order is one 2-D block (nan_columns: no memory per row), so a frame of a million rows
+    # stays a few dozen blocks (adding columns later never fragments it) and nothing is copied to
+    # put the columns in order.
     keys, parts, i = list(out), [], 0
     while i < len(keys):
         j, nan_run = i, out[keys[i]] is None
         while j < len(keys) and (out[keys[j]] is None) == nan_run:
             j += 1
         run, i = keys[i:j], j
-        parts.append(pd.DataFrame(np.full((n, len(run)), np.nan), columns=run, index=df.index) if nan_run
+        parts.append(nan_columns(run, df.index) if nan_run
                      else pd.DataFrame({c: out[c] for c in run}, index=df.index, copy=False))
     return pd.concat(parts, axis=1) if len(parts) > 1 else parts[0]
 

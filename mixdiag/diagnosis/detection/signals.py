@@ -17,6 +17,7 @@ from mixdiag.causes import SIGNAL_COLUMNS, SIGNALS  # noqa: F401  (SIGNALS re-ex
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import SignalConfig
 from mixdiag.diagnosis.labels import label_codes, label_in
+from mixdiag.schema import repeat_label
 
 
 def _has_data(df: pd.DataFrame, col: str) -> bool:
@@ -251,6 +252,9 @@ QUALITY_COLUMNS = {"token_allocation": "q_token_allocation", "graph_mode": "q_gr
 #: allocation (SM activity from a cost model, a graph mode planned from the batch shape), so they
 #: repeat the allocation instead of checking it; ``inferred`` ones are derived from other rows.
 INDEPENDENT = ("measured",)
+# 0-d object arrays: ``np.where(mask, "absent", objects)`` would cast the literal to a new str object
+# per row (a million rows x five signals: ~300 MB); these put one shared object in every row.
+_ABSENT, _ESTIMATED = np.array("absent", dtype=object), np.array("estimated", dtype=object)
 
 
 def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
@@ -263,7 +267,7 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
     out = pd.DataFrame(index=s.index)
     n = len(s)
     for sig, col in QUALITY_COLUMNS.items():
-        q = np.full(n, quality.get(sig, "absent"), dtype=object)
+        q = repeat_label(n, quality.get(sig, "absent"))
         if col in s.columns:  # per distinct value, not per row (labels.py)
             codes, labels = label_codes(s[col])
             q = np.where(np.isin(labels, ["measured", "inferred", "estimated", "absent"])[codes], labels[codes], q)
@@ -274,7 +278,7 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
                 "graph_replayed", pd.Series(np.nan, index=s.index)).eq(0).to_numpy()
             if col in s.columns:
                 planned &= ~label_in(s[col], ["measured"])
-            q = np.where(planned & (q != "absent"), "estimated", q)
+            q = np.where(planned & (q != "absent"), _ESTIMATED, q)
         elif sig == "token_allocation":
             empty = s[["prefill_tokens", "decode_rows", "decode_reqs"]].isna().all(axis=1).to_numpy() & \
                 ~label_in(s["kind"], ["prefill", "decode", "mixed"], na="\0")
@@ -282,7 +286,7 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
             empty = (s["expert_imbalance"].isna() & s.get("rank_skew", pd.Series(np.nan, index=s.index)).isna()).to_numpy()
         else:
             empty = s[data].isna().all(axis=1).to_numpy() if data else np.ones(n, dtype=bool)
-        out["rq_" + sig] = pd.Series(np.where(empty, "absent", q), index=s.index, dtype=object)
+        out["rq_" + sig] = pd.Series(np.where(empty, _ABSENT, q), index=s.index, dtype=object)
     return out
 
 
