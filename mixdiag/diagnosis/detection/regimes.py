@@ -169,7 +169,7 @@ def latency_view(rows: pd.DataFrame) -> LatencyView | None:
     steps = (gran == "step") & np.isfinite(lat_steps)
     if steps.sum() >= 3:
         pos = np.flatnonzero(steps)
-        sub = rows.iloc[pos]
+        sub = rows if len(pos) == len(rows) else rows.iloc[pos]  # all rows: no copy of every column
         dec = _num(sub, "decode_reqs")
         weight = np.where(np.isfinite(dec) & (dec >= 1), dec, 1.0)
         use = sub["decode_only"].to_numpy(dtype=bool) if "decode_only" in sub.columns else np.ones(len(sub), bool)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.signals import graph_off_decode_column
-from mixdiag.schema import Timeline
+from mixdiag.schema import Timeline, nan_columns
 
 
 def engine_of(instance: str) -> str:
@@ -180,9 +180,11 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
         st = f[f["granularity"] == "step"]
         if len(st):
             step_views[key(str(f["instance"].iloc[0]))] = st.sort_values("step")
+    fused = list(INTERVAL_EVIDENCE + LOG_SHAPE_EVIDENCE + STEP_EVIDENCE)
     for f in frames:
-        for col in INTERVAL_EVIDENCE + LOG_SHAPE_EVIDENCE + STEP_EVIDENCE:
-            f[col] = np.nan
+        empty = nan_columns(fused, f.index)  # NaN without memory per row until a value is written
+        for col in fused:
+            f[col] = empty[col]
     if not step_views:
         return False
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
