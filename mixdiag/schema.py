@@ -35,7 +35,7 @@ import pandas as pd
 from mixdiag.schema_columns import (FRAMES, GRANULARITIES, GRAPH_MODES, SCHEMA_VERSION, SERIES_COLUMNS,  # noqa: F401
                                     SIGNAL_QUALITIES, STEP_KINDS, STEPS_COLUMNS, TOKENS_COLUMNS, Column,
                                     SchemaError, columns, describe)
-from mixdiag.schema_validate import empty, nan_columns, repeat_label, validate  # noqa: F401
+from mixdiag.schema_validate import empty, nan_columns, nan_series, repeat_label, validate  # noqa: F401
 
 
 def _jsonable(obj):

@@ -47,6 +47,12 @@ def nan_columns(names: list[str], index: pd.Index) -> pd.DataFrame:
     return pd.DataFrame(np.full(shape, np.nan), columns=names, index=index)
 
 
+def nan_series(index: pd.Index) -> pd.Series:
+    """One all-NaN float64 column on ``index`` without memory per row (see :func:`nan_columns`):
+    ``frame[col] = nan_series(frame.index)`` in place of ``frame[col] = np.nan``."""
+    return nan_columns(["nan"], index)["nan"]
+
+
 def _is_str_dtype(s: pd.Series) -> bool:
     return pd.api.types.is_object_dtype(s) or pd.api.types.is_string_dtype(s)
 

@@ -13,6 +13,7 @@ from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity,
                                                  prefill_since_last_decode, row_qualities, step_signals)
 from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+from mixdiag.schema import nan_series
 
 
 def _coarse_clock(st: pd.DataFrame) -> bool:
@@ -42,7 +43,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     st = step_timing(rows).reset_index(drop=True)
     coarse = _coarse_clock(st)
     if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
-        st["gap_before_s"] = np.nan
+        st["gap_before_s"] = nan_series(st.index)  # all-NaN columns here hold no memory per row
         st["latency_s"] = st["duration_s"]
         if "elapsed_s" in st.columns and st["elapsed_s"].notna().any():
             st["latency_s"] = pd.to_numeric(st["elapsed_s"], errors="coerce").fillna(st["duration_s"])
@@ -51,15 +52,15 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     if has_tokens:
         st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl_events(tokens)).to_numpy()
     else:
-        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
+        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = nan_series(st.index), 0, nan_series(st.index)
     sig = step_signals(st, cfg.signals)
     sig = _with_columns(sig, row_qualities(sig, quality))
     if coarse:
-        sig["gap_excess_s"] = np.nan
+        sig["gap_excess_s"] = nan_series(sig.index)
     # A decode row whose latency is the collector's estimate of the mean step time since the
     # previous decode row (SGLang's gen throughput) covers a window: the prefill batches logged
     # inside it are evidence for its height (step_rules reads window_*_steps).
-    sig["window_mixed_steps"] = sig["window_stall_steps"] = np.nan
+    sig["window_mixed_steps"] = sig["window_stall_steps"] = nan_series(sig.index)
     if coarse and window_latency and "elapsed_s" in sig.columns:
         mixed, stall = prefill_since_last_decode(sig)
         win = sig["decode_only"] & pd.to_numeric(sig.get("elapsed_s"), errors="coerce").notna()

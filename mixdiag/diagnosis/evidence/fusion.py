@@ -17,7 +17,7 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.signals import graph_off_decode_column
-from mixdiag.schema import Timeline, nan_columns
+from mixdiag.schema import Timeline, nan_columns, nan_series
 
 
 def engine_of(instance: str) -> str:
@@ -296,7 +296,7 @@ def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
     graph), in place; NaN elsewhere."""
     for f in frames:
         for col in RANK_EVIDENCE:
-            f[col] = np.nan
+            f[col] = nan_series(f.index)  # no memory per row until a value is written
     cand = [f for f in frames if len(f) and (f["granularity"] == "step").all() and "comm_share" in f.columns
             and f["comm_share"].fillna(0).gt(0).any()]
     for f in cand:
