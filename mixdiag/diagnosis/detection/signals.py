@@ -19,7 +19,7 @@ from mixdiag.diagnosis.config import SignalConfig
 from mixdiag.diagnosis.detection.periodicity import _binom_sf, period_stats, periodicity, prefill_events  # noqa: F401
 from mixdiag.diagnosis.detection.prefill_relation import (average_ranks, counted_work, rank_relation,  # noqa: F401
                                                           work_near, work_usual)
-from mixdiag.diagnosis.labels import label_codes, label_in
+from mixdiag.diagnosis.labels import equal, label_codes, label_in
 from mixdiag.schema import repeat_label
 
 
@@ -28,7 +28,7 @@ def _has_data(df: pd.DataFrame, col: str) -> bool:
         return False
     s = df[col]
     if col == "graph_mode":
-        return bool((s != "unknown").any())
+        return bool((~equal(s, "unknown")).any())
     return bool(s.notna().any())
 
 
@@ -39,7 +39,7 @@ def signal_quality(meta: dict, instance: str, steps: pd.DataFrame, has_tokens: b
     quality of present data (e.g. ``sm_active: estimated`` on CPU).
     """
     return qualities(meta, instance, lambda col: _has_data(steps, col), has_tokens,
-                     bool(len(steps)) and bool((steps["granularity"] == "step").any()))
+                     bool(len(steps)) and bool(equal(steps["granularity"], "step").any()))
 
 
 def qualities(meta: dict, instance: str, has_data, has_tokens: bool, has_step_rows: bool) -> dict[str, str]:
@@ -210,7 +210,7 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
     when the rows carry per-mode counts and one of those, and only from counts of what ran: a row
     whose ``q_graph_mode`` is not ``measured`` (a dispatcher's plan, ``estimated``) gets NaN - a
     planned mode never shows that a decode pass left the graph."""
-    iv = rows["granularity"] == "interval"
+    iv = equal(rows["granularity"], "interval")
     modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
     if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
         return rows
@@ -237,10 +237,10 @@ def decode_graph_norm(sig: pd.DataFrame) -> str:
     """The graph mode most decode-only steps of the instance ran in ('unknown' if none known).
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
     (decode steps are the bulk of serving)."""
-    m = sig.loc[sig["decode_only"] & (sig["graph_mode"] != "unknown"), "graph_mode"]
+    m = sig.loc[sig["decode_only"] & ~equal(sig["graph_mode"], "unknown"), "graph_mode"]
     if len(m):
         return str(m.mode().iloc[0])
-    m = sig.loc[sig["graph_mode"] != "unknown", "graph_mode"]
+    m = sig.loc[~equal(sig["graph_mode"], "unknown"), "graph_mode"]
     if not len(m):
         return "unknown"
     top = m.value_counts()
@@ -306,7 +306,7 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, cfg: SignalConfi
     rows: True (too little to judge)."""
     if has_tokens or len(sig) < cfg.llm_min_rows:  # too few rows to judge: no claim either way
         return True
-    iv = sig["granularity"] == "interval"
+    iv = equal(sig["granularity"], "interval")
     if iv.any() and interval_decode_evidence(sig[iv], np.zeros(int(iv.sum()), dtype=np.intp))[0]:
         return True
     st = sig[~iv]

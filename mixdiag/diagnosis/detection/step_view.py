@@ -13,6 +13,7 @@ from mixdiag.diagnosis.detection.signals import (decode_graph_norm, periodicity,
                                                  prefill_since_last_decode, row_qualities, step_signals)
 from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+from mixdiag.diagnosis.labels import equal
 from mixdiag.schema import nan_series
 
 
@@ -107,7 +108,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # what each decode batch size costs, measured (graph fallback without a measured graph mode)
     a = cfg.attribution
     sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty, a.shape_min_rows, a.shape_jump))
-    full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
+    full = sig.loc[sig["decode_only"] & equal(sig["graph_mode"], "FULL"), "decode_reqs"].dropna()
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))

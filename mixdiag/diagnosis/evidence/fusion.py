@@ -17,6 +17,7 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.signals import graph_off_decode_column
+from mixdiag.diagnosis.labels import equal
 from mixdiag.schema import Timeline, nan_columns, nan_series
 
 
@@ -31,8 +32,8 @@ def _engine_keys(frames: list[pd.DataFrame]):
     one step-only and one interval-only view overlapping in time (a log and a scrape directory
     of one server, named after the files), they are one engine."""
     keys = {str(f["instance"].iloc[0]): engine_of(str(f["instance"].iloc[0])) for f in frames if len(f)}
-    step_only = [f for f in frames if len(f) and (f["granularity"] == "step").all()]
-    iv_only = [f for f in frames if len(f) and (f["granularity"] == "interval").all()]
+    step_only = [f for f in frames if len(f) and equal(f["granularity"], "step").all()]
+    iv_only = [f for f in frames if len(f) and equal(f["granularity"], "interval").all()]
     if len(keys) == 2 and len(step_only) == 1 and len(iv_only) == 1:
         a, b = step_only[0], iv_only[0]
         lo = max(a["t_start_s"].min(), b["t_start_s"].min())
@@ -92,7 +93,7 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
     request is time requests waited *between* steps. NaN where the step view
     does not cover the interval or the scrapes carry no ITL sum."""
     for f in frames:
-        iv = f[f["granularity"] == "interval"].sort_values("step")
+        iv = f[equal(f["granularity"], "interval")].sort_values("step")
         if not len(iv):
             continue
         inst = str(iv["instance"].iloc[0])
@@ -177,7 +178,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
     key = _engine_keys(frames)
     step_views: dict[str, pd.DataFrame] = {}
     for f in frames:
-        st = f[f["granularity"] == "step"]
+        st = f[equal(f["granularity"], "step")]
         if len(st):
             step_views[key(str(f["instance"].iloc[0]))] = st.sort_values("step")
     fused = list(INTERVAL_EVIDENCE + LOG_SHAPE_EVIDENCE + STEP_EVIDENCE)
@@ -189,7 +190,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
         return False
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for f in frames:
-        iv = f[f["granularity"] == "interval"].sort_values("step")
+        iv = f[equal(f["granularity"], "interval")].sort_values("step")
         eng = key(str(f["instance"].iloc[0])) if len(f) else None
         if len(iv) and eng in step_views:
             r = _interval_step_ranges(iv, step_views[eng])
@@ -202,7 +203,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
              np.asarray(unusual, dtype=float)])
     ivs = {}
     for f in frames:
-        iv = f[f["granularity"] == "interval"]
+        iv = f[equal(f["granularity"], "interval")]
         if not len(iv):
             continue
         inst = str(iv["instance"].iloc[0])
@@ -231,7 +232,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig) -> bool:
         f.loc[iv.index, "fused_recent_stall_steps"] = np.fmax(stall.to_numpy(), stall.shift(1).to_numpy())
         f.loc[iv.index, "is_spike"] = iv["is_spike"].to_numpy(dtype=bool) & ~(np.asarray(slow) > 0)
     for f in frames:
-        st_mask = f["granularity"] == "step"
+        st_mask = equal(f["granularity"], "step")
         if not st_mask.any() or key(str(f["instance"].iloc[0])) not in ivs:
             continue
         eng = key(str(f["instance"].iloc[0]))
@@ -297,7 +298,7 @@ def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
     for f in frames:
         for col in RANK_EVIDENCE:
             f[col] = nan_series(f.index)  # no memory per row until a value is written
-    cand = [f for f in frames if len(f) and (f["granularity"] == "step").all() and "comm_share" in f.columns
+    cand = [f for f in frames if len(f) and equal(f["granularity"], "step").all() and "comm_share" in f.columns
             and f["comm_share"].fillna(0).gt(0).any()]
     for f in cand:
         me = f.set_index("step")
@@ -336,7 +337,7 @@ def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[s
     by_eng: dict[str, dict] = {}
     for f in frames:
         inst = str(f["instance"].iloc[0])
-        kind = "step" if (f["granularity"] == "step").all() else ("interval" if (f["granularity"] == "interval").all() else None)
+        kind = "step" if equal(f["granularity"], "step").all() else ("interval" if equal(f["granularity"], "interval").all() else None)
         if kind:
             by_eng.setdefault(key(inst), {})[kind] = (inst, f)
     out = {}
