@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.errors import UserError
-from mixdiag.schema import Timeline
+from mixdiag.schema import Timeline, repeat_label
 
 from mixdiag.collectors.logs import vllm_clock, vllm_iterations
 from mixdiag.collectors.logs.log_lines import LogRows
@@ -255,7 +255,7 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
     """The step rows of every Iteration line, fast and walked, in line order."""
     f = sl.fast
     nf = len(sl.fast_ln)
-    kind = np.full(nf, "idle", dtype=object)
+    kind = repeat_label(nf, "idle")
     if nf:  # the rule of _iter_row, column-wise (later assignments win, as its elif chain does first)
         kind[f["gr"] > 0] = "decode"
         kind[f["ct"] > 0] = "prefill"
@@ -266,7 +266,7 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
                                                     for r in rows], dtype=float)])
     order = np.argsort(np.concatenate([sl.fast_ln, np.array(rows_ln, dtype=np.int64)]), kind="stable")
     df = {"instance": np.concatenate([f.get("key", np.zeros(0, object)), np.array([r["instance"] for r in rows], dtype=object)]),
-          "t_start_s": t, "t_end_s": t, "granularity": np.full(nf + len(rows), "step", dtype=object),
+          "t_start_s": t, "t_end_s": t, "granularity": repeat_label(nf + len(rows), "step"),
           "kind": np.concatenate([kind, np.array([r["kind"] for r in rows], dtype=object)])}
     for c in _LINE_COLS:
         fc = fast_cols[c] if nf else np.zeros(0)

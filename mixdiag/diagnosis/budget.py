@@ -36,7 +36,7 @@ import pandas as pd
 
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.detection.spikes import itl_events, rows_of
-from mixdiag.diagnosis.labels import label_column
+from mixdiag.diagnosis.labels import equal, label_column
 
 #: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
 BUDGET_CAUSES = (*CAUSES, "none")
@@ -308,7 +308,7 @@ def budget_of(tokens: pd.DataFrame, steps: pd.DataFrame, spikes: pd.DataFrame, i
         for (i, c), n in spikes.groupby(["instance", "cause"], sort=False).size().items():
             counts_all.setdefault(str(i), {})[str(c)] = int(n)
     names = steps["instance"].astype(str)
-    is_step = (steps["granularity"] == "step").to_numpy()
+    is_step = equal(steps["granularity"], "step")
     stepped = set(names[is_step].unique())
     uniq = names.unique()
     only_iv = ~names.isin(stepped)

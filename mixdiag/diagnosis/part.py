@@ -19,6 +19,7 @@ from mixdiag.diagnosis.detection.spikes import itl_events, rows_of, spike_rows
 from mixdiag.diagnosis.detection.step_view import step_pipeline, window_mean_latency
 from mixdiag.diagnosis.evidence.fusion import (couple_ranks, engine_of, faults_seen_by_intervals, fuse_evidence,
                                                listed_servers)
+from mixdiag.diagnosis.labels import equal
 from mixdiag.diagnosis.rules.attribution import attribute_spike
 from mixdiag.diagnosis.rules.fused_rules import attribute_between_steps, attribute_preemptions
 from mixdiag.schema import Timeline
@@ -110,7 +111,7 @@ def _views(timeline: Timeline, cfg: DiagnosisConfig, insts, has_steps: bool):
         tokens = rows_of(timeline.tokens, inst)
         rows = graph_off_decode_column(rows)
         quality = signal_quality(timeline.meta, inst, rows, len(tokens) > 0)
-        is_step = (rows["granularity"] == "step").to_numpy()
+        is_step = equal(rows["granularity"], "step")
         step_rows = rows if is_step.all() else rows[is_step]
         if len(step_rows):
             if len(tokens):
@@ -178,7 +179,7 @@ def diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
 
 def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     spikes = []
-    has_steps = bool(len(timeline.steps)) and bool((timeline.steps["granularity"] == "step").any())
+    has_steps = bool(len(timeline.steps)) and bool(equal(timeline.steps["granularity"], "step").any())
     owners, views, itl, n_tok = _views(timeline, cfg, insts, has_steps)
     instances = {inst: _summary(ctx, source) for _, ctxs in owners for inst, ctx, source in ctxs}
     frames = [sig for sig, _ in owners]
@@ -207,7 +208,7 @@ def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     for judge in ((attribute_between_steps, attribute_preemptions) if has_step_view else ()):
         have = {(sp["instance"], sp["step"]) for sp in spikes if sp["granularity"] == "interval"}
         for inst, sig in views:
-            iv = sig[sig["granularity"] == "interval"].sort_values("step", kind="stable")
+            iv = sig[equal(sig["granularity"], "interval")].sort_values("step", kind="stable")
             for _, row in iv.iterrows():
                 if (inst, int(row["step"])) in have or (a := judge(row, cfg.attribution)) is None:
                     continue
@@ -221,7 +222,7 @@ def _diagnose_part(timeline: Timeline, cfg: DiagnosisConfig, insts) -> Part:
     # keep the steps frame in line with the spikes
     kept = {(sp["instance"], sp["step"]): sp["cause"] for sp in spikes if sp["granularity"] == "interval"}
     for f in frames:
-        iv = f["granularity"] == "interval"
+        iv = equal(f["granularity"], "interval")
         if iv.any():
             keys = list(zip(f.loc[iv, "instance"], f.loc[iv, "step"].astype(int)))
             f.loc[iv, "cause"] = [kept.get(k) for k in keys]

@@ -16,6 +16,7 @@ from mixdiag.diagnosis.budget import Budget, budget_of
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.spikes import itl_values
 from mixdiag.diagnosis.evidence.fusion import engine_keys, engine_of, listed_servers
+from mixdiag.diagnosis.labels import equal
 from mixdiag.diagnosis.part import Part
 from mixdiag.diagnosis.rules.decomposition import Regimes, regime_sentence, regimes_json, regimes_of
 from mixdiag.schema import Column, Timeline
@@ -164,7 +165,7 @@ def count_by_cause(causes) -> dict[str, int]:
 
 def mixed_share(steps: pd.DataFrame) -> float:
     """Share of work steps (prefill, decode, mixed) that were mixed; NaN with no step rows."""
-    s = steps[steps["granularity"] == "step"] if "granularity" in steps else steps
+    s = steps[equal(steps["granularity"], "step")] if "granularity" in steps else steps
     n = int(s["kind"].isin(WORK_KINDS).sum())
     return float((s["kind"] == "mixed").sum() / n) if n else math.nan
 
@@ -231,7 +232,7 @@ class Diagnosis:
     def to_json(self, top: int | None = None) -> dict:
         """The ``mixdiag analyze --json`` document (docs/analyze.md)."""
         st = self.steps
-        step_rows = st[st["granularity"] == "step"] if len(st) else st
+        step_rows = st[equal(st["granularity"], "step")] if len(st) else st
         by_kind = {k: int(v) for k, v in step_rows["kind"].value_counts().sort_index().items()} if len(st) else {}
         spikes = self.spikes.sort_values("t_s", kind="stable")
         if top is not None:
@@ -245,7 +246,7 @@ class Diagnosis:
                          "shares": self.regimes.shares_at(r.instance, int(r.step))})
         return {"verdict": self.verdict,
                 "steps": {"total": int(len(step_rows)), "by_kind": by_kind,
-                          "intervals": int((st["granularity"] == "interval").sum()) if len(st) else 0},
+                          "intervals": int(equal(st["granularity"], "interval").sum()) if len(st) else 0},
                 "itl": self.itl,
                 "spikes": rows,
                 "by_cause": dict(self.by_cause),
@@ -265,7 +266,7 @@ def itl_summary(tl: Timeline, steps: pd.DataFrame, part: Part | None = None) -> 
             v = itl_values(tl.tokens)  # Timeline.itl()'s values, in request order: same quantiles
         src = "token_events"
     else:
-        st = steps[(steps["granularity"] == "step")]
+        st = steps[equal(steps["granularity"], "step")]
         if "latency_s" in st.columns and len(st):
             v = st.loc[st["has_decode"], "latency_s"].dropna().to_numpy()
             if not len(v):  # no decode rows known (a trace without token counts): every step's latency
@@ -376,7 +377,7 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     sp = spike_frame(part.spikes)
     by_cause = count_by_cause(sp["cause"])
     itl = itl_summary(timeline, steps, part)
-    n_step = int((steps["granularity"] == "step").sum()) if len(steps) else 0
+    n_step = int(equal(steps["granularity"], "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
     not_llm, cap = part.not_llm, cfg.attribution.not_llm_cap  # the cap the rules applied (attribution.py)

@@ -45,6 +45,26 @@ def test_optional_columns_filled_honestly():
     assert (st["step"].dtype, st["instance"].dtype) == (np.dtype("int64"), np.dtype(object))
 
 
+def test_absent_columns_cost_no_memory_per_row_and_stay_writable():
+    # a million-row log fills a dozen of ~50 documented columns: the rest must not hold n floats each
+    st = validate("steps", steps_frame(n=1000))
+    for col in ("sm_active", "kv_usage", "comm_s", "itl_p99_s"):
+        v = st[col].to_numpy()
+        assert np.isnan(v).all() and v.strides == (0,), col
+    assert st["prefill_tokens"].to_numpy().strides == (8,)  # a filled column is an ordinary array
+    # writing one absent column (DCGM filling sm_active later) changes that column only
+    st.loc[st["step"] < 3, "sm_active"] = 0.5
+    assert st["sm_active"].head(4).tolist()[:3] == [0.5, 0.5, 0.5] and np.isnan(st["sm_active"].iloc[3])
+    assert st["kv_usage"].isna().all() and st["comm_s"].isna().all()
+    st["kv_usage"] = 0.25
+    assert (st["kv_usage"] == 0.25).all() and st["itl_p99_s"].isna().all()
+    # a view or a shallow copy written alone (the validated frame gone) copies first too
+    view = validate("steps", steps_frame(n=10)).iloc[2:6]
+    view.loc[view.index[0], "comm_s"] = 1.0
+    view.iloc[1, list(view.columns).index("itl_p99_s")] = 2.0
+    assert view["comm_s"].iloc[0] == 1.0 and view["comm_s"].isna().sum() == 3
+    assert view["itl_p99_s"].iloc[1] == 2.0 and view["itl_p99_s"].isna().sum() == 3
+
 BAD_CASES = [
     # (mutation, frame, column named in the message)
     (lambda d: d.drop(columns=["t_start_s"]), "steps", "t_start_s"),

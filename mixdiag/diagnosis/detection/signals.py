@@ -5,19 +5,23 @@ other causes (expert imbalance, KV transfer, preemptions, inter-step gaps).
 Every signal is computed relative to the step's own instance and neighbourhood, so one threshold
 setting serves every model size and load. Which signals a source could not provide is decided
 once, here (:func:`signal_quality`), from ``meta["signals"]`` and from which columns are empty.
+The periodicity test is in :mod:`.periodicity`, the prefill-work / ITL relation of interval rows
+in :mod:`.prefill_relation` (both re-exported here).
 """
 from __future__ import annotations
 
-import functools
-import math
 import numpy as np
 import pandas as pd
 
 from mixdiag.causes import SIGNAL_COLUMNS, SIGNALS  # noqa: F401  (SIGNALS re-exported)
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import SignalConfig
+from mixdiag.diagnosis.detection.periodicity import _binom_sf, period_stats, periodicity, prefill_events  # noqa: F401
+from mixdiag.diagnosis.detection.prefill_relation import (average_ranks, counted_work, rank_relation,  # noqa: F401
+                                                          work_near, work_usual)
 from mixdiag.diagnosis.detection.regimes import low_side_reference
-from mixdiag.diagnosis.labels import label_codes, label_in
+from mixdiag.diagnosis.labels import equal, label_codes, label_in
+from mixdiag.schema import repeat_label
 
 
 def _has_data(df: pd.DataFrame, col: str) -> bool:
@@ -25,7 +29,7 @@ def _has_data(df: pd.DataFrame, col: str) -> bool:
         return False
     s = df[col]
     if col == "graph_mode":
-        return bool((s != "unknown").any())
+        return bool((~equal(s, "unknown")).any())
     return bool(s.notna().any())
 
 
@@ -36,7 +40,7 @@ def signal_quality(meta: dict, instance: str, steps: pd.DataFrame, has_tokens: b
     quality of present data (e.g. ``sm_active: estimated`` on CPU).
     """
     return qualities(meta, instance, lambda col: _has_data(steps, col), has_tokens,
-                     bool(len(steps)) and bool((steps["granularity"] == "step").any()))
+                     bool(len(steps)) and bool(equal(steps["granularity"], "step").any()))
 
 
 def qualities(meta: dict, instance: str, has_data, has_tokens: bool, has_step_rows: bool) -> dict[str, str]:
@@ -243,7 +247,7 @@ def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
     when the rows carry per-mode counts and one of those, and only from counts of what ran: a row
     whose ``q_graph_mode`` is not ``measured`` (a dispatcher's plan, ``estimated``) gets NaN - a
     planned mode never shows that a decode pass left the graph."""
-    iv = rows["granularity"] == "interval"
+    iv = equal(rows["granularity"], "interval")
     modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
     if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
         return rows
@@ -290,10 +294,10 @@ def decode_graph_norm(sig: pd.DataFrame) -> str:
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
     (decode steps are the bulk of serving)."""
     dl = sig["decode_like"].astype(bool) if "decode_like" in sig.columns else decode_like(sig)  # step_view keeps it
-    m = sig.loc[dl & (sig["graph_mode"] != "unknown"), "graph_mode"]
+    m = sig.loc[dl & ~equal(sig["graph_mode"], "unknown"), "graph_mode"]
     if len(m):
         return str(m.mode().iloc[0])
-    m = sig.loc[sig["graph_mode"] != "unknown", "graph_mode"]
+    m = sig.loc[~equal(sig["graph_mode"], "unknown"), "graph_mode"]
     if not len(m):
         return "unknown"
     top = m.value_counts()
@@ -308,6 +312,9 @@ QUALITY_COLUMNS = {"token_allocation": "q_token_allocation", "graph_mode": "q_gr
 #: allocation (SM activity from a cost model, a graph mode planned from the batch shape), so they
 #: repeat the allocation instead of checking it; ``inferred`` ones are derived from other rows.
 INDEPENDENT = ("measured",)
+# 0-d object arrays: ``np.where(mask, "absent", objects)`` would cast the literal to a new str object
+# per row (a million rows x five signals: ~300 MB); these put one shared object in every row.
+_ABSENT, _ESTIMATED = np.array("absent", dtype=object), np.array("estimated", dtype=object)
 
 
 def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
@@ -320,7 +327,7 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
     out = pd.DataFrame(index=s.index)
     n = len(s)
     for sig, col in QUALITY_COLUMNS.items():
-        q = np.full(n, quality.get(sig, "absent"), dtype=object)
+        q = repeat_label(n, quality.get(sig, "absent"))
         if col in s.columns:  # per distinct value, not per row (labels.py)
             codes, labels = label_codes(s[col])
             q = np.where(np.isin(labels, ["measured", "inferred", "estimated", "absent"])[codes], labels[codes], q)
@@ -331,7 +338,7 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
                 "graph_replayed", pd.Series(np.nan, index=s.index)).eq(0).to_numpy()
             if col in s.columns:
                 planned &= ~label_in(s[col], ["measured"])
-            q = np.where(planned & (q != "absent"), "estimated", q)
+            q = np.where(planned & (q != "absent"), _ESTIMATED, q)
         elif sig == "token_allocation":
             empty = s[["prefill_tokens", "decode_rows", "decode_reqs"]].isna().all(axis=1).to_numpy() & \
                 ~label_in(s["kind"], ["prefill", "decode", "mixed"], na="\0")
@@ -339,164 +346,13 @@ def row_qualities(s: pd.DataFrame, quality: dict) -> pd.DataFrame:
             empty = (s["expert_imbalance"].isna() & s.get("rank_skew", pd.Series(np.nan, index=s.index)).isna()).to_numpy()
         else:
             empty = s[data].isna().all(axis=1).to_numpy() if data else np.ones(n, dtype=bool)
-        out["rq_" + sig] = pd.Series(np.where(empty, "absent", q), index=s.index, dtype=object)
+        out["rq_" + sig] = pd.Series(np.where(empty, _ABSENT, q), index=s.index, dtype=object)
     return out
 
 
 def independent(q) -> bool:
     """Whether a signal of quality ``q`` may corroborate the token allocation."""
     return q in INDEPENDENT
-
-
-def prefill_events(sig: pd.DataFrame, use_allocation: bool) -> pd.Series:
-    """Rows where prefill work began: requests arrived (``arrivals`` > 0), and - only when the
-    caller may use it - the token allocation says the row held prefill tokens. Events taken from
-    the token counts never corroborate the token counts (the caller decides)."""
-    ev = sig["arrivals"].fillna(0).gt(0) if "arrivals" in sig.columns else pd.Series(False, index=sig.index)
-    if use_allocation:
-        ev |= sig["has_prefill"].astype(bool)
-    return ev.astype(bool)
-
-
-def _binom_sf(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p), exact, summed in log space (no scipy).
-
-    ``math.comb(n, i) * p ** i`` overflows a float once n passes ~1000 (an hour of spikes), so each
-    term is ``exp(log pmf)``: log pmf(k) from ``math.lgamma``, the next ones by the ratio
-    pmf(i+1)/pmf(i) = (n-i)/(i+1) * p/(1-p) (a cumulative sum of logs), then log-sum-exp. No normal
-    approximation: the exact sum is O(n - k) vectorised, 10^6 terms in milliseconds."""
-    if k <= 0:
-        return 1.0
-    if k > n or p <= 0:
-        return 0.0
-    if p >= 1:
-        return 1.0
-    lp, lq = math.log(p), math.log1p(-p)
-    head = math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lp + (n - k) * lq
-    i = np.arange(k, n, dtype="float64")
-    logs = head + np.concatenate(([0.0], np.cumsum(np.log((n - i) / (i + 1)) + (lp - lq))))
-    top = float(logs.max())
-    return float(min(1.0, math.exp(top + math.log(float(np.exp(logs - top).sum())))))
-
-
-def periodicity(sig: pd.DataFrame, spike_mask: pd.Series, cfg: SignalConfig, events: pd.Series | None = None,
-                candidates: pd.Series | None = None) -> dict:
-    """Do spikes recur in step with prefill work? A binomial test, not a period ratio.
-
-    ``events`` (default: :func:`prefill_events` without the allocation) marks rows where prefill
-    work began. A spike is *near* an event when an event falls on its row or the row before or
-    after. Under the null (spikes placed at random among the ``candidates`` rows - decode-visible
-    rows by default), a spike is near an event with the chance rate ``p0`` = share of candidate
-    rows near one; the test is P(X >= k) for X ~ Binomial(n spikes, p0). ``significant`` when
-    that p-value < ``cfg.period_alpha`` and at least ``cfg.period_min_near`` spikes are near events.
-    Also reports the median spacing of spikes and events (informational only).
-    """
-    if events is None:
-        events = prefill_events(sig, use_allocation=False)
-    events = events.fillna(False).astype(bool)
-    near = events | events.shift(1, fill_value=False) | events.shift(-1, fill_value=False)
-    cand = candidates.fillna(False).astype(bool) if candidates is not None else pd.Series(True, index=sig.index)
-    spikes = spike_mask.fillna(False).astype(bool) & cand
-    n, k = int(spikes.sum()), int((spikes & near).sum())
-    p0 = float(near[cand].mean()) if cand.any() else float("nan")
-    t = sig["t_start_s"]
-    return period_stats(int(events.sum()), n, k, p0, t[events].to_numpy(), t[spikes].to_numpy(), cfg) | {"near": near}
-
-
-def period_stats(n_events: int, n: int, k: int, p0: float, te: np.ndarray, ts: np.ndarray, cfg: SignalConfig) -> dict:
-    """:func:`periodicity`'s figures from its counts: ``n`` spikes, ``k`` of them near an event, the
-    chance rate ``p0``, event times ``te`` and spike times ``ts``."""
-    p = _binom_sf(k, n, p0) if n and np.isfinite(p0) and n_events else float("nan")
-    return {"events": n_events, "spikes": n, "near_share": (k / n) if n else float("nan"),
-            "chance_share": p0, "p_value": p,
-            "significant": bool(np.isfinite(p) and p < cfg.period_alpha and k >= cfg.period_min_near),
-            "spike_period_s": float(np.median(np.diff(ts))) if len(ts) >= 3 else float("nan"),
-            "prefill_period_s": float(np.median(np.diff(te))) if len(te) >= 3 else float("nan")}
-
-
-def rank_relation(work: pd.Series, excess: pd.Series, cfg: SignalConfig) -> dict:
-    """Spearman rank correlation of prefill work per interval with the ITL excess, and a one-sided
-    permutation p-value (``cfg.relation_perms`` shuffles seeded by ``cfg.relation_seed``: the same input gives
-    the same answer). NaN with fewer than ``cfg.relation_min_rows`` intervals or ``cfg.relation_min_work``
-    of them holding prefill work."""
-    w, e = np.asarray(work, dtype=float), np.asarray(excess, dtype=float)
-    m = ~(np.isnan(w) | np.isnan(e))
-    w, e = w[m], e[m]
-    n_work = int((w > 0).sum())
-    # the usual work is what the intervals that did NOT rise held: the half with the least excess (a
-    # spike's own work must not set the level it is judged against; under steady mixing most intervals
-    # hold some prompt work, and only the ones whose decodes waited on more of it spiked)
-    quiet = e <= np.median(e) if len(e) else np.zeros(0, dtype=bool)
-    usual = work_usual(w[quiet] if quiet.sum() >= 3 else w)
-    # one or two intervals with prefill work are a coincidence, not a relation
-    if len(w) < cfg.relation_min_rows or n_work < cfg.relation_min_work or np.ptp(w) == 0 or np.ptp(e) == 0:
-        return {"rho": float("nan"), "p_value": float("nan"), "n": int(len(w)), "n_work": n_work} | usual
-    rw, re_ = average_ranks(w), average_ranks(e)
-    rw, re_ = rw - rw.mean(), re_ - re_.mean()
-    den = float(np.sqrt((rw ** 2).sum() * (re_ ** 2).sum()))
-    rho = float((rw * re_).sum() / den)
-    perm = (rw[_permutations(len(rw), cfg.relation_perms, cfg.relation_seed)] * re_).sum(axis=1) / den
-    p = float((1 + (perm >= rho).sum()) / (cfg.relation_perms + 1))
-    return {"rho": rho, "p_value": p, "n": int(len(w)), "n_work": n_work} | usual
-
-
-def work_usual(w: np.ndarray) -> dict:
-    """The usual prefill work of an instance's quiet intervals (:func:`rank_relation` passes the half
-    with the least ITL excess): median and robust sigma (1.4826 x MAD) of ``w`` (NaN-free). Each interval's own work is read against it (rules/interval_rules.py):
-    steady arrivals put prefill work in nearly every interval, so only work above the usual
-    explains a spike that the usual intervals did not show."""
-    if not len(w):
-        return {"work_median": float("nan"), "work_sigma": float("nan")}
-    med = float(np.median(w))
-    return {"work_median": med, "work_sigma": float(1.4826 * np.median(np.abs(w - med)))}
-
-
-def counted_work(tokens, itl_rows, starved) -> tuple[np.ndarray, dict]:
-    """The prompt-token counter beside a spread work column: per interval its tokens there or in the
-    next interval (it counts a prompt when its prefill completes), starved intervals left out, and
-    its usual level over the intervals with ITL (``count_median``, ``count_sigma``). A second reading
-    of the same prefill: the spread column is an estimate, the counter a count."""
-    t = np.asarray(tokens, dtype=float)
-    near = work_near(np.where(np.asarray(starved, dtype=bool), np.nan, t), counted_late=True)
-    on = np.asarray(itl_rows, dtype=bool) & np.isfinite(t)
-    usual = work_usual(t[on])
-    return near, {"count_median": usual["work_median"], "count_sigma": usual["work_sigma"]}
-
-
-def work_near(work: np.ndarray, counted_late: bool) -> np.ndarray:
-    """Per interval, the prefill work that ran in it: its own, and with ``counted_late`` (a counter
-    that lands a prompt's tokens when its prefill completes - vLLM's prompt counter, arrivals) the
-    next interval's too, since the chunks that slowed this interval may be counted there. A column
-    that already places the work where it ran (``prefill_work_tokens``) is read as it is. NaN where
-    none is known."""
-    w = np.asarray(work, dtype=float)
-    if not counted_late or not len(w):
-        return w.copy()
-    with np.errstate(invalid="ignore"):
-        return np.fmax(w, np.r_[w[1:], np.nan])
-
-
-@functools.lru_cache(maxsize=64)
-def _permutations(n: int, n_perm: int, seed: int) -> np.ndarray:
-    """Row ``i``: the order in which the ``i``-th of ``n_perm`` seeded shuffles puts ``n`` values -
-    the same draws as ``rng.permuted(np.tile(x, (n_perm, 1)), axis=1)`` (a shuffle's swaps depend on
-    the length only), computed once per length for a fleet of same-length instances."""
-    idx = np.random.default_rng(seed).permuted(np.tile(np.arange(n), (n_perm, 1)), axis=1)
-    idx.flags.writeable = False
-    return idx
-
-
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks, ties sharing their mean rank (``pd.Series(x).rank()`` for values without NaN)."""
-    order = np.argsort(x, kind="stable")
-    xs = x[order]
-    first = np.r_[True, xs[1:] != xs[:-1]]
-    start = np.flatnonzero(first)
-    end = np.r_[start[1:], len(x)]  # exclusive
-    mean_rank = (start + 1 + end) / 2.0  # mean of start+1 .. end
-    out = np.empty(len(x), dtype=float)
-    out[order] = np.repeat(mean_rank, end - start)
-    return out
 
 
 def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, cfg: SignalConfig) -> bool:
@@ -507,7 +363,7 @@ def looks_like_llm_serving(sig: pd.DataFrame, has_tokens: bool, cfg: SignalConfi
     rows: True (too little to judge)."""
     if has_tokens or len(sig) < cfg.llm_min_rows:  # too few rows to judge: no claim either way
         return True
-    iv = sig["granularity"] == "interval"
+    iv = equal(sig["granularity"], "interval")
     if iv.any() and interval_decode_evidence(sig[iv], np.zeros(int(iv.sum()), dtype=np.intp))[0]:
         return True
     st = sig[~iv]

@@ -15,6 +15,8 @@ from mixdiag.diagnosis.detection.signals import (decode_graph_norm, decode_like,
 from mixdiag.diagnosis.detection.regimes import sustained_rows
 from mixdiag.diagnosis.detection.shape_cost import shape_cost
 from mixdiag.diagnosis.detection.spikes import charge_itl, is_spike, itl_events, rolling_baseline, step_timing
+from mixdiag.diagnosis.labels import equal
+from mixdiag.schema import nan_series
 
 
 def _coarse_clock(st: pd.DataFrame) -> bool:
@@ -46,7 +48,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     st = step_timing(rows).reset_index(drop=True)
     coarse = _coarse_clock(st)
     if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
-        st["gap_before_s"] = np.nan
+        st["gap_before_s"] = nan_series(st.index)  # all-NaN columns here hold no memory per row
         st["latency_s"] = st["duration_s"]
         if "elapsed_s" in st.columns and st["elapsed_s"].notna().any():
             st["latency_s"] = pd.to_numeric(st["elapsed_s"], errors="coerce").fillna(st["duration_s"])
@@ -56,15 +58,15 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
         st[["itl_max_s", "itl_events", "stall_max_s"]] = charge_itl(st, itl if itl is not None
                                                                     else itl_events(tokens)).to_numpy()
     else:
-        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = np.nan, 0, np.nan
+        st["itl_max_s"], st["itl_events"], st["stall_max_s"] = nan_series(st.index), 0, nan_series(st.index)
     sig = step_signals(st, cfg.signals)
     sig = _with_columns(sig, row_qualities(sig, quality))
     if coarse:
-        sig["gap_excess_s"] = np.nan
+        sig["gap_excess_s"] = nan_series(sig.index)
     # A decode row whose latency is the collector's estimate of the mean step time since the
     # previous decode row (SGLang's gen throughput) covers a window: the prefill batches logged
     # inside it are evidence for its height (step_rules reads window_*_steps).
-    sig["window_mixed_steps"] = sig["window_stall_steps"] = np.nan
+    sig["window_mixed_steps"] = sig["window_stall_steps"] = nan_series(sig.index)
     if coarse and window_latency and "elapsed_s" in sig.columns:
         mixed, stall = prefill_since_last_decode(sig)
         win = sig["decode_only"] & pd.to_numeric(sig.get("elapsed_s"), errors="coerce").notna()
@@ -128,7 +130,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # what each decode batch size costs, measured (graph fallback without a measured graph mode)
     a = cfg.attribution
     sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty, a.shape_min_rows, a.shape_jump))
-    full = sig.loc[sig["decode_only"] & (sig["graph_mode"] == "FULL"), "decode_reqs"].dropna()
+    full = sig.loc[sig["decode_only"] & equal(sig["graph_mode"], "FULL"), "decode_reqs"].dropna()
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))

@@ -20,7 +20,8 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.signals import graph_off_decode_column
-from mixdiag.schema import Timeline
+from mixdiag.diagnosis.labels import equal
+from mixdiag.schema import Timeline, nan_columns, nan_series
 
 
 def engine_of(instance: str) -> str:
@@ -50,8 +51,8 @@ def engine_keys(frames: list[pd.DataFrame], listed: dict[str, str] | None = None
     listed = listed or {}
     keys = {str(f["instance"].iloc[0]): listed.get(str(f["instance"].iloc[0]), engine_of(str(f["instance"].iloc[0])))
             for f in frames if len(f)}
-    step_only = [f for f in frames if len(f) and (f["granularity"] == "step").all()]
-    iv_only = [f for f in frames if len(f) and (f["granularity"] == "interval").all()]
+    step_only = [f for f in frames if len(f) and equal(f["granularity"], "step").all()]
+    iv_only = [f for f in frames if len(f) and equal(f["granularity"], "interval").all()]
     placed = any(str(f["instance"].iloc[0]) in listed for f in step_only + iv_only)
     if len(keys) == 2 and len(step_only) == 1 and len(iv_only) == 1 and not placed:
         a, b = step_only[0], iv_only[0]
@@ -112,7 +113,7 @@ def _host_gaps(frames, step_views, ranges, cfg: DiagnosisConfig, key):
     request is time requests waited *between* steps. NaN where the step view
     does not cover the interval or the scrapes carry no ITL sum."""
     for f in frames:
-        iv = f[f["granularity"] == "interval"].sort_values("step")
+        iv = f[equal(f["granularity"], "interval")].sort_values("step")
         if not len(iv):
             continue
         inst = str(iv["instance"].iloc[0])
@@ -198,17 +199,19 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict
     key = engine_keys(frames, listed)
     step_views: dict[str, pd.DataFrame] = {}
     for f in frames:
-        st = f[f["granularity"] == "step"]
+        st = f[equal(f["granularity"], "step")]
         if len(st):
             step_views[key(str(f["instance"].iloc[0]))] = st.sort_values("step")
+    fused = list(INTERVAL_EVIDENCE + LOG_SHAPE_EVIDENCE + STEP_EVIDENCE)
     for f in frames:
-        for col in INTERVAL_EVIDENCE + LOG_SHAPE_EVIDENCE + STEP_EVIDENCE:
-            f[col] = np.nan
+        empty = nan_columns(fused, f.index)  # NaN without memory per row until a value is written
+        for col in fused:
+            f[col] = empty[col]
     if not step_views:
         return False
     ranges: dict[tuple[str, int], tuple[int, int]] = {}
     for f in frames:
-        iv = f[f["granularity"] == "interval"].sort_values("step")
+        iv = f[equal(f["granularity"], "interval")].sort_values("step")
         eng = key(str(f["instance"].iloc[0])) if len(f) else None
         if len(iv) and eng in step_views:
             r = _interval_step_ranges(iv, step_views[eng])
@@ -221,7 +224,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict
              np.asarray(unusual, dtype=float)])
     ivs = {}
     for f in frames:
-        iv = f[f["granularity"] == "interval"]
+        iv = f[equal(f["granularity"], "interval")]
         if not len(iv):
             continue
         inst = str(iv["instance"].iloc[0])
@@ -250,7 +253,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict
         f.loc[iv.index, "fused_recent_stall_steps"] = np.fmax(stall.to_numpy(), stall.shift(1).to_numpy())
         f.loc[iv.index, "is_spike"] = iv["is_spike"].to_numpy(dtype=bool) & ~(np.asarray(slow) > 0)
     for f in frames:
-        st_mask = f["granularity"] == "step"
+        st_mask = equal(f["granularity"], "step")
         if not st_mask.any() or key(str(f["instance"].iloc[0])) not in ivs:
             continue
         eng = key(str(f["instance"].iloc[0]))
@@ -316,9 +319,9 @@ def couple_ranks(frames: list[pd.DataFrame], align: float) -> None:
     step: a peer whose host stalled kept every rank waiting in the all-to-all), in place; NaN elsewhere."""
     for f in frames:
         for col in RANK_EVIDENCE:
-            f[col] = np.nan
+            f[col] = nan_series(f.index)  # no memory per row until a value is written
     # ranks exchange in visible steps, or the collector found them EP ranks by co-terminating replays
-    cand = [f for f in frames if len(f) and (f["granularity"] == "step").all() and (
+    cand = [f for f in frames if len(f) and equal(f["granularity"], "step").all() and (
             ("comm_share" in f.columns and f["comm_share"].fillna(0).gt(0).any())
             or ("rank_sm_skew" in f.columns and f["rank_sm_skew"].notna().any()))]
     for f in cand:
@@ -366,7 +369,7 @@ def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[s
     by_eng: dict[str, dict] = {}
     for f in frames:
         inst = str(f["instance"].iloc[0])
-        kind = "step" if (f["granularity"] == "step").all() else ("interval" if (f["granularity"] == "interval").all() else None)
+        kind = "step" if equal(f["granularity"], "step").all() else ("interval" if equal(f["granularity"], "interval").all() else None)
         if kind:
             by_eng.setdefault(key(inst), {})[kind] = (inst, f)
     out = {}

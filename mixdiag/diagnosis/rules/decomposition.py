@@ -131,8 +131,10 @@ def nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray, iters: int = 500) -> np.nd
     scale = np.sqrt(np.average(x ** 2, axis=0, weights=w)) if w.sum() > 0 else np.ones(k)
     scale = np.where(scale > 0, scale, 1.0)
     xs = x / scale
-    g = (xs * w[:, None]).T @ xs
-    h = (xs * w[:, None]).T @ y
+    xw = xs * w[:, None]  # once for both products (rows x features: 56 MB a million rows)
+    g = xw.T @ xs
+    h = xw.T @ y
+    del xw
     b = np.zeros(k)
     for _ in range(iters):
         prev = b.copy()
@@ -154,16 +156,17 @@ def split(latency: np.ndarray, centre: np.ndarray, weight: np.ndarray, feats: np
     out = np.zeros((len(y), feats.shape[1] + 1))
     if not ok.any() or not y.any():
         return out
-    present = feats[ok].astype(bool).sum(axis=0) >= 1
+    present = ((feats != 0) & np.asarray(ok)[:, None]).sum(axis=0) >= 1  # a cause seen on some usable row (no copy of feats)
     beta = np.zeros(feats.shape[1])
     if present.any():
+        # (the column pick lays the copy out in Fortran order: the products below sum in that order)
         beta[present] = nnls(feats[ok][:, present], y[ok], weight[ok])
     contrib = feats * beta  # per-token seconds each cause explains
     total = contrib.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         cap = np.where(total > y, y / total, 1.0)
-    contrib = contrib * np.where(np.isfinite(cap), cap, 0.0)[:, None]
-    out[:, :-1] = contrib * weight[:, None]
+    contrib *= np.where(np.isfinite(cap), cap, 0.0)[:, None]  # in place: the same products, no second array
+    np.multiply(contrib, weight[:, None], out=out[:, :-1])
     out[:, -1] = (y - contrib.sum(axis=1)).clip(0) * weight
     return out
 
@@ -276,9 +279,12 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
         out.reference[str(inst)] = {"granularity": view.granularity, "rows": int(len(view.latency_s)),
                                     "reference_s": float(np.nanmedian(centre)) if np.isfinite(centre).any() else None}
         step_no = sub.raw("step")
-        order = np.argsort(step_no, kind="stable")
-        out.row_parts[str(inst)] = (step_no[order], parts[order])
-        out.row_t[str(inst)] = view.t_s[order]
+        if len(step_no) < 2 or bool(np.all(step_no[1:] >= step_no[:-1])):  # in step order already: no copies
+            out.row_parts[str(inst)], out.row_t[str(inst)] = (step_no, parts), view.t_s
+        else:
+            order = np.argsort(step_no, kind="stable")
+            out.row_parts[str(inst)] = (step_no[order], parts[order])
+            out.row_t[str(inst)] = view.t_s[order]
         for r in episode_rows(str(inst), view.t_s, view.latency_s, centre, sigma, cfg, view.weight):
             a, b = r[2], r[3]  # row positions inside the view -> the instance's own step numbers
             sh = _shares(parts[a:b + 1].sum(axis=0))
