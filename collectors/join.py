@@ -231,6 +231,8 @@ def _fill(spine: pd.DataFrame, other: pd.DataFrame, tolerance: float, cols) -> t
     m = m.sort_values("_pos")
     out = spine.reset_index(drop=True).copy()
     for c in cols:
+        if c not in out.columns:  # a column only the other source has (a log's own iteration number): empty here
+            out[c] = pd.Series(np.nan, index=out.index, dtype=other[c].dtype if other[c].dtype.kind == "f" else object)
         take = _empty_cells(out, c).to_numpy() & m[f"_o_{c}"].notna().to_numpy()
         if c in ("kind", "graph_mode", "granularity", "step_source") or out[c].dtype == object:
             take &= ~m[f"_o_{c}"].isin(["unknown", ""]).to_numpy()
@@ -242,11 +244,23 @@ def _fill(spine: pd.DataFrame, other: pd.DataFrame, tolerance: float, cols) -> t
 
 def _spine_first(parts: list[tuple[Input, pd.DataFrame]], tokens_first: bool) -> list[tuple[Input, pd.DataFrame]]:
     """Step parts finest clock first (ties: the one with token events); interval parts with an ITL
-    histogram first, then the shortest intervals."""
+    histogram first, then the shortest intervals. A client's clock is that of its reads: the ends of its
+    rebuilt steps are finer only where one read was split evenly into the steps it held
+    (collectors/clients/client_steps.py), which is no finer measurement."""
     if tokens_first:
-        return sorted(parts, key=lambda p: (resolution(p[1]["t_end_s"]), -len(p[0].timeline.tokens)))
+        return sorted(parts, key=lambda p: (_clock_step(p), -len(p[0].timeline.tokens)))
     return sorted(parts, key=lambda p: (p[1]["itl_count"].isna().all(),
                                         float((p[1]["t_end_s"] - p[1]["t_start_s"]).median())))
+
+
+def _clock_step(part: tuple[Input, pd.DataFrame]) -> float:
+    """The clock step of a step part's ends; for steps rebuilt from client reads, of the reads alone
+    (the ends that are token arrivals), not of the even split of a read into its steps."""
+    inp, rows = part
+    ends = rows["t_end_s"]
+    if len(inp.timeline.tokens) and bool((rows["step_source"] == "client").all()):
+        ends = ends[ends.isin(inp.timeline.tokens["t_s"])]
+    return resolution(ends)
 
 
 def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: list[str]) -> pd.DataFrame:

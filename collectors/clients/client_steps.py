@@ -85,7 +85,9 @@ def _expand_bursts(tok: pd.DataFrame, cid: np.ndarray, ends: np.ndarray) -> tupl
     prev_end = np.r_[ends[0] - (float(np.median(np.diff(ends))) if n > 1 else 0.0), ends[:-1]]
     sub = np.arange(int(k.sum())) - np.repeat(first, k)  # position inside its cluster
     kk = np.repeat(k, k)
-    new_ends = np.repeat(prev_end, k) + (sub + 1) / kk * np.repeat(ends - prev_end, k)
+    # the last step of a read ends exactly at the read (its first arrival): the client's own clock
+    new_ends = np.where(sub + 1 == kk, np.repeat(ends, k),
+                        np.repeat(prev_end, k) + (sub + 1) / kk * np.repeat(ends - prev_end, k))
     return first[cid] + rank, new_ends
 
 
