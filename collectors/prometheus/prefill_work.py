@@ -167,3 +167,55 @@ def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: 
     for r, v in zip(rows, work):
         r["prefill_work_tokens"] = float(v)
     used["prefill_work_tokens"] = source + INFERRED
+
+
+def chunk_ahead(t0, t1, floor, running, prefill_sum, prefill_count) -> np.ndarray:
+    """Per interval: prompt tokens, at least, of the largest iteration that finished a prefill in the
+    interval or within one mean prefill time after it - ``floor`` (the largest iteration's bucket
+    edge) minus the running batch, over intervals ending in ``[t1_i, t1_i + P]``, ``P`` the pooled
+    mean of ``request_prefill_time_seconds``.
+
+    vLLM records a prompt's tokens in ``iteration_tokens_total`` only at the step of its first token,
+    the last chunk carrying the whole prompt (formats.md §1.1, PR #51261): the chunks that ran in
+    interval i show up at the latest one prefill time later. So when no interval up to then logged
+    an iteration beyond the decode batch, no prompt of that size was being prefilled in interval i.
+    Without the prefill-time histogram ``P`` is one interval: the window over which the interval rule
+    reads the late prompt counter. NaN where a needed interval has no reading."""
+    t0, t1 = _relative(t0, t1)
+    fl, run = np.asarray(floor, dtype=float), np.asarray(running, dtype=float)
+    ps, pc = np.nan_to_num(np.asarray(prefill_sum, dtype=float)), np.nan_to_num(np.asarray(prefill_count, dtype=float))
+    n = len(t0)
+    if n == 0:
+        return np.full(n, np.nan)
+    # without a prefill time: the next interval, the window the late prompt counter is read over
+    # (a prompt counted there finished its prefill there)
+    lag = ps.sum() / pc.sum() if pc.sum() > 0 else float(np.nanmedian(t1 - t0))
+    # the batch may have been larger earlier in the interval (as dialect_columns reads the histogram)
+    batch = np.fmax(run, np.concatenate(([np.nan], run[:-1])))
+    prompt = np.where(np.isfinite(fl), np.maximum(fl - np.nan_to_num(batch), 0.0), np.nan)
+    out = np.full(n, np.nan)
+    hi = np.searchsorted(t1, t1 + lag, side="right")  # rows are in time order
+    for i in range(n):
+        w = prompt[i:max(hi[i], i + 1)]
+        if np.isfinite(w).all():
+            out[i] = float(w.max())
+    return out
+
+
+def chunk_ahead_column(rows: list[dict], pairs: list[tuple[View, View]], used: dict[str, str]) -> None:
+    """Add ``prompt_chunk_ahead_tokens`` (:func:`chunk_ahead`) to one instance's interval rows when
+    they carry ``iteration_tokens_floor``."""
+    if not rows or "iteration_tokens_floor" not in used:
+        return
+    col = [[counter_increase(prev.get(PREFILL_TIME + s), cur.get(PREFILL_TIME + s)) for prev, cur in pairs]
+           for s in ("_sum", "_count")]
+    ahead = chunk_ahead([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
+                        [r.get("iteration_tokens_floor", 0.0 if (r.get("output_tokens") or 0) <= 0 else math.nan)
+                         for r in rows],
+                        [r.get("running_reqs", math.nan) for r in rows], *col)
+    if not np.isfinite(ahead).any():
+        return
+    for r, v in zip(rows, ahead):
+        if math.isfinite(v):
+            r["prompt_chunk_ahead_tokens"] = float(v)
+    used["prompt_chunk_ahead_tokens"] = used["iteration_tokens_floor"] + INFERRED

@@ -111,6 +111,12 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         if counted and not pos("mixed_steps") and not pos("prefill_steps"):
             return done("unknown", 0.3, **rel_ev, reason="the engine counted no prefill or mixed step in the interval: "
                         "its prompt tokens were counted here but computed before")
+        chunk = num(row.get("prompt_chunk_ahead_tokens"))
+        if level == "out" and chunk is not None and chunk < cfg.chunk_min_tokens:
+            return done("unknown", 0.3, **rel_ev, **work_ev, prompt_chunk_ahead_tokens=chunk,
+                        reason=f"prefill work stands above the usual, but no iteration in or up to one prefill time "
+                               f"after the interval held {cfg.chunk_min_tokens:.0f} prompt tokens beyond the decode "
+                               f"batch: only short prompts ran, each about one decode pass")
         if level == "out":
             return done("mixing", 0.55 + bonus, **rel_ev, **work_ev,
                         reason="prefill work in the interval stands far above the usual work of the intervals that "
