@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from mixdiag.collectors.prometheus.dialect_columns import histogram_delta
 from mixdiag.collectors.prometheus.prom_common import INFERRED, View, counter_increase
 
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
@@ -169,11 +170,12 @@ def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: 
     used["prefill_work_tokens"] = source + INFERRED
 
 
-def chunk_ahead(t0, t1, floor, running, prefill_sum, prefill_count) -> np.ndarray:
+def chunk_ahead(t0, t1, floor, running, lag_s: float | None) -> np.ndarray:
     """Per interval: prompt tokens, at least, of the largest iteration that finished a prefill in the
-    interval or within one mean prefill time after it - ``floor`` (the largest iteration's bucket
-    edge) minus the running batch, over intervals ending in ``[t1_i, t1_i + P]``, ``P`` the pooled
-    mean of ``request_prefill_time_seconds``.
+    interval or within the longest prefill time after it - ``floor`` (the largest iteration's bucket
+    edge) minus the running batch, over intervals ending in ``[t1_i, t1_i + P]``, ``P`` = ``lag_s``,
+    the upper edge of the highest ``request_prefill_time_seconds`` bucket observed (a mean would be
+    the short prompts' time: the long prompt's middle chunks lie further back).
 
     vLLM records a prompt's tokens in ``iteration_tokens_total`` only at the step of its first token,
     the last chunk carrying the whole prompt (formats.md §1.1, PR #51261): the chunks that ran in
@@ -183,13 +185,12 @@ def chunk_ahead(t0, t1, floor, running, prefill_sum, prefill_count) -> np.ndarra
     reads the late prompt counter. NaN where a needed interval has no reading."""
     t0, t1 = _relative(t0, t1)
     fl, run = np.asarray(floor, dtype=float), np.asarray(running, dtype=float)
-    ps, pc = np.nan_to_num(np.asarray(prefill_sum, dtype=float)), np.nan_to_num(np.asarray(prefill_count, dtype=float))
     n = len(t0)
     if n == 0:
         return np.full(n, np.nan)
     # without a prefill time: the next interval, the window the late prompt counter is read over
     # (a prompt counted there finished its prefill there)
-    lag = ps.sum() / pc.sum() if pc.sum() > 0 else float(np.nanmedian(t1 - t0))
+    lag = float(np.nanmedian(t1 - t0)) if lag_s is None else lag_s
     # the batch may have been larger earlier in the interval (as dialect_columns reads the histogram)
     batch = np.fmax(run, np.concatenate(([np.nan], run[:-1])))
     prompt = np.where(np.isfinite(fl), np.maximum(fl - np.nan_to_num(batch), 0.0), np.nan)
@@ -207,12 +208,16 @@ def chunk_ahead_column(rows: list[dict], pairs: list[tuple[View, View]], used: d
     they carry ``iteration_tokens_floor``."""
     if not rows or "iteration_tokens_floor" not in used:
         return
-    col = [[counter_increase(prev.get(PREFILL_TIME + s), cur.get(PREFILL_TIME + s)) for prev, cur in pairs]
-           for s in ("_sum", "_count")]
+    h = histogram_delta(pairs[0][0], pairs[-1][1], PREFILL_TIME)
+    lag = None
+    if h is not None and h[1][-1] > 0:
+        k = int(np.flatnonzero(np.diff(np.concatenate(([0.0], h[1]))) > 0)[-1])
+        finite = h[0][np.isfinite(h[0])]
+        lag = float(h[0][k]) if np.isfinite(h[0][k]) else (float(finite[-1]) * 2 if len(finite) else None)
     ahead = chunk_ahead([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
                         [r.get("iteration_tokens_floor", 0.0 if (r.get("output_tokens") or 0) <= 0 else math.nan)
                          for r in rows],
-                        [r.get("running_reqs", math.nan) for r in rows], *col)
+                        [r.get("running_reqs", math.nan) for r in rows], lag)
     if not np.isfinite(ahead).any():
         return
     for r, v in zip(rows, ahead):
