@@ -21,7 +21,6 @@ import math
 
 import numpy as np
 
-from mixdiag.collectors.prometheus.dialect_columns import histogram_delta
 from mixdiag.collectors.prometheus.prom_common import INFERRED, View, counter_increase
 
 PREFILL_TIME = "vllm:request_prefill_time_seconds"
@@ -203,21 +202,33 @@ def chunk_ahead(t0, t1, floor, running, lag_s: float | None) -> np.ndarray:
     return out
 
 
+def longest_prefill_s(pairs: list[tuple[View, View]]) -> float | None:
+    """Upper edge of the highest ``request_prefill_time_seconds`` bucket that gained an observation over
+    the capture (twice the last finite edge for ``+Inf``); None without the histogram or observations."""
+    first, last = pairs[0][0].get(PREFILL_TIME + "_bucket", {}), pairs[-1][1].get(PREFILL_TIME + "_bucket", {})
+    by_le: dict[float, float] = {}
+    for labels, v in last.items():
+        le = float(dict(labels).get("le", "nan"))
+        inc = counter_increase({labels: first[labels]} if labels in first else {}, {labels: v})
+        if not math.isnan(le) and math.isfinite(inc):
+            by_le[le] = by_le.get(le, 0.0) + inc
+    seen = sorted(by_le.items())
+    top = next((i for i in range(len(seen) - 1, -1, -1) if seen[i][1] > (seen[i - 1][1] if i else 0.0)), None)
+    if top is None:
+        return None
+    finite = [le for le, _ in seen if math.isfinite(le)]
+    return seen[top][0] if math.isfinite(seen[top][0]) else (2 * finite[-1] if finite else None)
+
+
 def chunk_ahead_column(rows: list[dict], pairs: list[tuple[View, View]], used: dict[str, str]) -> None:
     """Add ``prompt_chunk_ahead_tokens`` (:func:`chunk_ahead`) to one instance's interval rows when
     they carry ``iteration_tokens_floor``."""
     if not rows or "iteration_tokens_floor" not in used:
         return
-    h = histogram_delta(pairs[0][0], pairs[-1][1], PREFILL_TIME)
-    lag = None
-    if h is not None and h[1][-1] > 0:
-        k = int(np.flatnonzero(np.diff(np.concatenate(([0.0], h[1]))) > 0)[-1])
-        finite = h[0][np.isfinite(h[0])]
-        lag = float(h[0][k]) if np.isfinite(h[0][k]) else (float(finite[-1]) * 2 if len(finite) else None)
     ahead = chunk_ahead([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
                         [r.get("iteration_tokens_floor", 0.0 if (r.get("output_tokens") or 0) <= 0 else math.nan)
                          for r in rows],
-                        [r.get("running_reqs", math.nan) for r in rows], lag)
+                        [r.get("running_reqs", math.nan) for r in rows], longest_prefill_s(pairs))
     if not np.isfinite(ahead).any():
         return
     for r, v in zip(rows, ahead):

@@ -79,3 +79,19 @@ def test_prefill_work_names_mixing_only_with_a_chunk_beyond_the_batch(chunk, cau
     assert got.at[25, "cause"] == cause
     if cause == "unknown":
         assert "short prompts" in got.at[25, "evidence"]["reason"]
+
+
+def _prefill_view(counts: dict[str, float]) -> dict:
+    return {"vllm:request_prefill_time_seconds_bucket": {(("engine", "0"), ("le", le)): v for le, v in counts.items()}}
+
+
+@pytest.mark.parametrize("before, after, want", [
+    ({"0.3": 5, "0.5": 5, "2.0": 5, "+Inf": 5}, {"0.3": 9, "0.5": 9, "2.0": 10, "+Inf": 10}, 2.0),
+    ({"0.3": 5, "0.5": 5, "2.0": 5, "+Inf": 5}, {"0.3": 9, "0.5": 9, "2.0": 9, "+Inf": 9}, 0.3),
+    ({"0.3": 0, "0.5": 0, "2.0": 0, "+Inf": 0}, {"0.3": 0, "0.5": 0, "2.0": 0, "+Inf": 1}, 4.0),
+    ({"0.3": 0, "+Inf": 0}, {"0.3": 0, "+Inf": 0}, None),
+])
+def test_longest_prefill_is_the_highest_bucket_observed_over_the_capture(before, after, want):
+    from mixdiag.collectors.prometheus.prefill_work import longest_prefill_s
+    pairs = [(_prefill_view(before), {}), ({}, _prefill_view(after))]
+    assert longest_prefill_s(pairs) == want
