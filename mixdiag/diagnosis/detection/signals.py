@@ -214,7 +214,19 @@ def decodes_waited(s: pd.DataFrame, prefill_only: pd.Series, decoders: pd.Series
     return (prefill_only & s["decodes_before"] & after & more).astype(bool)
 
 
-def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+def chunk_rows(rows: pd.DataFrame, min_tokens: float) -> pd.Series:
+    """Rows that held decodes and a prompt chunk of at least ``min_tokens`` (unknown counts: any
+    prefill). A smaller chunk keeps the step below the roofline ridge, about one decode pass
+    (``AttributionConfig.chunk_min_tokens``): SGLang's ``#new-token`` of a mixed Prefill line is what
+    that forward computed."""
+    hp, hd = rows["has_prefill"].astype(bool), rows["has_decode"].astype(bool)
+    if "prefill_tokens" not in rows.columns:
+        return hp & hd
+    tok = pd.to_numeric(rows["prefill_tokens"], errors="coerce")
+    return hp & hd & (tok.isna() | (tok >= min_tokens))
+
+
+def prefill_since_last_decode(sig: pd.DataFrame, min_tokens: float = 0.0) -> tuple[pd.Series, pd.Series]:
     """Per row: how many rows since the previous decode-only row held prefill and decode rows
     (mixed forwards) and how many were prefill-only with decodes waiting (running requests or
     decodes before). For a log that prints a decode line every N forwards with the mean step time
@@ -222,7 +234,7 @@ def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     inside the window that mean covers."""
     hp, hd = sig["has_prefill"].astype(bool), sig["has_decode"].astype(bool)
     running = sig["running_reqs"].fillna(0).gt(0) if "running_reqs" in sig.columns else False
-    mixed = (hp & hd).astype(int)
+    mixed = chunk_rows(sig, min_tokens).astype(int)
     stall = (hp & ~hd & (sig["decodes_before"].astype(bool) | running)).astype(int)
     dec = hd & ~hp
 
