@@ -57,6 +57,9 @@ SAME_LENGTH = 2.0
 #: Interval columns that describe a state or a ratio, not a count over the interval.
 INTENSIVE = ("running_reqs", "waiting_reqs", "kv_usage", "expert_imbalance", "sm_active", "itl_mean_s",
              "itl_p50_s", "itl_p90_s", "itl_p99_s", "ttft_p50_s", "ttft_p99_s", "large_step_share", "graph_mode")
+#: Interval columns that hold for every moment of a longer row's window (the smallest batch a
+#: CUDA-graph table counted run without a graph): lent to every spine row ending inside it.
+WINDOW = ("graph_none_min_tokens",)
 #: Bytes of a file's head searched for model names.
 HEAD_BYTES = 256 * 1024
 
@@ -242,6 +245,24 @@ def _fill(spine: pd.DataFrame, other: pd.DataFrame, tolerance: float, cols) -> t
     return out, unused
 
 
+def _fill_window(spine: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+    """``spine``'s empty :data:`WINDOW` cells from the row of ``other`` whose ``(t_start_s, t_end_s]``
+    holds the spine row's end (the smallest such value where windows overlap)."""
+    cols = [c for c in WINDOW if c in other.columns and other[c].notna().any()]
+    if not cols or not len(spine):
+        return spine
+    out = spine.reset_index(drop=True).copy()
+    t = out["t_end_s"].to_numpy(dtype=float)
+    for c in cols:
+        got = np.full(len(out), np.nan)
+        for a, b, v in other[["t_start_s", "t_end_s", c]].dropna().itertuples(index=False):
+            inside = (t > a) & (t <= b)
+            got[inside] = np.fmin(got[inside], v)
+        cur = out[c].to_numpy(dtype=float) if c in out.columns else np.full(len(out), np.nan)
+        out[c] = np.where(np.isnan(cur), got, cur)
+    return out
+
+
 def _spine_first(parts: list[tuple[Input, pd.DataFrame]], tokens_first: bool) -> list[tuple[Input, pd.DataFrame]]:
     """Step parts finest clock first (ties: the one with token events); interval parts with an ITL
     histogram first, then the shortest intervals. A client's clock is that of its reads: the ends of its
@@ -285,6 +306,8 @@ def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: lis
                          f"({res:g} s) is coarser than half a step of {spine_inp.given} ({tol:.3g} s)")
             continue
         spine, unused = _fill(spine, rows, tol, cols)
+        if not steps:
+            spine = _fill_window(spine, rows)
         notes.append(f"{len(rows) - unused} of {len(rows)} {'step' if steps else 'interval'} rows of {inp.given} "
                      f"({inp.fmt}) merged into {spine_inp.given}'s by time"
                      + (f"; {unused} aligned with none" if unused else ""))

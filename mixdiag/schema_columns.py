@@ -104,12 +104,20 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("large_step_share", "float64", "ratio",
        "interval rows: share of steps that scheduled more tokens than the decode batch (prefill work)",
        nonnegative=True),
+    _c("iteration_tokens_floor", "float64", "tokens",
+       "interval rows: the interval's largest iteration (vLLM iteration_tokens_total) held at least this many "
+       "tokens (the lower edge of its bucket)", nonnegative=True),
+    _c("prompt_chunk_ahead_tokens", "float64", "tokens",
+       "interval rows: prompt tokens, at least, of the largest iteration that finished a prefill in the interval "
+       "or within one mean prefill time after it (iteration tokens beyond the running batch)", nonnegative=True),
     _c("prefill_work_tokens", "float64", "tokens",
        "interval rows: prompt tokens computed in the interval, inferred by spreading vLLM's prompt tokens (counted "
        "at the first token) back over the requests' prefill time", nonnegative=True),
     _c("graph_full_steps", "float64", "count", "interval rows: steps that replayed the FULL graph", nonnegative=True),
     _c("graph_piecewise_steps", "float64", "count", "interval rows: steps run PIECEWISE", nonnegative=True),
     _c("graph_none_steps", "float64", "count", "interval rows: steps run eager (no graph)", nonnegative=True),
+    _c("graph_none_min_tokens", "float64", "tokens", "interval rows: the smallest batch (unpadded tokens) the "
+       "engine ran without a graph in the interval (vLLM --cudagraph-metrics table)", nonnegative=True),
     _c("comm_s", "float64", "s", "device time in collective / all-to-all / dispatch-combine kernels in the step",
        nonnegative=True),
     _c("comm_share", "float64", "ratio", "comm_s / the step's device time", nonnegative=True),

@@ -158,7 +158,8 @@ def attach_events(steps: list[dict], events: list[tuple[str, float | None, str, 
     """Fold per-line values into the rows they belong to; returns how many found no row.
 
     ``events`` are ``(instance, t_s, column, value, how)`` with ``how`` ``sum`` (counts: preemptions,
-    retractions, KV bytes/seconds, graph steps) or ``mean`` (ratios: expert imbalance). An event
+    retractions, KV bytes/seconds, graph steps), ``mean`` (ratios: expert imbalance) or ``min`` (the
+    smallest batch a graph mode ran). An event
     goes to the first interval row (in time order) with ``t_start_s < t <= t_end_s``; else to the
     last step row (``t_start_s == t_end_s``: logs stamp steps with one time) at or before it (the
     event describes work just done); else, logged before every row, to the first row when that
@@ -193,7 +194,7 @@ def attach_events(steps: list[dict], events: list[tuple[str, float | None, str, 
             r = rows[i]
             prev = r.get(col)
             base = prev if isinstance(prev, float) and math.isfinite(prev) and how == "sum" else 0.0
-            r[col] = base + sum(nums) if how == "sum" else sum(nums) / len(nums)
+            r[col] = base + sum(nums) if how == "sum" else min(nums) if how == "min" else sum(nums) / len(nums)
         acc.clear()
     return orphans
 

@@ -45,7 +45,7 @@ def attach_events_frame(df: pd.DataFrame, events: list[tuple]) -> int:
             arr = cols[col]
             prev = float(arr[pos[i]])
             base = prev if math.isfinite(prev) and how == "sum" else 0.0
-            arr[pos[i]] = base + sum(nums) if how == "sum" else sum(nums) / len(nums)
+            arr[pos[i]] = base + sum(nums) if how == "sum" else min(nums) if how == "min" else sum(nums) / len(nums)
     for col, arr in cols.items():
         df[col] = arr
     return orphans

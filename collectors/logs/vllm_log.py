@@ -112,6 +112,9 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
     # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
     events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
+    if w.cg_settings.get("Mode", "").rsplit(".", 1)[-1] == "NONE":
+        # graphs off (enforce-eager): every batch runs NONE, which says nothing about a fallback
+        events = [e for e in events if e[2] != "graph_none_min_tokens"]
     orphans = attach_events_frame(steps, events)
     if orphans and not len(steps):
         st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")

@@ -132,3 +132,7 @@ def table_row(table: dict, row: str, out: LogRows, raw: str) -> None:
                    f"mode={mode.group(1)},padded_tokens={padded},unpadded_tokens={unpadded}")
     col = {"FULL": "graph_full_steps", "PIECEWISE": "graph_piecewise_steps", "NONE": "graph_none_steps"}[mode.group(1)]
     table["events"].append((table["key"], table["t"], col, float(count), "sum"))
+    if mode.group(1) == "NONE" and count > 0:
+        # the smallest batch dispatched without a graph: CudagraphDispatcher runs NONE only above the
+        # largest capture size, so every decode batch at least this large ran eager in the window
+        table["events"].append((table["key"], table["t"], "graph_none_min_tokens", float(unpadded), "min"))

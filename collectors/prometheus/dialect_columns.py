@@ -41,6 +41,9 @@ none}_steps``                 from the batch shape, not a replay: only ``graph_r
                               ``decode``/``prefill`` when only one pass kind ran
 ============================  ============================================================  =========
 
+``iteration_tokens_floor``    vLLM ``iteration_tokens_total``: lower edge of the largest      measured
+                              bucket that gained an observation (tokens of the interval's
+                              largest iteration with outputs, at least)
 ``prefill_work_tokens``       vLLM ``request_prefill_kv_computed_tokens`` (0.32+) or the       inferred
                               prompt-token increase spread back over the requests' prefill
                               time (a post-pass over an instance's rows: :mod:`.prefill_work`)
@@ -115,6 +118,15 @@ def share_above(upper: np.ndarray, cum: np.ndarray, threshold: float) -> float:
     return max(total - below, 0.0) / total
 
 
+def iteration_floor(upper: np.ndarray, cum: np.ndarray) -> float:
+    """The lower edge of the largest bucket that gained an observation (0 for the first bucket): the
+    largest iteration held at least that many tokens. NaN without observations."""
+    if cum[-1] <= 0:
+        return math.nan
+    k = int(np.flatnonzero(np.diff(np.concatenate(([0.0], cum))) > 0)[-1])
+    return float(upper[k - 1]) if k > 0 else 0.0
+
+
 def _by_label(prev: View, cur: View, name: str, label: str) -> dict[str, float]:
     series = cur.get(name)
     if not series:
@@ -169,6 +181,13 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
         ran = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if out[c] > 0]
         if row.get("graph_mode") in (None, "unknown") and len(ran) == 1:
             out["graph_mode"] = {"graph_full_steps": "FULL", "graph_piecewise_steps": "PIECEWISE"}.get(ran[0], "NONE")
+    for base in ITERATION_TOKENS:
+        h = histogram_delta(prev, cur, base)
+        if h is not None and h[1][-1] > 0:
+            # tokens of the largest iteration in the interval, at least (its bucket's lower edge)
+            out["iteration_tokens_floor"] = iteration_floor(*h)
+            used["iteration_tokens_floor"] = base
+            break
     if "large_step_share" not in out:
         for base in ITERATION_TOKENS:
             h = histogram_delta(prev, cur, base)

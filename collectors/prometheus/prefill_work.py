@@ -167,3 +167,71 @@ def prefill_work_column(rows: list[dict], pairs: list[tuple[View, View]], used: 
     for r, v in zip(rows, work):
         r["prefill_work_tokens"] = float(v)
     used["prefill_work_tokens"] = source + INFERRED
+
+
+def chunk_ahead(t0, t1, floor, running, lag_s: float | None) -> np.ndarray:
+    """Per interval: prompt tokens, at least, of the largest iteration that finished a prefill in the
+    interval or within the longest prefill time after it - ``floor`` (the largest iteration's bucket
+    edge) minus the running batch, over intervals ending in ``[t1_i, t1_i + P]``, ``P`` = ``lag_s``,
+    the upper edge of the highest ``request_prefill_time_seconds`` bucket observed (a mean would be
+    the short prompts' time: the long prompt's middle chunks lie further back).
+
+    vLLM records a prompt's tokens in ``iteration_tokens_total`` only at the step of its first token,
+    the last chunk carrying the whole prompt (formats.md §1.1, PR #51261): the chunks that ran in
+    interval i show up at the latest one prefill time later. So when no interval up to then logged
+    an iteration beyond the decode batch, no prompt of that size was being prefilled in interval i.
+    Without the prefill-time histogram ``P`` is one interval: the window over which the interval rule
+    reads the late prompt counter. NaN where a needed interval has no reading."""
+    t0, t1 = _relative(t0, t1)
+    fl, run = np.asarray(floor, dtype=float), np.asarray(running, dtype=float)
+    n = len(t0)
+    if n == 0:
+        return np.full(n, np.nan)
+    # without a prefill time: the next interval, the window the late prompt counter is read over
+    # (a prompt counted there finished its prefill there)
+    lag = float(np.nanmedian(t1 - t0)) if lag_s is None else lag_s
+    # the batch may have been larger earlier in the interval (as dialect_columns reads the histogram)
+    batch = np.fmax(run, np.concatenate(([np.nan], run[:-1])))
+    prompt = np.where(np.isfinite(fl), np.maximum(fl - np.nan_to_num(batch), 0.0), np.nan)
+    out = np.full(n, np.nan)
+    hi = np.searchsorted(t1, t1 + lag, side="right")  # rows are in time order
+    for i in range(n):
+        w = prompt[i:max(hi[i], i + 1)]
+        if np.isfinite(w).all():
+            out[i] = float(w.max())
+    return out
+
+
+def longest_prefill_s(pairs: list[tuple[View, View]]) -> float | None:
+    """Upper edge of the highest ``request_prefill_time_seconds`` bucket that gained an observation over
+    the capture (twice the last finite edge for ``+Inf``); None without the histogram or observations."""
+    first, last = pairs[0][0].get(PREFILL_TIME + "_bucket", {}), pairs[-1][1].get(PREFILL_TIME + "_bucket", {})
+    by_le: dict[float, float] = {}
+    for labels, v in last.items():
+        le = float(dict(labels).get("le", "nan"))
+        inc = counter_increase({labels: first[labels]} if labels in first else {}, {labels: v})
+        if not math.isnan(le) and math.isfinite(inc):
+            by_le[le] = by_le.get(le, 0.0) + inc
+    seen = sorted(by_le.items())
+    top = next((i for i in range(len(seen) - 1, -1, -1) if seen[i][1] > (seen[i - 1][1] if i else 0.0)), None)
+    if top is None:
+        return None
+    finite = [le for le, _ in seen if math.isfinite(le)]
+    return seen[top][0] if math.isfinite(seen[top][0]) else (2 * finite[-1] if finite else None)
+
+
+def chunk_ahead_column(rows: list[dict], pairs: list[tuple[View, View]], used: dict[str, str]) -> None:
+    """Add ``prompt_chunk_ahead_tokens`` (:func:`chunk_ahead`) to one instance's interval rows when
+    they carry ``iteration_tokens_floor``."""
+    if not rows or "iteration_tokens_floor" not in used:
+        return
+    ahead = chunk_ahead([r["t_start_s"] for r in rows], [r["t_end_s"] for r in rows],
+                        [r.get("iteration_tokens_floor", 0.0 if (r.get("output_tokens") or 0) <= 0 else math.nan)
+                         for r in rows],
+                        [r.get("running_reqs", math.nan) for r in rows], longest_prefill_s(pairs))
+    if not np.isfinite(ahead).any():
+        return
+    for r, v in zip(rows, ahead):
+        if math.isfinite(v):
+            r["prompt_chunk_ahead_tokens"] = float(v)
+    used["prompt_chunk_ahead_tokens"] = used["iteration_tokens_floor"] + INFERRED

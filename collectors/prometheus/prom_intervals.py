@@ -32,7 +32,7 @@ from mixdiag import wire
 from mixdiag.schema import Timeline
 
 from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, quality
-from mixdiag.collectors.prometheus.prefill_work import prefill_work_column
+from mixdiag.collectors.prometheus.prefill_work import chunk_ahead_column, prefill_work_column
 from mixdiag.collectors.prometheus.prom_common import (GAUGE_COLUMNS, ITL_HISTOGRAMS, QUANTILE_BOUNDS, SPLIT_LABELS,
                                                        LabelKey, TimedScrape, View,
                                                        bucket_quantile_bound, counter_increase, first_present,
@@ -303,6 +303,7 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
             pairs.append((prev, cur))
         # cross-interval: vLLM's prompt tokens counted at first token, spread back over prefill time
         prefill_work_column(rows[n_before:], pairs, used)
+        chunk_ahead_column(rows[n_before:], pairs, used)
         if down:
             notes.append(f"{inst}: {down} interval(s) ending while the target was down (up == 0): no rows")
         metric_sources[inst] = used

@@ -116,6 +116,14 @@ class AttributionConfig:
     # this many robust sigmas above the median stands out and earns more confidence. 2: the spike
     # test's own noise guard.
     work_mad_k: float = 2.0
+    # Interval mixing from spread prefill work needs a prompt chunk that can slow a step: vLLM's
+    # iteration-token histogram (the last chunk carries the whole prompt) must show, in the interval
+    # or within one mean prefill time after it, an iteration this many tokens beyond the decode batch.
+    # Basis: a step below the roofline ridge stays memory-bound (the weight read dominates) and costs
+    # about a decode pass - bf16 on H100/H200 ~ 200-300 FLOP/byte, 2 FLOP per weight byte pair per
+    # token -> ~200-300 tokens per step. Margin: the bucket's lower edge is read (up to 2x under).
+    # On CPU the ridge is lower: shorter chunks can be felt there (docs/analyze.md, tier g).
+    chunk_min_tokens: float = 256.0
     # The whole-run relation of prefill work and ITL excess (a permutation test) only moves
     # confidence: at most relation_weight, reached with rho >= relation_rho_full at p = 0, falling
     # linearly to nothing at p = relation_p_zero. One instance-wide p-value decided every interval's
@@ -144,6 +152,8 @@ class AttributionConfig:
             raise ValueError("AttributionConfig.relation_p_zero must be in (0, 1), comm_delta and sm_skew_delta > 0")
         if not self.shape_jump > 1 or self.shape_min_rows < 1:
             raise ValueError("AttributionConfig.shape_jump must be > 1, shape_min_rows >= 1")
+        if self.chunk_min_tokens < 0:
+            raise ValueError("AttributionConfig.chunk_min_tokens must be >= 0")
         if not 0 <= self.relation_weight <= 1 or self.relation_rho_full <= 0 or self.work_mad_k < 0:
             raise ValueError("AttributionConfig.relation_weight must be in [0, 1], relation_rho_full > 0, "
                              "work_mad_k >= 0")

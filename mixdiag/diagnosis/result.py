@@ -100,6 +100,10 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "llm_serving": ("bool", "False when the input has no decode-like structure (confidence capped at 0.5)"),
     "decodes_waited": ("bool", "running decodes got no token during this prefill-only step"),
     "relation_confidence": ("ratio", "interval rows: confidence the whole-run prefill/ITL relation added"),
+    "graph_none_min_tokens": ("tokens", "interval rows: the smallest batch the engine's CUDA-graph table counted "
+                              "run without a graph in the window holding the interval"),
+    "prompt_chunk_ahead_tokens": ("tokens", "interval rows: prompt tokens, at least, of the largest iteration that "
+                                  "finished a prefill in the interval or within one mean prefill time after it"),
     "prefill_work_near": ("count", "interval rows: prefill work in the interval (and the next, for late counters)"),
     "prefill_work_usual": ("count", "interval rows: the instance's median prefill work per interval"),
     "prefill_work_threshold": ("count", "interval rows: work above which it stands out (median + k sigma)"),

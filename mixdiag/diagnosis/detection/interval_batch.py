@@ -63,6 +63,10 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     sig = interval_segments(step_signals(sig, cfg.signals, groups))
     sig["gap_excess_s"] = np.nan
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    if "graph_none_min_tokens" in sig.columns and "running_reqs" in sig.columns:
+        # a batch the engine's own CUDA-graph table counted run without a graph: eager decode, a
+        # fault the baseline must not absorb (as for the gauges above)
+        faulty = faulty | (sig["running_reqs"] >= sig["graph_none_min_tokens"]).fillna(False)
     felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups)
     lat, base = felt.latency_s, felt.baseline_s
     has_itl = felt.has_itl | felt.starved  # a starved interval's wait is measured on resuming

@@ -20,6 +20,8 @@ from mixdiag.diagnosis.detection.periodicity import _binom_sf, period_stats, per
 from mixdiag.diagnosis.detection.prefill_relation import (average_ranks, counted_work, rank_relation,  # noqa: F401
                                                           work_near, work_usual)
 from mixdiag.diagnosis.detection.regimes import low_side_reference
+from mixdiag.diagnosis.detection.log_windows import (chunk_rows, graph_off_decode_column,  # noqa: F401
+                                                   prefill_since_last_decode)
 from mixdiag.diagnosis.labels import equal, label_codes, label_in
 from mixdiag.schema import repeat_label
 
@@ -219,55 +221,6 @@ def decodes_waited(s: pd.DataFrame, prefill_only: pd.Series, decoders: pd.Series
     run_new = g.transform("sum").where(g.transform("count") > 0)
     more = (n_after > run_new) | n_after.isna() | run_new.isna()  # counts unknown: decode rows both sides
     return (prefill_only & s["decodes_before"] & after & more).astype(bool)
-
-
-def prefill_since_last_decode(sig: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """Per row: how many rows since the previous decode-only row held prefill and decode rows
-    (mixed forwards) and how many were prefill-only with decodes waiting (running requests or
-    decodes before). For a log that prints a decode line every N forwards with the mean step time
-    since the last one (SGLang's ``Decode batch`` gen throughput), these are the prefill batches
-    inside the window that mean covers."""
-    hp, hd = sig["has_prefill"].astype(bool), sig["has_decode"].astype(bool)
-    running = sig["running_reqs"].fillna(0).gt(0) if "running_reqs" in sig.columns else False
-    mixed = (hp & hd).astype(int)
-    stall = (hp & ~hd & (sig["decodes_before"].astype(bool) | running)).astype(int)
-    dec = hd & ~hp
-
-    def since(x: pd.Series) -> pd.Series:  # x's rows after the previous decode-only row, up to this one
-        c = x.cumsum()
-        return (c - c.where(dec).ffill().shift(1).fillna(0)).astype(float)
-
-    return since(mixed), since(stall)
-
-
-def graph_off_decode_column(rows: pd.DataFrame) -> pd.DataFrame:
-    """Interval rows get ``graph_off_decode_steps``: decode-only steps that left the FULL graph,
-    i.e. off-FULL dispatches (``graph_piecewise_steps + graph_none_steps``) beyond the interval's
-    prefill and mixed steps (per-kind step counts, else the large-step share of all passes). Only
-    when the rows carry per-mode counts and one of those, and only from counts of what ran: a row
-    whose ``q_graph_mode`` is not ``measured`` (a dispatcher's plan, ``estimated``) gets NaN - a
-    planned mode never shows that a decode pass left the graph."""
-    iv = equal(rows["granularity"], "interval")
-    modes = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in rows.columns]
-    if not iv.any() or len(modes) < 3 or not rows.loc[iv, modes].notna().any().any():
-        return rows
-    if {"mixed_steps", "prefill_steps"} <= set(rows.columns) and rows.loc[iv, "prefill_steps"].notna().any():
-        other = rows.loc[iv, "mixed_steps"].fillna(0) + rows.loc[iv, "prefill_steps"].fillna(0)
-    elif "large_step_share" in rows.columns and rows.loc[iv, "large_step_share"].notna().any():
-        # SGLang counts passes by mode (decode_/prefill_ x cuda_graph/none) and the collector merges
-        # prefill_none into the eager count: the prefill passes (large_step_share of all) come off it
-        total = rows.loc[iv, modes].fillna(0).sum(axis=1)
-        other = (rows.loc[iv, "large_step_share"].fillna(0) * total).round()
-    else:
-        return rows
-    rows = rows.copy()
-    n_off = rows.loc[iv, "graph_piecewise_steps"].fillna(0) + rows.loc[iv, "graph_none_steps"].fillna(0)
-    off = (n_off - other).clip(lower=0)
-    if "q_graph_mode" in rows.columns:
-        q = rows.loc[iv, "q_graph_mode"].fillna("").astype(str)
-        off = off.where(q.isin(["", "measured"]))
-    rows.loc[iv, "graph_off_decode_steps"] = off
-    return rows
 
 
 def kind_unread(sig: pd.DataFrame) -> pd.Series:

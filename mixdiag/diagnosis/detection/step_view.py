@@ -68,7 +68,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # inside it are evidence for its height (step_rules reads window_*_steps).
     sig["window_mixed_steps"] = sig["window_stall_steps"] = nan_series(sig.index)
     if coarse and window_latency and "elapsed_s" in sig.columns:
-        mixed, stall = prefill_since_last_decode(sig)
+        mixed, stall = prefill_since_last_decode(sig, cfg.attribution.chunk_min_tokens)
         win = sig["decode_only"] & pd.to_numeric(sig.get("elapsed_s"), errors="coerce").notna()
         sig["window_mixed_steps"] = mixed.where(win)
         sig["window_stall_steps"] = stall.where(win)

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
-from mixdiag.diagnosis.detection.signals import graph_off_decode_column
+from mixdiag.diagnosis.detection.signals import chunk_rows, graph_off_decode_column
 from mixdiag.diagnosis.labels import equal
 from mixdiag.schema import Timeline, nan_columns, nan_series
 
@@ -237,10 +237,9 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict
         slow = [float(x["is_spike"].sum()) for x in inside]
         f.loc[iv.index, "fused_slow_steps_in_interval"] = slow
         # a mixed row whose context requests took one token each installs KV a prefill worker
-        # sent (PD), it is no prompt chunk
+        # sent (PD), it is no prompt chunk; nor is a short prompt (about one decode pass)
         f.loc[iv.index, "fused_mixed_steps_in_interval"] = [
-            float((x["has_prefill"].astype(bool) & x["has_decode"].astype(bool) & ~install_steps(x)).sum())
-            for x in inside]
+            float((chunk_rows(x, cfg.attribution.chunk_min_tokens) & ~install_steps(x)).sum()) for x in inside]
         f.loc[iv.index, "fused_install_steps_in_interval"] = [float(install_steps(x).sum()) for x in inside]
         xfer = iv.sort_values("t_end_s")["kv_transfer_bytes"]
         f.loc[xfer.index, "fused_recent_kv_transfer_bytes"] = np.fmax(xfer.to_numpy(dtype=float),

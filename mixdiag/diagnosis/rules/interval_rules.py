@@ -98,6 +98,16 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     bonus = relation_confidence(ctx.relation, cfg)
     rel_ev = {"prefill_itl_rho": None if rho is None else round(rho, 3),
               "prefill_itl_p_value": None if p is None else round(p, 4), "relation_confidence": round(bonus, 3)}
+    chunk = num(row.get("prompt_chunk_ahead_tokens"))
+    short = level != "out" or (chunk is not None and chunk < cfg.chunk_min_tokens)
+    umin, batch = num(row.get("graph_none_min_tokens")), num(row.get("running_reqs"))
+    if umin is not None and batch is not None and batch >= umin and short and not pos("mixed_steps"):
+        # vLLM dispatches NONE only above the largest capture size, so a running batch at least as
+        # large as the smallest one the engine's own table counted run without a graph in this window
+        # decoded eager; no chunk that could slow a step beside it
+        return done("graph_fallback", 0.6, graph_none_min_tokens=umin, running_reqs=batch,
+                    reason="the engine's CUDA-graph table counted batches of this size or smaller run without a "
+                           "graph in the window, and the running batch was that large; no large prompt chunk")
     if work and running and off_graph_dominates(row):
         return done("graph_fallback", 0.6, interval_graph_off_decode_steps=num(row.get("graph_off_decode_steps")),
                     reason="decode passes off the captured graph outnumber the interval's mixed steps, whose "
@@ -111,6 +121,11 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         if counted and not pos("mixed_steps") and not pos("prefill_steps"):
             return done("unknown", 0.3, **rel_ev, reason="the engine counted no prefill or mixed step in the interval: "
                         "its prompt tokens were counted here but computed before")
+        if level == "out" and chunk is not None and chunk < cfg.chunk_min_tokens:
+            return done("unknown", 0.3, **rel_ev, **work_ev, prompt_chunk_ahead_tokens=chunk,
+                        reason=f"prefill work stands above the usual, but no iteration in or up to one prefill time "
+                               f"after the interval held {cfg.chunk_min_tokens:.0f} prompt tokens beyond the decode "
+                               f"batch: only short prompts ran, each about one decode pass")
         if level == "out":
             return done("mixing", 0.55 + bonus, **rel_ev, **work_ev,
                         reason="prefill work in the interval stands far above the usual work of the intervals that "
