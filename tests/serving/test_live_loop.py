@@ -8,11 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 
+from helpers.polling import wait_until
+from helpers.prometheus_server import free_port
 from mixdiag.loadgen import Dist, LoadConfig, run_load
+
+_MIXING = re.compile(r'^mixdiag_spikes_total\{[^}]*cause="mixing"[^}]*\}\s+([0-9.eE+-]+)', re.M)
+
+
+def _mixing_counted(port: int) -> bool:
+    """The watcher's own /metrics counts at least one mixing spike."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            m = _MIXING.search(r.read().decode())
+    except OSError:
+        return False
+    return bool(m) and float(m.group(1)) >= 1
 
 
 def test_watch_names_mixing_live_on_a_loaded_server(tmp_path, mixing_server):
@@ -28,16 +45,24 @@ def test_watch_names_mixing_live_on_a_loaded_server(tmp_path, mixing_server):
             return await asyncio.gather(*(run_load(c, lambda r: None) for c in cfgs))
         summaries.extend(asyncio.run(both()))
 
-    # the watcher first (a busy machine may take seconds to import it), the load once it follows
+    # the watcher first (a busy machine may take seconds to import it), the load once it follows. No poll
+    # count: the watcher runs until the load has finished and its own /metrics has counted a mixing spike
+    # (what this test measures), however long a busy machine takes; then Ctrl+C ends it as a user would.
+    port = free_port()
     watch = subprocess.Popen([sys.executable, "-m", "mixdiag", "watch", "--engine", url + "/metrics", "--interval",
-                              "1", "--window", "30", "--count", "8", "--no-serve", "--json"],
+                              "1", "--window", "60", "--host", "127.0.0.1", "--port", str(port), "--json"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     load = threading.Thread(target=drive, daemon=True)
     try:
         first = watch.stderr.readline()
-        assert "following" in first, first
+        assert "serving" in first or "following" in first, first
         load.start()
-        out, err = watch.communicate(timeout=90)
+        load.join(300)
+        assert not load.is_alive(), "the load did not finish in 300 s"
+        # a hang guard, not a timing assertion: the last long prompts' interval must reach a diagnosis
+        wait_until(lambda: _mixing_counted(port) or watch.poll() is not None, timeout=240, every=0.5)
+        watch.send_signal(signal.SIGINT)
+        out, err = watch.communicate(timeout=120)
     finally:
         if watch.poll() is None:
             watch.kill()
