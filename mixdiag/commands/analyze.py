@@ -65,12 +65,8 @@ def run(args, console):
     from mixdiag.diagnosis import diagnose
     from mixdiag.report import render
 
-    if args.top < 0:
-        raise UserError("--top must be >= 0")
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError("--jobs must be >= 1")
-    if args.html and Path(args.html).exists():
-        raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
+    from mixdiag.commands.flags import check_report_args
+    check_report_args(args)
     from mixdiag.commands.flags import instance_options, source_options, step_options
     joined = instance_options(args)
     inputs = list(args.inputs)  # paths named only by --instance are inputs too

@@ -52,12 +52,8 @@ def run(args, console):
     from mixdiag.diagnosis.diff import capture_facts, check_prediction, diff, kernel_diff, kernels_of
     from mixdiag.report_diff import diff_json, render, write_html
 
-    if args.top < 0:
-        raise UserError("--top must be >= 0")
-    if args.jobs is not None and args.jobs < 1:
-        raise UserError("--jobs must be >= 1")
-    if args.html and Path(args.html).exists():
-        raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
+    from mixdiag.commands.flags import check_report_args
+    check_report_args(args)
     doc = _tune_doc(args.tuned) if args.tuned else None
     facts, kernels = [], []
     for text in (args.before, args.after):

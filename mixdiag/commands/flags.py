@@ -227,3 +227,16 @@ def side_paths(text: str) -> list[str]:
     if not parts:
         raise UserError(f"{text!r}: expected a path or PATH,PATH,...")
     return parts
+
+
+def check_report_args(args) -> None:
+    """The checks every report-writing command makes on ``--top``, ``--jobs`` and ``--html`` (one-line
+    errors; an existing ``--html`` file is never overwritten)."""
+    from pathlib import Path
+
+    if args.top < 0:
+        raise UserError("--top must be >= 0")
+    if args.jobs is not None and args.jobs < 1:
+        raise UserError("--jobs must be >= 1")
+    if args.html and Path(args.html).exists():
+        raise UserError(f"{args.html} exists; choose another path for --html (mixdiag never overwrites your files)")
