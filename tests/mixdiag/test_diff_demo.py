@@ -13,9 +13,11 @@ the 4-process all-to-all grows with the rows), so a 128-token chunk spreads one 
 of ~1x-2.4x a decode step instead of 4 of ~3-4x. Measured on this machine (load 9-13, docs/diff.md): mixing's
 part of P99 ITL fell in every pair (0.25-1.37 s at 512; 0-0.31 s at 128), while its total spike excess at chunk
 128 ranged 5.6-128 s over four runs against 61-134 s at 512 - run-to-run noise larger than the effect, and the
-direction the fixed cost predicts is a rise. So the tail is asserted to fall (by more than a quarter); the
-excess figures and mixing's share of their change are asserted to be the analyses' own numbers, in whichever
-direction this run moved them (docs/diff.md, "The demo pair")."""
+direction the fixed cost predicts is a rise; and after this session's rule merges, on a machine at load ~8,
+mixing's part of BEFORE's P99 itself measured only 6-14 ms. So neither the excess nor the tail is asserted to
+fall: the excess figures, mixing's part of each P99 and mixing's share of the change are asserted to be the
+analyses' own numbers, in whichever direction this run moved them (docs/diff.md, "The demo pair"), and where
+the P99 fell beyond noise the headline must name the cause that moved it."""
 import json
 import re
 from pathlib import Path
@@ -59,8 +61,13 @@ def test_diff_of_the_demo_and_its_tuned_chunk_size_shows_what_mixing_moved(tmp_p
     a_before, a_after = _analyze(before, capsys), _analyze(after, capsys)
     assert mix["before_s"] == pytest.approx(a_before["budget"]["total"]["by_cause"]["mixing"]["excess_s"])
     assert mix["after_raw_s"] == pytest.approx(a_after["budget"]["total"]["by_cause"]["mixing"]["excess_s"])
-    # the tail: the 512-token mixed steps set BEFORE's P99; at 128 tokens mixing's part of P99 is gone
-    assert mix["p99_part_before_s"] > 0.05 and mix["p99_part_after_s"] < 0.75 * mix["p99_part_before_s"], mix
+    # mixing's part of each side's P99 is that side's own budget figure (P99 minus P99 without mixing). Whether
+    # it falls is not asserted: measured after the session's rule merges at load ~8, BEFORE's part was 6-14 ms
+    # (decode steps at ~115 ms on the loaded CPU engine, mixed steps 1.8x), where earlier runs had 0.25-1.37 s
+    # (docs/diff.md, "The demo pair") - the engine's load moves it more than the chunk size does.
+    for side, a in (("before", a_before), ("after", a_after)):
+        bc = a["budget"]["instances"]["engine0"]["by_cause"]["mixing"]
+        assert mix[f"p99_part_{side}_s"] == pytest.approx(bc["p99_reduction_s"]), (side, mix, bc)
     # mixing's share of the change of the causes' spike excess: the analyses' numbers, recomputed here
     named = [c for c in budget if c not in ("total", "none")]
     scale = doc["before"]["stream_s"] / doc["after"]["stream_s"]  # AFTER at BEFORE's stream-seconds
