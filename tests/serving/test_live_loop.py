@@ -51,7 +51,10 @@ def test_watch_names_mixing_live_on_a_loaded_server(tmp_path, mixing_server):
     port = free_port()
     watch = subprocess.Popen([sys.executable, "-m", "mixdiag", "watch", "--engine", url + "/metrics", "--interval",
                               "1", "--window", "60", "--host", "127.0.0.1", "--port", str(port), "--json"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             # a suite started in the background (`make test &`, CI) inherits SIGINT ignored, and
+                             # Python then installs no Ctrl+C handler: give the watcher the default back
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     load = threading.Thread(target=drive, daemon=True)
     try:
         first = watch.stderr.readline()
