@@ -85,6 +85,16 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
     periodic = near_prefill(row, ctx)
 
     # 4. mixing: both segments in one step; corroborated only by independent signals.
+    pt, dr = num(row.get("prefill_tokens")), num(row.get("decode_rows"))
+    if alloc and has_p and has_d and qa != "measured" and pt is not None and pt < cfg.chunk_min_tokens:
+        # Inferred counts (a client's prompt lengths spread over the steps before each first token): a
+        # prompt below a chunk that can slow a step (cfg.chunk_min_tokens, the roofline ridge) joined this
+        # step, but where its tokens ran is a guess and so small a chunk costs about a decode pass - it
+        # does not explain the spike. Measured on the real-vLLM testbed's client view: 641 of 773 wrong
+        # mixing calls sat on such steps (docs/analyze.md, tier g).
+        return done("unknown", 0.3, prefill_tokens=pt, reason=(
+            f"a short prompt ({pt:.0f} tokens, inferred) joined this step: below a chunk that slows a step "
+            f"({cfg.chunk_min_tokens:.0f}), and nothing else measured here names a cause"))
     if alloc and has_p and has_d:
         measured = qa == "measured"
         support = sum(bool(x) for x in (graph_left, sm_high, periodic))
@@ -94,7 +104,6 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
                 conf -= 0.2  # a mixed step cannot replay the FULL decode graph
             if smd is not None and smd <= -cfg.sm_delta:
                 conf -= 0.1
-        pt, dr = num(row.get("prefill_tokens")), num(row.get("decode_rows"))
         if pt is not None and dr is not None and pt < dr:  # a tiny chunk explains little
             conf -= 0.15
         return done("mixing", conf, graph_left_full=graph_left, sm_delta=smd, sm_high=sm_high, periodic=periodic)
