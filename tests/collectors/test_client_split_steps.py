@@ -1,0 +1,54 @@
+"""Client steps on an engine that mixes: a cluster of first tokens alone, read apart from the decode
+tokens of its step, is a mixed step with unknown decode rows - not a prefill-only step that stalled the
+decodes (vLLM V1 never runs one while requests decode). On an engine that runs prefill batches alone
+(SGLang without mixed chunk) the same cluster stays ``prefill``. Which engine is measured on the capture:
+the share of first tokens that arrived together with other streams' decode tokens."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.collectors.clients.client_steps import MIXES_MIN, client_steps
+
+STEP = 0.01
+
+
+def _tokens(mixes: bool, n_new: int = 8) -> pd.DataFrame:
+    """Two long streams decoding every STEP; ``n_new`` short requests join. Mixing engine: a new
+    request's first token comes in the step's read with the decode tokens, except the last one, which
+    the client read 4 ms apart. Non-mixing engine: each first token comes in a step of its own."""
+    rows, t = [], 0.0
+    joins = {10 + 10 * k: k for k in range(n_new)}
+    for step in range(12 + 10 * n_new):
+        t += STEP
+        if step in joins and not mixes:
+            rows.append(("new%d" % joins[step], t, 1, 1, t - 0.05, 300.0))
+            t += STEP
+        for s in ("a", "b"):
+            rows.append((s, t + (0.0001 if s == "b" else 0.0), 1 if step == 0 else 0, 1, t - 0.05 if step == 0 else np.nan,
+                         64.0 if step == 0 else np.nan))
+        if step in joins and mixes:
+            late = 0.004 if joins[step] == n_new - 1 else 0.0002
+            rows.append(("new%d" % joins[step], t + late, 1, 1, t - 0.05, 300.0))
+    return pd.DataFrame(rows, columns=["request_id", "t_s", "is_first", "n_tokens", "arrival_s", "prompt_tokens"])
+
+
+@pytest.mark.parametrize("mixes, kind_of_last", [(True, "mixed"), (False, "prefill")])
+def test_first_tokens_read_apart_on_a_mixing_engine(mixes, kind_of_last):
+    tok = _tokens(mixes)
+    steps, tok2, _ = client_steps(tok, "c", cluster_s=0.003)
+    last_first = tok2[(tok2.request_id == "new7") & (tok2.is_first == 1)]["step"].iloc[0]
+    row = steps.loc[steps.step == int(last_first)].iloc[0]
+    assert row["kind"] == kind_of_last
+    if mixes:  # the client cannot count the step's decodes: unknown, not zero
+        assert np.isnan(row["decode_reqs"]) and np.isnan(row["decode_rows"])
+    else:
+        assert row["decode_reqs"] == 0
+
+
+def test_too_few_first_tokens_decide_nothing():
+    tok = _tokens(True, n_new=MIXES_MIN - 1)
+    steps, tok2, _ = client_steps(tok, "c", cluster_s=0.003)
+    last = tok2[(tok2.request_id == f"new{MIXES_MIN - 2}") & (tok2.is_first == 1)]["step"].iloc[0]
+    assert steps.loc[steps.step == int(last), "kind"].iloc[0] == "prefill"
