@@ -14,6 +14,9 @@ import ctypes
 import numpy as np
 import pandas as pd
 
+#: below this many rows the per-row way is cheap already and is taken (tests lower it)
+MIN_ROWS = 1024
+
 
 def pointers(a: np.ndarray) -> np.ndarray:
     """The PyObject pointers of the object array ``a`` as integers, read (never written) from its own
@@ -28,7 +31,7 @@ def factorize_objects(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     hashing a million str) and the few distinct objects by value after. Both keep the order of first
     appearance and a value first appears where its first object does, so the codes are pandas' own;
     equal objects at different addresses meet again in the second step."""
-    if len(a) < 1024:
+    if len(a) < MIN_ROWS:
         return pd.factorize(a, use_na_sentinel=True)
     a = np.ascontiguousarray(a)
     ptr_codes, ptr_uniq = pd.factorize(pointers(a), use_na_sentinel=False)
@@ -47,7 +50,7 @@ def label_column(codes: np.ndarray, names) -> np.ndarray | pd.api.extensions.Ext
     pyarrow costs ~50 ms a column, decoding a dictionary of three ~5 ms."""
     obj = np.asarray(list(names), dtype=object)
     dtype = pd.Series(obj).dtype  # what pandas infers for these strings
-    if len(codes) < 1024 or not isinstance(dtype, pd.StringDtype) or dtype.storage != "pyarrow":
+    if len(codes) < MIN_ROWS or not isinstance(dtype, pd.StringDtype) or dtype.storage != "pyarrow":
         return obj[codes]
     import pyarrow as pa  # pandas' str dtype is backed by it
 
@@ -60,7 +63,7 @@ def str_column(a: np.ndarray):
     """The object array ``a`` as the column a frame makes of it (``pd.DataFrame({"c": a})["c"]`` has the
     same values and dtype), without a Python step per row when ``a`` holds a few distinct str and no
     missing value; any other array comes back as it is, for pandas to convert."""
-    if len(a) < 1024 or a.dtype != object:
+    if len(a) < MIN_ROWS or a.dtype != object:
         return a
     codes, uniq = factorize_objects(a)
     if not len(uniq) or (codes < 0).any() or any(type(u) is not str for u in uniq):
