@@ -163,7 +163,9 @@ def split(latency: np.ndarray, centre: np.ndarray, weight: np.ndarray, feats: np
     beta = np.zeros(feats.shape[1])
     if present.any():
         # (the column pick lays the copy out in Fortran order: the products below sum in that order)
-        beta[present] = nnls(feats[ok][:, present], y[ok], weight[ok])
+        # every row usable (a log's steps): the columns picked from ``feats`` itself, the same C-ordered
+        # source as its row copy, without that 56 MB copy a million rows at the stage's peak
+        beta[present] = nnls(feats[:, present] if ok.all() else feats[ok][:, present], y[ok], weight[ok])
     # per-token seconds each cause explains, written into ``out`` itself and weighted there in place (the
     # same products, one array fewer); ``feats`` (the caller's temporary) is freed once read
     contrib = np.multiply(feats, beta, out=out[:, :-1])
