@@ -31,8 +31,61 @@ def _clean(obj: Any) -> Any:
 
 
 def json_text(data: Any) -> str:
-    """``data`` as the JSON text ``--json`` prints (NaN/inf as null, numpy scalars as numbers), newline-ended."""
-    return json.dumps(_clean(data), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    """``data`` as the JSON text ``--json`` prints (NaN/inf as null, numpy scalars as numbers), newline-ended.
+
+    The text is ``json.dumps(_clean(data), indent=2, allow_nan=False)``, byte for byte, built by
+    :func:`_indented` in one pass: with ``indent`` the json module encodes in Python generators (its C
+    encoder is compact only), ~1 s for the 20 000 spikes of a 10-minute log, and ``_clean`` copied the
+    whole document before that."""
+    parts: list[str] = []
+    _indented(data, 0, parts)
+    parts.append("\n")
+    return "".join(parts)
+
+
+_esc = json.encoder.encode_basestring_ascii  # what json.dumps (ensure_ascii) writes a str with
+_INDENT = ["\n" + "  " * i for i in range(64)]
+
+
+def _indented(obj: Any, level: int, parts: list[str]) -> None:
+    """Append to ``parts`` the text ``json.dumps(_clean(obj), indent=2, allow_nan=False)`` writes for
+    ``obj`` nested ``level`` deep. Plain dicts, lists, tuples, str, int, float, bool and None are written
+    here as the json module writes them; any other object (numpy scalars, subclasses) goes through
+    ``_clean`` and ``json.dumps`` itself, its newlines indented to ``level``."""
+    t = type(obj)
+    if t is str:
+        parts.append(_esc(obj))
+    elif t is float:
+        parts.append(float.__repr__(obj) if math.isfinite(obj) else "null")
+    elif t is int:
+        parts.append(int.__repr__(obj))
+    elif obj is None:
+        parts.append("null")
+    elif obj is True:
+        parts.append("true")
+    elif obj is False:
+        parts.append("false")
+    elif t is dict and len(obj) and level + 1 < len(_INDENT):
+        inner = _INDENT[level + 1]
+        sep = "{" + inner
+        for k, v in obj.items():
+            parts.append(sep)
+            parts.append(_esc(str(k)))
+            parts.append(": ")
+            _indented(v, level + 1, parts)
+            sep = "," + inner
+        parts.append(_INDENT[level] + "}")
+    elif (t is list or t is tuple) and len(obj) and level + 1 < len(_INDENT):
+        inner = _INDENT[level + 1]
+        sep = "[" + inner
+        for v in obj:
+            parts.append(sep)
+            _indented(v, level + 1, parts)
+            sep = "," + inner
+        parts.append(_INDENT[level] + "]")
+    else:
+        text = json.dumps(_clean(obj), indent=2, sort_keys=False, allow_nan=False)
+        parts.append(text.replace("\n", _INDENT[level]) if level else text)
 
 
 class Console:

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.errors import UserError
+from mixdiag.label_arrays import str_column
 from mixdiag.schema import Timeline, repeat_label
 
 from mixdiag.collectors.logs import vllm_clock, vllm_iterations
@@ -276,6 +277,8 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
         df[c] = np.concatenate([fc.astype(np.float64), np.array([r[c] for r in rows], dtype=np.float64)])
     if rows:  # line order; without walked rows the fast rows are in it already
         df = {k: v[order] for k, v in df.items()}
+    for c in ("instance", "kind", "granularity"):  # few shared labels: built by code, not str by str
+        df[c] = str_column(df[c])
     return pd.DataFrame(df)
 
 
@@ -314,12 +317,15 @@ def _name_instances(df: pd.DataFrame, out: LogRows, base: str) -> pd.DataFrame:
         return f"{base}/aggregated" if k == "all" else f"{base}/engine{k}"
 
     if len(df):
-        df["instance"] = np.array([name(k) for k in uniq], dtype=object)[codes]
+        names = np.array([name(k) for k in uniq], dtype=object)
+        df["instance"] = str_column(names[codes])
     for s in out.series:
         s["instance"] = name(s["instance"])
     out.signals = {name(k): v for k, v in out.signals.items()}
     if len(df):
-        for inst in set(pd.unique(df.loc[df["granularity"].to_numpy() == "step", "instance"])):
+        # the names of the step rows, read from their codes (a row's name is names[code], code -1 included)
+        step = (df["granularity"] == "step").to_numpy(dtype=bool, na_value=False)
+        for inst in set(names[np.unique(codes[step])]):
             out.signals.setdefault(inst, {})["kind"] = "measured"
     return df
 

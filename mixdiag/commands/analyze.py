@@ -98,7 +98,9 @@ def run(args, console):
                    context_len=args.context_len, title=f"mixdiag analyze {' '.join(inputs)}", breakdown=bd)
         console.note(f"wrote {args.html}")
     from mixdiag.report_breakdown import breakdown_lines
-    human = render(d, top=args.top, warnings=warnings, sections=breakdown_lines(bd) if bd is not None else ())
+    # --json prints the document alone: the human report (a pass over every spike) is not built for it
+    human = None if console.json_mode else render(d, top=args.top, warnings=warnings,
+                                                  sections=breakdown_lines(bd) if bd is not None else ())
     doc = {**d.to_json(), "sources": skipped_by_source(tl.meta), "inputs_ignored": list(tl.meta.get("inputs_ignored", []))}
     if bd is not None:
         doc["breakdown"] = bd.to_json()

@@ -7,16 +7,17 @@ helpers answer from its few distinct values and spread the answer back by code.
 """
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pandas as pd
+
+from mixdiag.label_arrays import factorize_objects, label_column, pointers  # noqa: F401 (label_column: used from here)
 
 
 def label_codes(col: pd.Series, na: str = "") -> tuple[np.ndarray, np.ndarray]:
     """``(codes, labels)`` with ``labels[codes]`` == ``col.fillna(na).astype(str)`` as objects
     (missing values get code -1, the last label: ``na``)."""
-    codes, uniq = pd.factorize(col.to_numpy(dtype=object), use_na_sentinel=True)
+    a = col.to_numpy(dtype=object)
+    codes, uniq = factorize_objects(a) if col.dtype == object else pd.factorize(a, use_na_sentinel=True)
     return codes, np.array([str(u) for u in uniq] + [na], dtype=object)
 
 
@@ -32,29 +33,13 @@ def label_in(col: pd.Series, values, na: str = "") -> np.ndarray:
     return np.isin(labels, list(values))[codes]
 
 
-def label_column(codes: np.ndarray, names) -> np.ndarray | pd.api.extensions.ExtensionArray:
-    """``names[codes]`` as the column pandas builds from those strings (its pyarrow ``str`` dtype where it
-    infers one, objects otherwise), made from the few labels: converting a million Python strings to
-    pyarrow costs ~50 ms a column, decoding a dictionary of three ~5 ms."""
-    obj = np.asarray(list(names), dtype=object)
-    dtype = pd.Series(obj).dtype  # what pandas infers for these strings
-    if len(codes) < 1024 or not isinstance(dtype, pd.StringDtype) or dtype.storage != "pyarrow":
-        return obj[codes]
-    import pyarrow as pa  # pandas' str dtype is backed by it
-
-    arr = pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes), type=pa.int32()),
-                                         pa.array(list(obj), type=pa.large_string())).dictionary_decode()
-    return pd.array(arr, dtype=dtype)
-
-
 def _one_object(a: np.ndarray) -> bool:
     """Whether every element of the object array ``a`` is the one same object, by comparing the
     element pointers as integers (no Python per row). A log's ``granularity`` is one shared ``"step"``
     (schema.repeat_label) on a million rows."""
     if not len(a) or not a.flags.c_contiguous:
         return False
-    # the array's own buffer of PyObject pointers, read (never written) while ``a`` is alive
-    ptrs = np.frombuffer((ctypes.c_void_p * len(a)).from_address(a.ctypes.data), dtype=np.uintp)
+    ptrs = pointers(a)
     return bool((ptrs == ptrs[0]).all())
 
 

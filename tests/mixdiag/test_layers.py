@@ -17,10 +17,11 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the contract and the words every room shares: nothing of ours (device_activity: the Timeline's activity
     # frame, its own module because schema.py is past its size and the frame has its own dtypes;
     # schema_columns, schema_validate: the contract's column table and its validation, split from schema.py by
-    # concept when it passed 400 lines; schema re-exports both)
+    # concept when it passed 400 lines; schema re-exports both; label_arrays: label columns built by code, for
+    # readers and diagnosis alike)
     "base": (("mixdiag", "mixdiag.schema", "mixdiag.schema_columns", "mixdiag.schema_validate",
               "mixdiag.device_activity", "mixdiag.causes", "mixdiag.wire", "mixdiag.errors", "mixdiag.fmt",
-              "mixdiag.gpu_probe"), ()),
+              "mixdiag.gpu_probe", "mixdiag.label_arrays"), ()),
     # the reference engine: config and hooks below both core and model, so the two never import each other
     "engine.common": (("mixdiag.engine", "mixdiag.engine.config", "mixdiag.engine.hooks"), ("base",)),
     "engine.model": (("mixdiag.engine.model",), ("base", "engine.common")),

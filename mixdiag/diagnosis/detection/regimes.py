@@ -108,6 +108,21 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(starts.tolist(), ends.tolist()))
 
 
+def _median_may_exceed(lat: np.ndarray, level: float, window: int, min_periods: int) -> bool:
+    """Whether some centred rolling median of ``lat`` (``window`` rows, at least ``min_periods`` values)
+    can exceed ``level``. The median of k values exceeds ``level`` only if at least ceil(k / 2) of them
+    do (an even count's median, the mean of the two middle values, is at most ``level`` when both are),
+    and k >= min_periods; counted over a window of 2 x ``window`` + 1 rows, which holds every centred
+    one. False: no median exceeds ``level`` (a million steps where only every 50th step is slow skip
+    the rolling median)."""
+    with np.errstate(invalid="ignore"):
+        hi = np.concatenate([[0], np.cumsum(lat > level)])
+    n = len(lat)
+    i = np.arange(n)
+    near = hi[np.minimum(i + window + 1, n)] - hi[np.maximum(i - window, 0)]
+    return bool((near >= (min_periods + 1) // 2).any())
+
+
 def elevated(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray, cfg: RegimeConfig = RegimeConfig()) -> np.ndarray:
     """Rows whose centred rolling median stands above the reference (ratio and noise guard)."""
     lat = np.asarray(latency, dtype=float)
@@ -117,8 +132,10 @@ def elevated(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray, cfg: Re
         finite = lat[np.isfinite(lat)]
         if not len(finite) or not np.isfinite(bar).any() or finite.max() <= np.nanmin(bar):
             return np.zeros(len(lat), dtype=bool)
-    smooth = pd.Series(lat).rolling(cfg.smooth_rows, center=True,
-                                    min_periods=max(1, cfg.smooth_rows // 2 + 1)).median().to_numpy()
+    min_periods = max(1, cfg.smooth_rows // 2 + 1)
+    if not _median_may_exceed(lat, float(np.nanmin(bar)), cfg.smooth_rows, min_periods):
+        return np.zeros(len(lat), dtype=bool)
+    smooth = pd.Series(lat).rolling(cfg.smooth_rows, center=True, min_periods=min_periods).median().to_numpy()
     with np.errstate(invalid="ignore"):
         return np.isfinite(smooth) & np.isfinite(bar) & (smooth > bar)
 

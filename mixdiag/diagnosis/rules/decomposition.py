@@ -49,6 +49,8 @@ def _num(rows: RowArrays, col: str) -> np.ndarray:
     if not rows.has(col):
         return np.zeros(len(rows))
     v = rows.num(col)
+    if len(v) and v.strides == (0,) and not np.isfinite(v[0]):  # an unfilled column (RowArrays.num): zeros
+        return np.zeros(len(v))  # that are not written hold no memory until a consumer writes its own copy
     return np.where(np.isfinite(v), v, 0.0)
 
 
@@ -121,7 +123,7 @@ def features(rows: pd.DataFrame | RowArrays, granularity: str) -> np.ndarray:
         f[:, col["host_stall"]] = np.clip(np.maximum(_num(rows, "gap_excess_s"), _num(rows, "fused_host_gap_excess_s")),
                                           0, None)
     f[~np.isfinite(f)] = 0.0
-    return np.clip(f, 0, None)
+    return np.clip(f, 0, None, out=f)  # in place: no second rows x causes array at the regime stage's peak
 
 
 def nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray, iters: int = 500) -> np.ndarray:
@@ -131,6 +133,7 @@ def nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray, iters: int = 500) -> np.nd
     scale = np.sqrt(np.average(x ** 2, axis=0, weights=w)) if w.sum() > 0 else np.ones(k)
     scale = np.where(scale > 0, scale, 1.0)
     xs = x / scale
+    del x  # the caller's copy, this frame's alone: 56 MB a million rows fewer at the peak
     xw = xs * w[:, None]  # once for both products (rows x features: 56 MB a million rows)
     g = xw.T @ xs
     h = xw.T @ y
@@ -160,14 +163,20 @@ def split(latency: np.ndarray, centre: np.ndarray, weight: np.ndarray, feats: np
     beta = np.zeros(feats.shape[1])
     if present.any():
         # (the column pick lays the copy out in Fortran order: the products below sum in that order)
-        beta[present] = nnls(feats[ok][:, present], y[ok], weight[ok])
-    contrib = feats * beta  # per-token seconds each cause explains
+        # every row usable (a log's steps): the columns picked from ``feats`` itself, the same C-ordered
+        # source as its row copy, without that 56 MB copy a million rows at the stage's peak
+        beta[present] = nnls(feats[:, present] if ok.all() else feats[ok][:, present], y[ok], weight[ok])
+    # per-token seconds each cause explains, written into ``out`` itself and weighted there in place (the
+    # same products, one array fewer); ``feats`` (the caller's temporary) is freed once read
+    contrib = np.multiply(feats, beta, out=out[:, :-1])
+    del feats
     total = contrib.sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         cap = np.where(total > y, y / total, 1.0)
-    contrib *= np.where(np.isfinite(cap), cap, 0.0)[:, None]  # in place: the same products, no second array
-    np.multiply(contrib, weight[:, None], out=out[:, :-1])
-    out[:, -1] = (y - contrib.sum(axis=1)).clip(0) * weight
+    contrib *= np.where(np.isfinite(cap), cap, 0.0)[:, None]
+    explained = contrib.sum(axis=1)
+    contrib *= weight[:, None]
+    out[:, -1] = (y - explained).clip(0) * weight
     return out
 
 
@@ -257,6 +266,15 @@ def _instance_rows(steps: pd.DataFrame):
     return [(names[codes[order[a]]], order[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def _features(rows: RowArrays, granularity: str, forget: RowArrays | None) -> np.ndarray:
+    """:func:`features`, then ``forget``'s converted columns dropped (the features array, passed on as a
+    temporary, is then the split's alone to free)."""
+    f = features(rows, granularity)
+    if forget is not None:
+        forget.forget()
+    return f
+
+
 def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regimes:
     """Healthy reference, episodes, excess by cause and saturation for every instance of the diagnosis's
     steps frame (the rows with their signals, as ``Diagnosis.steps`` holds them)."""
@@ -265,7 +283,8 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
         return out
     episodes = []
     every = RowArrays(steps)  # columns converted once, sliced per instance (row_arrays.py: a fleet's thousands)
-    for inst, pos in _instance_rows(steps):
+    groups = _instance_rows(steps)
+    for k, (inst, pos) in enumerate(groups):
         rows = every.take(pos)
         out.saturation[str(inst)] = saturation(rows, cfg)
         view: LatencyView | None = latency_view(rows)
@@ -273,7 +292,10 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
             continue
         sub = rows.take(view.positions)
         centre, sigma = reference(view.latency_s, view.strata, view.use, cfg)
-        parts = split(view.latency_s, centre, view.weight, features(sub, view.granularity))
+        # after the last instance nothing reads the converted columns: they are freed before the split's
+        # arrays exist (~200 MB a million rows); an instance after this one would convert them again
+        parts = split(view.latency_s, centre, view.weight,
+                      _features(sub, view.granularity, every if k == len(groups) - 1 else None))
         names = SPLIT_CAUSES + ("unknown",)
         out.excess_s[str(inst)] = {names[i]: float(v) for i, v in enumerate(parts.sum(axis=0))}
         out.reference[str(inst)] = {"granularity": view.granularity, "rows": int(len(view.latency_s)),

@@ -56,6 +56,10 @@ def near_prefill(row: pd.Series, ctx: InstanceContext) -> bool | None:
     return bool(p.get("significant")) and bool(row.get("near_prefill_event"))
 
 
+#: signals whose quality a row carries itself (its ``rq_*`` column)
+_ROW_QUALITIES = frozenset(("token_allocation", "graph_mode", "sm_active", "expert_imbalance", "kv_transfer"))
+
+
 def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
     """The evidence record of a spike: its height, the signal values it has and their quality."""
     lat, base = num(row.get("latency_s")), num(row.get("baseline_s"))
@@ -69,11 +73,10 @@ def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
         if isinstance(v, str):
             if v != "unknown":
                 ev[col] = v
-        elif num(v) is not None:
-            ev[col] = num(v)
-    ev["signal_quality"] = {s: row_quality(row, ctx, s) if s in ("token_allocation", "graph_mode", "sm_active",
-                                                        "expert_imbalance", "kv_transfer")
-                            else ctx.quality.get(s, "absent") for s in ctx.quality}
+        elif (f := num(v)) is not None:  # one conversion a value (20 000 spikes read 21 columns each)
+            ev[col] = f
+    ev["signal_quality"] = {s: row_quality(row, ctx, s) if s in _ROW_QUALITIES else ctx.quality.get(s, "absent")
+                            for s in ctx.quality}
     return ev
 
 
