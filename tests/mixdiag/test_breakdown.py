@@ -229,3 +229,24 @@ def test_kernels_traced_but_not_kept_are_named_as_such(ep):
     plain = Timeline(tl.steps, tl.tokens, tl.series, tl.meta)  # the same steps, no activity rows
     b = breakdown(plain, diagnose(plain))
     assert b.status == "no_device_activity" and "no per-kernel rows were kept" in b.notes[0]
+
+
+@pytest.mark.parametrize("steps", [
+    [0, 1, 2, 3, 4],                # dense step numbers: the direct table
+    [0, 7, 1_000_000, 5_000_000_000],  # sparse: the hashed search
+    [3, 3, 4],                      # a repeated (instance, step): the first row, on either path
+])
+def test_step_lookup_finds_each_instance_step_row(steps):
+    from mixdiag.diagnosis.breakdown.classes import StepClasses
+
+    inst = np.array(["a"] * len(steps) + ["b"])
+    step = np.array(steps + [steps[0]], dtype=np.int64)
+    sc = StepClasses(inst, step, ("all",), np.ones((len(step), 1), bool), np.ones(len(step), bool))
+    names = ["b", "a", "c"]  # categorical order differs from the step rows'; "c" has no steps
+    q_inst = np.array([1] * len(steps) + [0, 2, 1, 1], dtype=np.int8)
+    q_step = np.array(steps + [steps[0], steps[0], -1, max(steps) + 1], dtype=np.int64)
+    first = {}
+    for i, (n, s) in enumerate(zip(inst, step)):
+        first.setdefault((n, int(s)), i)
+    want = [first.get((names[c], int(s)), -1) if s >= 0 else -1 for c, s in zip(q_inst, q_step)]
+    assert sc.lookup(q_inst, names, q_step).tolist() == want

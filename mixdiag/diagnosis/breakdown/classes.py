@@ -44,6 +44,13 @@ class StepClasses:
         pos = {n: i for i, n in enumerate(names)}
         table = np.array([pos.get(str(n), -1) for n in inst_names] + [-1], dtype=np.int64)
         q_code = table[inst_codes]  # code -1 (missing) reads the sentinel
+        lo, span = int(self.step.min()), int(self.step.max()) - int(self.step.min()) + 1
+        if len(names) * span <= 4 * len(key) + 1024 and len(np.unique(key)) == len(key):
+            # step numbers run densely (the usual case): a direct table, one gather per row, no hashing
+            dense = np.full(len(names) * span + 1, -1, dtype=np.int64)  # the last cell: not found
+            dense[codes.astype(np.int64) * span + (self.step - lo)] = np.arange(len(key))
+            ok = (q_code >= 0) & (step >= 0) & (step >= lo) & (step < lo + span)
+            return dense[np.where(ok, q_code * span + (step - lo), len(dense) - 1)]
         q = np.where((q_code >= 0) & (step >= 0), q_code << 40 | (step & ((1 << 40) - 1)), -1)
         ids, uq = pd.factorize(q)  # millions of rows, a few thousand distinct steps: search those only
         pos = np.clip(np.searchsorted(key[order], uq), 0, len(order) - 1)
@@ -67,8 +74,11 @@ def step_classes(steps: pd.DataFrame, episodes: pd.DataFrame | None) -> StepClas
     cols.append(spike)
     names.append("spike")
     if episodes is not None and len(episodes):
+        # instances as integer codes: hundreds of episodes x thousands of steps compare ints, not strings
+        inst_names, inst_code = np.unique(inst, return_inverse=True)
+        code_of = {n: i for i, n in enumerate(inst_names)}
         for ep in episodes.itertuples(index=False):  # one column per episode (a handful), not per step
-            m = (inst == str(ep.instance)) & (step >= int(ep.step_start)) & (step <= int(ep.step_end))
+            m = (inst_code == code_of.get(str(ep.instance), -1)) & (step >= int(ep.step_start)) & (step <= int(ep.step_end))
             if m.any():
                 cols.append(m)
                 names.append(f"episode {int(ep.episode)}")  # rows carry their instance

@@ -27,12 +27,39 @@ def per_step_name(code: np.ndarray, step_row: np.ndarray, dur: np.ndarray, n_cod
     return uniq % n_codes, uniq // n_codes - 1, t, n
 
 
+class StepIndex:
+    """Rows of a per-step table grouped by step row, so a class reads only its own steps' rows.
+
+    ``srow``: the step row of each table row (-1 none). Built once per rank: the classes (one per
+    episode, hundreds of them) then cost their own rows each, not a pass over the whole table."""
+
+    def __init__(self, srow: np.ndarray, n_steps: int):
+        self.order = np.argsort(srow, kind="stable")
+        self.bounds = np.searchsorted(srow[self.order], np.arange(-1, n_steps + 1), side="left")
+
+    def rows_of(self, steps: np.ndarray) -> np.ndarray:
+        """Table rows whose step row is in ``steps`` (sorted, distinct), in table order per step."""
+        lo, hi = self.bounds[steps + 1], self.bounds[steps + 2]
+        n = hi - lo
+        total = int(n.sum())
+        if not total:
+            return np.zeros(0, dtype=np.int64)
+        shift = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+        return self.order[shift + np.arange(total)]
+
+
+def class_steps(member: np.ndarray) -> list[np.ndarray]:
+    """Step rows of each class (``member``: (n_steps, n_classes) bool)."""
+    return [np.flatnonzero(member[:, c]) for c in range(member.shape[1])]
+
+
 def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, name_code: np.ndarray,
                 names: list[str], class_names: tuple[str, ...], top: int) -> pd.DataFrame:
     """``member``: the step classes' membership (n_steps, n_classes); ``kind``: 0 kernel, 1 graph, 2+
     others; ``name_code``: index into ``names`` per activity row."""
     n_names = len(names) + 1  # the last code: graph replays
     labels = list(names) + [GRAPH_NAME]
+    steps_of = class_steps(member)
     out = []
     for rv in views:
         k = kind[rv.rows]
@@ -41,11 +68,13 @@ def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, nam
             continue
         code, srow, dur, cnt = per_step_name(np.where(k[sel] == 1, n_names - 1, name_code[rv.rows][sel]),
                                              rv.step_row[sel], (rv.end - rv.start)[sel], n_names)
+        index = StepIndex(srow, member.shape[0])
         for c, cname in enumerate(class_names):
             if not rv.win_member[:, c].any():
                 continue
-            m = np.ones(len(code), dtype=bool) if c == 0 else (srow >= 0) & member[np.maximum(srow, 0), c]
-            if not m.any():
+            # durations are integer ns: the sums are exact whatever order the rows are read in
+            m = slice(None) if c == 0 else index.rows_of(steps_of[c])
+            if c and not len(m):
                 continue
             t = np.bincount(code[m], dur[m], minlength=n_names)
             n = np.bincount(code[m], cnt[m], minlength=n_names).astype(np.int64)

@@ -9,6 +9,7 @@ window. The class ``all`` is one window over the device's whole span, work outsi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -40,9 +41,17 @@ class RankView:
     def launch_known(self) -> np.ndarray:
         return self.launch != NO_LAUNCH
 
+    @cached_property
+    def _membership(self) -> tuple[np.ndarray, np.ndarray]:
+        """(window, class) index pairs of ``win_member``'s True cells: most classes (one per episode) hold a
+        handful of windows, so a sum over the pairs is far cheaper than a dense (windows x classes) product."""
+        return np.nonzero(self.win_member)
+
     def per_class(self, values: np.ndarray) -> np.ndarray:
-        """Sum of a per-window value over each class's windows."""
-        return self.win_member.T.astype("float64") @ values
+        """Sum of a per-window value over each class's windows (float64; the values are integer
+        nanoseconds, so the sum is exact in any order)."""
+        win, cls = self._membership
+        return np.bincount(cls, np.asarray(values, dtype="float64")[win], minlength=self.win_member.shape[1])
 
 
 def rank_views(act: pd.DataFrame, classes: StepClasses) -> list[RankView]:
@@ -92,11 +101,12 @@ def _step_windows(start: np.ndarray, end: np.ndarray, step_row: np.ndarray):
     if not has.any():
         z = np.zeros(0, dtype=np.int64)
         return z, z, z
-    rows, inv = np.unique(step_row[has], return_inverse=True)
-    first = np.full(len(rows), np.iinfo(np.int64).max)
-    last = np.full(len(rows), np.iinfo(np.int64).min)
-    np.minimum.at(first, inv, start[has])
-    np.maximum.at(last, inv, end[has])
+    # first start and last end per step row: a hash group-by (millions of rows, thousands of steps),
+    # not a sort of the rows and unbuffered ufunc.at scatters; groups come out sorted by step row
+    grouped = pd.DataFrame({"s": start[has], "e": end[has]}).groupby(step_row[has], sort=True)
+    mins = grouped["s"].min()
+    first, rows = mins.to_numpy(dtype=np.int64), mins.index.to_numpy(dtype=np.int64)
+    last = grouped["e"].max().to_numpy(dtype=np.int64)
     o = np.argsort(first, kind="stable")
     first, last, rows = first[o], last[o], rows[o]
     # from the end of the earlier steps' work (the first step: from its own start)
