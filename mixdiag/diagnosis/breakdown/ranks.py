@@ -103,7 +103,7 @@ def _step_windows(start: np.ndarray, end: np.ndarray, step_row: np.ndarray):
         return z, z, z
     # first start and last end per step row: a hash group-by (millions of rows, thousands of steps),
     # not a sort of the rows and unbuffered ufunc.at scatters; groups come out sorted by step row
-    grouped = pd.DataFrame({"s": start[has], "e": end[has]}).groupby(step_row[has], sort=True)
+    grouped = pd.DataFrame({"s": start[has], "e": end[has]}, copy=False).groupby(step_row[has], sort=True)
     mins = grouped["s"].min()
     first, rows = mins.to_numpy(dtype=np.int64), mins.index.to_numpy(dtype=np.int64)
     last = grouped["e"].max().to_numpy(dtype=np.int64)
