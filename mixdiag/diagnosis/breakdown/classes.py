@@ -84,3 +84,30 @@ def step_classes(steps: pd.DataFrame, episodes: pd.DataFrame | None) -> StepClas
                 names.append(f"episode {int(ep.episode)}")  # rows carry their instance
     src = st["step_source"].astype(str).to_numpy() if "step_source" in st else np.full(len(st), "")
     return StepClasses(inst, step, tuple(names), np.stack(cols, axis=1), src != "gap")
+
+
+class StepIndex:
+    """Rows of a per-step table grouped by step row, so a class reads only its own steps' rows.
+
+    ``srow``: the step row of each table row (-1 none). Built once per rank: the classes (one per
+    episode, hundreds of them) then cost their own rows each, not a pass over the whole table."""
+
+    def __init__(self, srow: np.ndarray, n_steps: int):
+        self.order = np.argsort(srow, kind="stable")
+        self.bounds = np.searchsorted(srow[self.order], np.arange(-1, n_steps + 1), side="left")
+
+    def rows_of(self, steps: np.ndarray) -> np.ndarray:
+        """Table rows whose step row is in ``steps`` (sorted, distinct), in table order per step."""
+        lo, hi = self.bounds[steps + 1], self.bounds[steps + 2]
+        n = hi - lo
+        total = int(n.sum())
+        if not total:
+            return np.zeros(0, dtype=np.int64)
+        shift = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+        return self.order[shift + np.arange(total)]
+
+
+def class_steps(member: np.ndarray) -> list[np.ndarray]:
+    """Step rows of each class (``member``: (n_steps, n_classes) bool)."""
+    by_class = np.ascontiguousarray(member.T)  # one transpose, not a strided copy per class
+    return [np.flatnonzero(row) for row in by_class]

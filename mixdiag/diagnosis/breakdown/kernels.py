@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mixdiag.diagnosis.breakdown.classes import StepIndex, class_steps
 from mixdiag.diagnosis.breakdown.ranks import RankView
 
 KERNEL_COLUMNS = ["instance", "rank", "step_class", "kernel", "time_s", "calls", "share"]
@@ -21,36 +22,18 @@ def per_step_name(code: np.ndarray, step_row: np.ndarray, dur: np.ndarray, n_cod
     """Rows summed per (step row, code): (code, step row, summed duration ns, rows) - a few thousand
     entries instead of millions of kernels, so each class reads the small table."""
     key = (step_row.astype(np.int64) + 1) * n_codes + code
-    ids, uniq = pd.factorize(key, sort=False)
-    t = np.bincount(ids, dur.astype("float64"), minlength=len(uniq))
-    n = np.bincount(ids, minlength=len(uniq)).astype("float64")
+    span = (int(step_row.max()) + 2) * n_codes if len(key) else 0
+    if span <= 2 * len(key) + 1024:
+        # (step, name) pairs fill a small grid: count into it directly, no hashing of millions of keys
+        n = np.bincount(key, minlength=span)
+        uniq = np.flatnonzero(n)
+        t = np.bincount(key, dur.astype("float64"), minlength=span)[uniq]
+        n = n[uniq].astype("float64")
+    else:
+        ids, uniq = pd.factorize(key, sort=False)
+        t = np.bincount(ids, dur.astype("float64"), minlength=len(uniq))
+        n = np.bincount(ids, minlength=len(uniq)).astype("float64")
     return uniq % n_codes, uniq // n_codes - 1, t, n
-
-
-class StepIndex:
-    """Rows of a per-step table grouped by step row, so a class reads only its own steps' rows.
-
-    ``srow``: the step row of each table row (-1 none). Built once per rank: the classes (one per
-    episode, hundreds of them) then cost their own rows each, not a pass over the whole table."""
-
-    def __init__(self, srow: np.ndarray, n_steps: int):
-        self.order = np.argsort(srow, kind="stable")
-        self.bounds = np.searchsorted(srow[self.order], np.arange(-1, n_steps + 1), side="left")
-
-    def rows_of(self, steps: np.ndarray) -> np.ndarray:
-        """Table rows whose step row is in ``steps`` (sorted, distinct), in table order per step."""
-        lo, hi = self.bounds[steps + 1], self.bounds[steps + 2]
-        n = hi - lo
-        total = int(n.sum())
-        if not total:
-            return np.zeros(0, dtype=np.int64)
-        shift = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
-        return self.order[shift + np.arange(total)]
-
-
-def class_steps(member: np.ndarray) -> list[np.ndarray]:
-    """Step rows of each class (``member``: (n_steps, n_classes) bool)."""
-    return [np.flatnonzero(member[:, c]) for c in range(member.shape[1])]
 
 
 def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, name_code: np.ndarray,
@@ -66,11 +49,11 @@ def top_kernels(views: list[RankView], member: np.ndarray, kind: np.ndarray, nam
         sel = k <= 1
         if not sel.any():
             continue
-        code, srow, dur, cnt = per_step_name(np.where(k[sel] == 1, n_names - 1, name_code[rv.rows][sel]),
-                                             rv.step_row[sel], (rv.end - rv.start)[sel], n_names)
+        code, srow, dur, cnt = per_step_name(np.where(k[sel] == 1, n_names - 1, name_code[rv.rows[sel]]),
+                                             rv.step_row[sel], rv.end[sel] - rv.start[sel], n_names)
         index = StepIndex(srow, member.shape[0])
         for c, cname in enumerate(class_names):
-            if not rv.win_member[:, c].any():
+            if not rv.has_class[c]:
                 continue
             # durations are integer ns: the sums are exact whatever order the rows are read in
             m = slice(None) if c == 0 else index.rows_of(steps_of[c])

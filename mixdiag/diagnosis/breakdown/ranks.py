@@ -42,6 +42,11 @@ class RankView:
         return self.launch != NO_LAUNCH
 
     @cached_property
+    def has_class(self) -> np.ndarray:
+        """Per class: whether any window of this device is in it (one pass, not one column scan per class)."""
+        return self.win_member.any(axis=0)
+
+    @cached_property
     def _membership(self) -> tuple[np.ndarray, np.ndarray]:
         """(window, class) index pairs of ``win_member``'s True cells: most classes (one per episode) hold a
         handful of windows, so a sum over the pairs is far cheaper than a dense (windows x classes) product."""
@@ -69,12 +74,13 @@ def rank_views(act: pd.DataFrame, classes: StepClasses) -> list[RankView]:
     srow = classes.lookup(inst_codes, inst_names, act["step"].to_numpy())
     # one sort for every rank: by start, then stably by (instance, device)
     order = np.argsort(start, kind="stable")
-    rank_key = inst_codes.astype(np.int64)[order] << 32 | (dev[order].astype(np.int64) & 0xFFFFFFFF)
-    if rank_key[0] != rank_key[-1] or np.any(rank_key != rank_key[0]):  # several ranks: group them
-        by_rank = np.argsort(rank_key, kind="stable")
+    if inst_codes.min() == inst_codes.max() and dev.min() == dev.max():  # one rank: no key over every row
+        bounds = np.zeros(1, dtype=np.int64)
+    else:
+        rank_key = inst_codes.astype(np.int64)[order] << 32 | (dev[order].astype(np.int64) & 0xFFFFFFFF)
+        by_rank = np.argsort(rank_key, kind="stable")  # several ranks: group them
         order, rank_key = order[by_rank], rank_key[by_rank]
-    bounds = np.flatnonzero(np.diff(rank_key, prepend=rank_key[0] - 1)) if rank_key[0] != rank_key[-1] or \
-        np.any(rank_key != rank_key[0]) else np.zeros(1, dtype=np.int64)
+        bounds = np.flatnonzero(np.diff(rank_key, prepend=rank_key[0] - 1))
     out = []
     for i, lo in enumerate(bounds):
         hi = bounds[i + 1] if i + 1 < len(bounds) else len(order)
