@@ -250,3 +250,31 @@ def test_step_lookup_finds_each_instance_step_row(steps):
         first.setdefault((n, int(s)), i)
     want = [first.get((names[c], int(s)), -1) if s >= 0 else -1 for c, s in zip(q_inst, q_step)]
     assert sc.lookup(q_inst, names, q_step).tolist() == want
+
+
+@pytest.mark.parametrize("step_row", [
+    [-1, 0, 0, 1, 1, 1, 2],                   # few steps: the dense grid
+    [-1, 0, 0, 10**7, 10**7, 10**7, 2],       # far-apart step rows: the hashed grouping
+])
+def test_per_step_name_sums_each_step_and_kernel_once(step_row):
+    from mixdiag.diagnosis.breakdown.kernels import per_step_name
+
+    code = np.array([0, 1, 1, 2, 0, 2, 1])
+    dur = np.array([5, 7, 11, 13, 0, 17, 19])
+    want: dict = {}
+    for s, c, d in zip(step_row, code, dur):
+        t, n = want.get((s, c), (0, 0))
+        want[(s, c)] = (t + d, n + 1)
+    got_c, got_s, got_t, got_n = per_step_name(code, np.array(step_row), dur, 3)
+    got = {(int(s), int(c)): (float(t), int(n)) for c, s, t, n in zip(got_c, got_s, got_t, got_n)}
+    assert got == want  # a zero-duration kernel still counts as a call
+
+
+def test_step_index_reads_the_rows_of_the_given_steps():
+    from mixdiag.diagnosis.breakdown.classes import StepIndex
+
+    srow = np.array([2, -1, 0, 2, 1, 0, 2])
+    index = StepIndex(srow, 3)
+    for steps in ([0], [2], [0, 2], [1, 2], []):
+        got = index.rows_of(np.array(steps, dtype=np.int64))
+        assert sorted(got.tolist()) == [i for i, s in enumerate(srow) if s in steps]
