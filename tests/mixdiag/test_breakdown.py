@@ -229,3 +229,52 @@ def test_kernels_traced_but_not_kept_are_named_as_such(ep):
     plain = Timeline(tl.steps, tl.tokens, tl.series, tl.meta)  # the same steps, no activity rows
     b = breakdown(plain, diagnose(plain))
     assert b.status == "no_device_activity" and "no per-kernel rows were kept" in b.notes[0]
+
+
+@pytest.mark.parametrize("steps", [
+    [0, 1, 2, 3, 4],                # dense step numbers: the direct table
+    [0, 7, 1_000_000, 5_000_000_000],  # sparse: the hashed search
+    [3, 3, 4],                      # a repeated (instance, step): the first row, on either path
+])
+def test_step_lookup_finds_each_instance_step_row(steps):
+    from mixdiag.diagnosis.breakdown.classes import StepClasses
+
+    inst = np.array(["a"] * len(steps) + ["b"])
+    step = np.array(steps + [steps[0]], dtype=np.int64)
+    sc = StepClasses(inst, step, ("all",), np.ones((len(step), 1), bool), np.ones(len(step), bool))
+    names = ["b", "a", "c"]  # categorical order differs from the step rows'; "c" has no steps
+    q_inst = np.array([1] * len(steps) + [0, 2, 1, 1], dtype=np.int8)
+    q_step = np.array(steps + [steps[0], steps[0], -1, max(steps) + 1], dtype=np.int64)
+    first = {}
+    for i, (n, s) in enumerate(zip(inst, step)):
+        first.setdefault((n, int(s)), i)
+    want = [first.get((names[c], int(s)), -1) if s >= 0 else -1 for c, s in zip(q_inst, q_step)]
+    assert sc.lookup(q_inst, names, q_step).tolist() == want
+
+
+@pytest.mark.parametrize("step_row", [
+    [-1, 0, 0, 1, 1, 1, 2],                   # few steps: the dense grid
+    [-1, 0, 0, 10**7, 10**7, 10**7, 2],       # far-apart step rows: the hashed grouping
+])
+def test_per_step_name_sums_each_step_and_kernel_once(step_row):
+    from mixdiag.diagnosis.breakdown.kernels import per_step_name
+
+    code = np.array([0, 1, 1, 2, 0, 2, 1])
+    dur = np.array([5, 7, 11, 13, 0, 17, 19])
+    want: dict = {}
+    for s, c, d in zip(step_row, code, dur):
+        t, n = want.get((s, c), (0, 0))
+        want[(s, c)] = (t + d, n + 1)
+    got_c, got_s, got_t, got_n = per_step_name(code, np.array(step_row), dur, 3)
+    got = {(int(s), int(c)): (float(t), int(n)) for c, s, t, n in zip(got_c, got_s, got_t, got_n)}
+    assert got == want  # a zero-duration kernel still counts as a call
+
+
+def test_step_index_reads_the_rows_of_the_given_steps():
+    from mixdiag.diagnosis.breakdown.classes import StepIndex
+
+    srow = np.array([2, -1, 0, 2, 1, 0, 2])
+    index = StepIndex(srow, 3)
+    for steps in ([0], [2], [0, 2], [1, 2], []):
+        got = index.rows_of(np.array(steps, dtype=np.int64))
+        assert sorted(got.tolist()) == [i for i, s in enumerate(srow) if s in steps]

@@ -7,17 +7,20 @@ Both runs stop at step 75 (`--max-steps`, as `mixdiag demo --max-steps` does): t
 window (steps 76-98) is not, so two ~40-60 s runs on a busy 2-core machine compare the chunk size, not a fault
 window.
 
-What is asserted about the engine, and why only that: on the CPU reference engine a mixed step carries a large
-fixed cost whatever its chunk (it leaves the FULL graph, and the demo's graph-miss fault charges eager launches;
-the 4-process all-to-all grows with the rows), so a 128-token chunk spreads one long prompt over ~20 mixed steps
-of ~1x-2.4x a decode step instead of 4 of ~3-4x. Measured on this machine (load 9-13, docs/diff.md): mixing's
-part of P99 ITL fell in every pair (0.25-1.37 s at 512; 0-0.31 s at 128), while its total spike excess at chunk
-128 ranged 5.6-128 s over four runs against 61-134 s at 512 - run-to-run noise larger than the effect, and the
-direction the fixed cost predicts is a rise; and after this session's rule merges, on a machine at load ~8,
-mixing's part of BEFORE's P99 itself measured only 6-14 ms. So neither the excess nor the tail is asserted to
-fall: the excess figures, mixing's part of each P99 and mixing's share of the change are asserted to be the
-analyses' own numbers, in whichever direction this run moved them (docs/diff.md, "The demo pair"), and where
-the P99 fell beyond noise the headline must name the cause that moved it."""
+What is asserted about the engine, and why only that (docs/diff.md, "The demo pair", three runs per setting at
+load 7-9): `mixdiag tune` recommended 128 on 3 of 3 runs at 512, and is asserted to here. Issue 25's acceptance -
+mixing's share of the excess falls - is not asserted because it did not happen: the share's medians rose (0.49 ->
+0.62; 0.66 -> 0.72 without the graph-miss fault), its denominator moving with `unknown` decode-step spikes that
+follow the machine's load. Mixing's excess (median 66 -> 33 s, range 7-179 s at 128) and the P99
+(median 828 -> 555 ms, one pair the other way; 489 -> 661 ms without the graph-miss fault) do not separate the
+settings beyond the run-to-run spread either. There is no large fixed cost per mixed step to blame: a 128-token
+mixed step ran 0.9-1.14x a decode step in 5 of 6 runs (the graph-miss fault's eager-launch charge is ~30 ms, as
+an eager step pays on a GPU; vLLM V1 runs a step above the largest captured size without a graph too). What the
+CPU engine lacks is a GPU's roofline: a CPU forward is compute-bound from a few tokens, so prefill costs about
+the same total in 12 steps of 512 or 43 of 128 and a smaller chunk only spreads it. So the excess figures,
+mixing's part of each P99 and mixing's share of the change are asserted to be the analyses' own numbers, in
+whichever direction this run moved them, and where the P99 fell beyond noise the headline must name the cause
+that moved it."""
 import json
 import re
 from pathlib import Path
@@ -62,9 +65,8 @@ def test_diff_of_the_demo_and_its_tuned_chunk_size_shows_what_mixing_moved(tmp_p
     assert mix["before_s"] == pytest.approx(a_before["budget"]["total"]["by_cause"]["mixing"]["excess_s"])
     assert mix["after_raw_s"] == pytest.approx(a_after["budget"]["total"]["by_cause"]["mixing"]["excess_s"])
     # mixing's part of each side's P99 is that side's own budget figure (P99 minus P99 without mixing). Whether
-    # it falls is not asserted: measured after the session's rule merges at load ~8, BEFORE's part was 6-14 ms
-    # (decode steps at ~115 ms on the loaded CPU engine, mixed steps 1.8x), where earlier runs had 0.25-1.37 s
-    # (docs/diff.md, "The demo pair") - the engine's load moves it more than the chunk size does.
+    # it falls is not asserted: measured 184-516 ms at 512 and 0-238 ms at 128, rising in one of three pairs
+    # (docs/diff.md, "The demo pair") - the machine's load moves it as much as the chunk size does.
     for side, a in (("before", a_before), ("after", a_after)):
         bc = a["budget"]["instances"]["engine0"]["by_cause"]["mixing"]
         assert mix[f"p99_part_{side}_s"] == pytest.approx(bc["p99_reduction_s"]), (side, mix, bc)

@@ -35,8 +35,8 @@ NOT_KEPT = ("no device activity rows: the steps show traced kernels, but no per-
 def _codes(col: pd.Series, vocabulary: tuple[str, ...]) -> np.ndarray:
     """Index into ``vocabulary`` of each categorical value (categories may come in any order)."""
     table = np.array([vocabulary.index(str(c)) if str(c) in vocabulary else -1 for c in col.cat.categories],
-                     dtype=np.int64)
-    return table[col.cat.codes.to_numpy()] if len(table) else np.zeros(len(col), dtype=np.int64)
+                     dtype=np.int8)  # a handful of values: int8 keeps the per-row gathers small
+    return table[col.cat.codes.to_numpy()] if len(table) else np.zeros(len(col), dtype=np.int8)
 
 
 def breakdown(timeline, result, config: BreakdownConfig = BreakdownConfig()) -> Breakdown:

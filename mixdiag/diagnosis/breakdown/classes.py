@@ -44,6 +44,13 @@ class StepClasses:
         pos = {n: i for i, n in enumerate(names)}
         table = np.array([pos.get(str(n), -1) for n in inst_names] + [-1], dtype=np.int64)
         q_code = table[inst_codes]  # code -1 (missing) reads the sentinel
+        lo, span = int(self.step.min()), int(self.step.max()) - int(self.step.min()) + 1
+        if len(names) * span <= 4 * len(key) + 1024 and len(np.unique(key)) == len(key):
+            # step numbers run densely (the usual case): a direct table, one gather per row, no hashing
+            dense = np.full(len(names) * span + 1, -1, dtype=np.int64)  # the last cell: not found
+            dense[codes.astype(np.int64) * span + (self.step - lo)] = np.arange(len(key))
+            ok = (q_code >= 0) & (step >= 0) & (step >= lo) & (step < lo + span)
+            return dense[np.where(ok, q_code * span + (step - lo), len(dense) - 1)]
         q = np.where((q_code >= 0) & (step >= 0), q_code << 40 | (step & ((1 << 40) - 1)), -1)
         ids, uq = pd.factorize(q)  # millions of rows, a few thousand distinct steps: search those only
         pos = np.clip(np.searchsorted(key[order], uq), 0, len(order) - 1)
@@ -67,10 +74,40 @@ def step_classes(steps: pd.DataFrame, episodes: pd.DataFrame | None) -> StepClas
     cols.append(spike)
     names.append("spike")
     if episodes is not None and len(episodes):
+        # instances as integer codes: hundreds of episodes x thousands of steps compare ints, not strings
+        inst_names, inst_code = np.unique(inst, return_inverse=True)
+        code_of = {n: i for i, n in enumerate(inst_names)}
         for ep in episodes.itertuples(index=False):  # one column per episode (a handful), not per step
-            m = (inst == str(ep.instance)) & (step >= int(ep.step_start)) & (step <= int(ep.step_end))
+            m = (inst_code == code_of.get(str(ep.instance), -1)) & (step >= int(ep.step_start)) & (step <= int(ep.step_end))
             if m.any():
                 cols.append(m)
                 names.append(f"episode {int(ep.episode)}")  # rows carry their instance
     src = st["step_source"].astype(str).to_numpy() if "step_source" in st else np.full(len(st), "")
     return StepClasses(inst, step, tuple(names), np.stack(cols, axis=1), src != "gap")
+
+
+class StepIndex:
+    """Rows of a per-step table grouped by step row, so a class reads only its own steps' rows.
+
+    ``srow``: the step row of each table row (-1 none). Built once per rank: the classes (one per
+    episode, hundreds of them) then cost their own rows each, not a pass over the whole table."""
+
+    def __init__(self, srow: np.ndarray, n_steps: int):
+        self.order = np.argsort(srow, kind="stable")
+        self.bounds = np.searchsorted(srow[self.order], np.arange(-1, n_steps + 1), side="left")
+
+    def rows_of(self, steps: np.ndarray) -> np.ndarray:
+        """Table rows whose step row is in ``steps`` (sorted, distinct), in table order per step."""
+        lo, hi = self.bounds[steps + 1], self.bounds[steps + 2]
+        n = hi - lo
+        total = int(n.sum())
+        if not total:
+            return np.zeros(0, dtype=np.int64)
+        shift = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+        return self.order[shift + np.arange(total)]
+
+
+def class_steps(member: np.ndarray) -> list[np.ndarray]:
+    """Step rows of each class (``member``: (n_steps, n_classes) bool)."""
+    by_class = np.ascontiguousarray(member.T)  # one transpose, not a strided copy per class
+    return [np.flatnonzero(row) for row in by_class]

@@ -29,7 +29,7 @@ def comm_overlap(views: list[RankView], role: np.ndarray, class_names: tuple[str
         both = intersect(segs[0], segs[1])
         vals = [rv.per_class(measure(s, rv.win_lo, rv.win_hi)) / 1e9 for s in (segs[1], segs[0], both, segs[3])]
         for c, name in enumerate(class_names):
-            if not rv.win_member[:, c].any():
+            if not rv.has_class[c]:
                 continue
             cm, cp, ov, op = (float(v[c]) for v in vals)
             rows.append((rv.instance, rv.device, name, cm, cp, ov, ov / cm if cm > 0 else np.nan, op))

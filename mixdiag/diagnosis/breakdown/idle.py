@@ -61,7 +61,7 @@ def utilisation(views: list[RankView], class_names: tuple[str, ...]) -> pd.DataF
         steps = rv.win_member[:-1].sum(axis=0)
         steps[0] = len(rv.win_lo) - 1  # 'all': every step window (its own window is the span)
         for c, name in enumerate(class_names):
-            if not rv.win_member[:, c].any():
+            if not rv.has_class[c]:
                 continue
             w, bz, h, k, o = (float(p[c]) for p in per)
             rows.append((rv.instance, rv.device, name, int(steps[c]), w, bz, bz / w if w > 0 else np.nan,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mixdiag.diagnosis.breakdown.classes import StepIndex, class_steps
 from mixdiag.diagnosis.breakdown.ranks import RankView
 
 MEMCPY_COLUMNS = ["instance", "rank", "step_class", "direction", "stream", "copies", "bytes", "time_s",
@@ -20,6 +21,7 @@ def copies(views: list[RankView], member: np.ndarray, is_copy: np.ndarray, direc
     """``direction``: the copy-kind code per activity row, into ``labels``; the rest row-aligned with the
     activity. Copies are few next to kernels: only their rows are grouped."""
     out = []
+    steps_of = class_steps(member)
     for rv in views:
         sel = is_copy[rv.rows]
         if not sel.any():
@@ -32,13 +34,15 @@ def copies(views: list[RankView], member: np.ndarray, is_copy: np.ndarray, direc
         key = (rv.step_row[sel].astype(np.int64) + 1) * ng + grp
         ids, uniq = pd.factorize(key)
         agg = [np.bincount(ids, w, minlength=len(uniq)) for w in
-               (None, nbytes[rows].astype("float64"), (rv.end - rv.start)[sel].astype("float64"))]
+               (None, nbytes[rows].astype("float64"), (rv.end[sel] - rv.start[sel]).astype("float64"))]
         g_of, srow = uniq % ng, uniq // ng - 1
+        index = StepIndex(srow, member.shape[0])
         for c, cname in enumerate(class_names):
-            if not rv.win_member[:, c].any():
+            if not rv.has_class[c]:
                 continue
-            m = np.ones(len(uniq), dtype=bool) if c == 0 else (srow >= 0) & member[np.maximum(srow, 0), c]
-            if not m.any():
+            # counts, bytes and ns are integers: the sums are exact whatever order the rows are read in
+            m = slice(None) if c == 0 else index.rows_of(steps_of[c])
+            if c and not len(m):
                 continue
             n, b, t = (np.bincount(g_of[m], a[m], minlength=ng) for a in agg)
             for gi in np.flatnonzero(n > 0):

@@ -9,6 +9,7 @@ window. The class ``all`` is one window over the device's whole span, work outsi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -40,9 +41,22 @@ class RankView:
     def launch_known(self) -> np.ndarray:
         return self.launch != NO_LAUNCH
 
+    @cached_property
+    def has_class(self) -> np.ndarray:
+        """Per class: whether any window of this device is in it (one pass, not one column scan per class)."""
+        return self.win_member.any(axis=0)
+
+    @cached_property
+    def _membership(self) -> tuple[np.ndarray, np.ndarray]:
+        """(window, class) index pairs of ``win_member``'s True cells: most classes (one per episode) hold a
+        handful of windows, so a sum over the pairs is far cheaper than a dense (windows x classes) product."""
+        return np.nonzero(self.win_member)
+
     def per_class(self, values: np.ndarray) -> np.ndarray:
-        """Sum of a per-window value over each class's windows."""
-        return self.win_member.T.astype("float64") @ values
+        """Sum of a per-window value over each class's windows (float64; the values are integer
+        nanoseconds, so the sum is exact in any order)."""
+        win, cls = self._membership
+        return np.bincount(cls, np.asarray(values, dtype="float64")[win], minlength=self.win_member.shape[1])
 
 
 def rank_views(act: pd.DataFrame, classes: StepClasses) -> list[RankView]:
@@ -60,12 +74,13 @@ def rank_views(act: pd.DataFrame, classes: StepClasses) -> list[RankView]:
     srow = classes.lookup(inst_codes, inst_names, act["step"].to_numpy())
     # one sort for every rank: by start, then stably by (instance, device)
     order = np.argsort(start, kind="stable")
-    rank_key = inst_codes.astype(np.int64)[order] << 32 | (dev[order].astype(np.int64) & 0xFFFFFFFF)
-    if rank_key[0] != rank_key[-1] or np.any(rank_key != rank_key[0]):  # several ranks: group them
-        by_rank = np.argsort(rank_key, kind="stable")
+    if inst_codes.min() == inst_codes.max() and dev.min() == dev.max():  # one rank: no key over every row
+        bounds = np.zeros(1, dtype=np.int64)
+    else:
+        rank_key = inst_codes.astype(np.int64)[order] << 32 | (dev[order].astype(np.int64) & 0xFFFFFFFF)
+        by_rank = np.argsort(rank_key, kind="stable")  # several ranks: group them
         order, rank_key = order[by_rank], rank_key[by_rank]
-    bounds = np.flatnonzero(np.diff(rank_key, prepend=rank_key[0] - 1)) if rank_key[0] != rank_key[-1] or \
-        np.any(rank_key != rank_key[0]) else np.zeros(1, dtype=np.int64)
+        bounds = np.flatnonzero(np.diff(rank_key, prepend=rank_key[0] - 1))
     out = []
     for i, lo in enumerate(bounds):
         hi = bounds[i + 1] if i + 1 < len(bounds) else len(order)
@@ -92,11 +107,12 @@ def _step_windows(start: np.ndarray, end: np.ndarray, step_row: np.ndarray):
     if not has.any():
         z = np.zeros(0, dtype=np.int64)
         return z, z, z
-    rows, inv = np.unique(step_row[has], return_inverse=True)
-    first = np.full(len(rows), np.iinfo(np.int64).max)
-    last = np.full(len(rows), np.iinfo(np.int64).min)
-    np.minimum.at(first, inv, start[has])
-    np.maximum.at(last, inv, end[has])
+    # first start and last end per step row: a hash group-by (millions of rows, thousands of steps),
+    # not a sort of the rows and unbuffered ufunc.at scatters; groups come out sorted by step row
+    grouped = pd.DataFrame({"s": start[has], "e": end[has]}, copy=False).groupby(step_row[has], sort=True)
+    mins = grouped["s"].min()
+    first, rows = mins.to_numpy(dtype=np.int64), mins.index.to_numpy(dtype=np.int64)
+    last = grouped["e"].max().to_numpy(dtype=np.int64)
     o = np.argsort(first, kind="stable")
     first, last, rows = first[o], last[o], rows[o]
     # from the end of the earlier steps' work (the first step: from its own start)
