@@ -59,13 +59,19 @@ class SignalConfig:
     # LLM serving: at least this share of step rows decode (or replay FULL) ...
     llm_min_share: float = 0.2
     llm_min_rows: int = 10       # ... judged only with this many rows (fewer: no claim either way)
+    # the decode graph mode of step rows is FULL once this share of decode steps replayed FULL
+    # (signals.decode_graph_norm: engines replay whenever they can, so not replaying is the exception).
+    # A healthy instance replays FULL on ~all decode steps; 0.2 still finds it under an eager episode
+    # covering 80 % of a capture (tier d2 episodes run up to 500 of 800 steps), while an instance that
+    # replays FULL only on a few small batches (captures cut short) keeps its usual mode
+    full_norm_share: float = 0.2
 
     def __post_init__(self):
         if min(self.neighbour_window, self.gap_window, self.wide_window) < 3:
             raise ValueError("SignalConfig windows must be >= 3")
         if self.gap_band_sigma < 0 or self.imbalance_band_sigma < 0:
             raise ValueError("SignalConfig.gap_band_sigma and imbalance_band_sigma must be >= 0")
-        if not 0 < self.period_alpha < 1 or not 0 < self.llm_min_share <= 1:
+        if not 0 < self.period_alpha < 1 or not 0 < self.llm_min_share <= 1 or not 0 < self.full_norm_share <= 1:
             raise ValueError("SignalConfig.period_alpha must be in (0, 1), llm_min_share in (0, 1]")
         if min(self.period_min_near, self.relation_perms, self.relation_min_rows, self.relation_min_work,
                self.llm_min_rows) < 1:

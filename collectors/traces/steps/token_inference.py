@@ -39,8 +39,16 @@ MIN_DISTINCT_D2H = 5
 MIN_DECODE_STEPS = 5
 
 
-#: A trace whose steps carry no H2D bytes at least this often keeps its inputs on the GPU.
-GPU_INPUT_SHARE = 0.5
+#: A trace whose steps carry no H2D bytes at least this often keeps its inputs on the GPU. An engine that
+#: builds its inputs on the host copies them every step (vLLM ``gpu_model_runner._prepare_inputs``:
+#: input ids, positions, query_start_loc, seq_lens, slot_mapping ``copy_to_gpu`` per step), so it shows no
+#: step without H2D bytes; an engine that keeps them on the GPU (SGLang ``prepare_for_decode``) copies
+#: nothing on every decode-only step. With DP attention the rank holding a long prompt uploads its chunks
+#: on every step of a long episode - more than half the capture when the episode is long (measured: a
+#: 427-step chunked prompt in 800 steps of the tier-d2 4-rank trace, 53 % of steps with copies) - so
+#: half was too strict: 0.1 keeps a GPU-input rank whose prompts ride on up to 90 % of its steps, and is
+#: still far above the 0 % of a per-step-copying engine (a few steps whose boundary the reader misplaced).
+GPU_INPUT_SHARE = 0.1
 
 
 def _families_only(s: pd.DataFrame) -> pd.DataFrame:
