@@ -19,6 +19,12 @@ class SpikeConfig:
     # a starved stretch counts when the next ITL P99 is >= this x its duration (a request that waited
     # through it logs the wait as one ITL on resuming; below 1: slack for bucketed histogram quantiles)
     starve_confirm: float = 0.8
+    # a step whose measured host gap beyond the usual one (gap_excess_s) is at least this share of its latency
+    # is no baseline reference row: the GPU ran dry waiting on the host. Overlapped schedulers hide host work
+    # (SGLang event_loop_overlap, vLLM async scheduling: usual gap ~0), synchronous ones pay the same host work
+    # every step (the usual gap, already subtracted); healthy gap jitter is tens of microseconds on steps of
+    # milliseconds (< 1 %), so 0.1 leaves healthy rows in; a wrong exclusion only drops one healthy row
+    ref_gap_share: float = 0.1
 
     def __post_init__(self):
         if not self.ratio > 1.0:
@@ -30,6 +36,8 @@ class SpikeConfig:
                 raise ValueError(f"SpikeConfig.{name} must be >= 1")
         if not 0 < self.starve_confirm <= 1:
             raise ValueError("SpikeConfig.starve_confirm must be in (0, 1]")
+        if not 0 < self.ref_gap_share <= 1:
+            raise ValueError("SpikeConfig.ref_gap_share must be in (0, 1]")
 
 
 @dataclass(frozen=True)

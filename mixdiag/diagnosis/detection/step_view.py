@@ -102,6 +102,12 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
                ).fillna(False).to_numpy(dtype=bool)
     faulty |= (pd.to_numeric(sig.get("rank_sm_skew", nan_series(sig.index)), errors="coerce") >= a_cfg.rank_sm_skew
                ).fillna(False).to_numpy(dtype=bool)
+    # ... and steps the host held back: a measured idle gap beyond the usual one (SpikeConfig.ref_gap_share).
+    # A host stall lasting hundreds of steps that an overlapped scheduler half hides lifts the rolling median
+    # by a quarter, and the steps it makes visible then no longer stand out against it
+    gx = pd.to_numeric(sig["gap_excess_s"], errors="coerce").to_numpy(dtype="float64")
+    with np.errstate(invalid="ignore"):
+        faulty |= np.nan_to_num(gx) >= cfg.spikes.ref_gap_share * sig["latency_s"].to_numpy(dtype="float64")
     if outside_faulty is not None and len(outside_faulty) == len(sig):
         faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
     # a measured FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode,
