@@ -97,7 +97,12 @@ def _gpu_inputs(s: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame | None:
     pf, df = s["prefill_family"].to_numpy(), s["decode_family"].to_numpy()
     prompt = (h2d > 0) | pf
     # decode rows riding along: the step samples (nearly) the whole running batch, not only new prompts
-    dec_reqs = _running_batch(reqs, prompt)
+    # ... on either side: the running batch seen before the prompt steps (_running_batch) or by the first
+    # decode-only step after them (the decodes that rode along are still running then). A batch that shrank
+    # sharply meanwhile (an oversized decode batch drained) would otherwise read every ridden step after it
+    # as prefill-only; a prefill-only step samples only the prompts it finishes, far below either side
+    nxt = pd.Series(np.where(~prompt, reqs, np.nan)).bfill().shift(-1).to_numpy()
+    dec_reqs = np.fmin(_running_batch(reqs, prompt), nxt)
     with np.errstate(invalid="ignore"):
         rides = (df & pf) | (reqs >= 0.5 * dec_reqs)
     known = ~np.isnan(reqs) & ~np.isnan(dec_reqs)
