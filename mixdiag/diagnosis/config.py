@@ -19,6 +19,12 @@ class SpikeConfig:
     # a starved stretch counts when the next ITL P99 is >= this x its duration (a request that waited
     # through it logs the wait as one ITL on resuming; below 1: slack for bucketed histogram quantiles)
     starve_confirm: float = 0.8
+    # a step whose measured host gap beyond the usual one (gap_excess_s) is at least this share of its latency
+    # is no baseline reference row: the GPU ran dry waiting on the host. Overlapped schedulers hide host work
+    # (SGLang event_loop_overlap, vLLM async scheduling: usual gap ~0), synchronous ones pay the same host work
+    # every step (the usual gap, already subtracted); healthy gap jitter is tens of microseconds on steps of
+    # milliseconds (< 1 %), so 0.1 leaves healthy rows in; a wrong exclusion only drops one healthy row
+    ref_gap_share: float = 0.1
 
     def __post_init__(self):
         if not self.ratio > 1.0:
@@ -30,6 +36,8 @@ class SpikeConfig:
                 raise ValueError(f"SpikeConfig.{name} must be >= 1")
         if not 0 < self.starve_confirm <= 1:
             raise ValueError("SpikeConfig.starve_confirm must be in (0, 1]")
+        if not 0 < self.ref_gap_share <= 1:
+            raise ValueError("SpikeConfig.ref_gap_share must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -59,13 +67,19 @@ class SignalConfig:
     # LLM serving: at least this share of step rows decode (or replay FULL) ...
     llm_min_share: float = 0.2
     llm_min_rows: int = 10       # ... judged only with this many rows (fewer: no claim either way)
+    # the decode graph mode of step rows is FULL once this share of decode steps replayed FULL
+    # (signals.decode_graph_norm: engines replay whenever they can, so not replaying is the exception).
+    # A healthy instance replays FULL on ~all decode steps; 0.2 still finds it under an eager episode
+    # covering 80 % of a capture (tier d2 episodes run up to 500 of 800 steps), while an instance that
+    # replays FULL only on a few small batches (captures cut short) keeps its usual mode
+    full_norm_share: float = 0.2
 
     def __post_init__(self):
         if min(self.neighbour_window, self.gap_window, self.wide_window) < 3:
             raise ValueError("SignalConfig windows must be >= 3")
         if self.gap_band_sigma < 0 or self.imbalance_band_sigma < 0:
             raise ValueError("SignalConfig.gap_band_sigma and imbalance_band_sigma must be >= 0")
-        if not 0 < self.period_alpha < 1 or not 0 < self.llm_min_share <= 1:
+        if not 0 < self.period_alpha < 1 or not 0 < self.llm_min_share <= 1 or not 0 < self.full_norm_share <= 1:
             raise ValueError("SignalConfig.period_alpha must be in (0, 1), llm_min_share in (0, 1]")
         if min(self.period_min_near, self.relation_perms, self.relation_min_rows, self.relation_min_work,
                self.llm_min_rows) < 1:

@@ -39,8 +39,16 @@ MIN_DISTINCT_D2H = 5
 MIN_DECODE_STEPS = 5
 
 
-#: A trace whose steps carry no H2D bytes at least this often keeps its inputs on the GPU.
-GPU_INPUT_SHARE = 0.5
+#: A trace whose steps carry no H2D bytes at least this often keeps its inputs on the GPU. An engine that
+#: builds its inputs on the host copies them every step (vLLM ``gpu_model_runner._prepare_inputs``:
+#: input ids, positions, query_start_loc, seq_lens, slot_mapping ``copy_to_gpu`` per step), so it shows no
+#: step without H2D bytes; an engine that keeps them on the GPU (SGLang ``prepare_for_decode``) copies
+#: nothing on every decode-only step. With DP attention the rank holding a long prompt uploads its chunks
+#: on every step of a long episode - more than half the capture when the episode is long (measured: a
+#: 427-step chunked prompt in 800 steps of the tier-d2 4-rank trace, 53 % of steps with copies) - so
+#: half was too strict: 0.1 keeps a GPU-input rank whose prompts ride on up to 90 % of its steps, and is
+#: still far above the 0 % of a per-step-copying engine (a few steps whose boundary the reader misplaced).
+GPU_INPUT_SHARE = 0.1
 
 
 def _families_only(s: pd.DataFrame) -> pd.DataFrame:
@@ -89,7 +97,12 @@ def _gpu_inputs(s: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame | None:
     pf, df = s["prefill_family"].to_numpy(), s["decode_family"].to_numpy()
     prompt = (h2d > 0) | pf
     # decode rows riding along: the step samples (nearly) the whole running batch, not only new prompts
-    dec_reqs = pd.Series(np.where(~prompt, reqs, np.nan)).ffill().shift(1).to_numpy()
+    # ... on either side: the running batch seen before the prompt steps (_running_batch) or by the first
+    # decode-only step after them (the decodes that rode along are still running then). A batch that shrank
+    # sharply meanwhile (an oversized decode batch drained) would otherwise read every ridden step after it
+    # as prefill-only; a prefill-only step samples only the prompts it finishes, far below either side
+    nxt = pd.Series(np.where(~prompt, reqs, np.nan)).bfill().shift(-1).to_numpy()
+    dec_reqs = np.fmin(_running_batch(reqs, prompt), nxt)
     with np.errstate(invalid="ignore"):
         rides = (df & pf) | (reqs >= 0.5 * dec_reqs)
     known = ~np.isnan(reqs) & ~np.isnan(dec_reqs)
@@ -100,6 +113,29 @@ def _gpu_inputs(s: pd.DataFrame, out: pd.DataFrame) -> pd.DataFrame | None:
     return pd.DataFrame({"prefill_tokens": np.where(kind == "decode", 0.0, np.nan), "decode_rows": rows,
                          "kind": kind.astype(object),
                          "q_token_allocation": np.where(kind != "unknown", "inferred", "")}, index=s.index)
+
+
+def _running_batch(reqs: np.ndarray, prompt: np.ndarray) -> np.ndarray:
+    """Per step, the running batch it is compared with: the sampled requests of the latest earlier step that
+    sampled the running batch - a decode-only step, or a prompt step whose decodes rode along (>= half that
+    batch). The batch changes by a few requests a step (requests join and finish), so the latest such step is
+    the reference; a decode-only step far back is not, once a long prompt has ridden with the decodes for
+    hundreds of steps (SGLang DP attention: the rank holding a long chunked prompt runs mixed steps while its
+    running batch drifts). Prompt steps only are walked in order (decode-only steps set it directly)."""
+    n = len(reqs)
+    out = np.full(n, np.nan)
+    last_val, last_i = np.nan, -1
+    decode_i = np.flatnonzero(~prompt & ~np.isnan(reqs))
+    pos = 0
+    for i in np.flatnonzero(prompt):
+        while pos < len(decode_i) and decode_i[pos] < i:   # the latest decode-only step before i
+            if decode_i[pos] > last_i:
+                last_val, last_i = reqs[decode_i[pos]], decode_i[pos]
+            pos += 1
+        out[i] = last_val
+        if not np.isnan(reqs[i]) and not np.isnan(last_val) and reqs[i] >= 0.5 * last_val:
+            last_val, last_i = reqs[i], i
+    return out
 
 
 def infer_tokens(s: pd.DataFrame, hs: np.ndarray, ordinal: np.ndarray, hb: np.ndarray) -> pd.DataFrame:

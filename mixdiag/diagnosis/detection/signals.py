@@ -241,14 +241,23 @@ def decode_like(sig: pd.DataFrame) -> pd.Series:
     return sig["decode_only"].astype(bool) | (kind_unread(sig) & full)
 
 
-def decode_graph_norm(sig: pd.DataFrame) -> str:
+def decode_graph_norm(sig: pd.DataFrame, full_share: float | None = None) -> str:
     """The graph mode most decode-only steps of the instance ran in ('unknown' if none known; rows of unread
     allocation that replayed FULL count as decode, :func:`decode_like`).
+    ``full_share`` (step rows): FULL is the norm once at least this share of the decode steps replayed it,
+    even when a long eager stretch holds most of them - engines replay the decode graph whenever they can
+    (SGLang ``CudaGraphRunner.can_run``: a decode batch up to the largest captured size, and with DP attention
+    ``forward_batch.can_run_dp_cuda_graph``, agreed across DP ranks, so a peer rank's extend batch sends every
+    rank eager; vLLM ``CudagraphDispatcher.dispatch``: FULL for a uniform decode batch of a captured size).
+    A decode step that did not replay is the exception a fault or a peer made, never the healthy path
+    (SignalConfig.full_norm_share has the margin).
     Without token counts: the mode most steps ran in, when one mode holds at least half of them
     (decode steps are the bulk of serving)."""
     dl = sig["decode_like"].astype(bool) if "decode_like" in sig.columns else decode_like(sig)  # step_view keeps it
     m = sig.loc[dl & ~equal(sig["graph_mode"], "unknown"), "graph_mode"]
     if len(m):
+        if full_share is not None and float(equal(m, "FULL").mean()) >= full_share:
+            return "FULL"
         return str(m.mode().iloc[0])
     m = sig.loc[~equal(sig["graph_mode"], "unknown"), "graph_mode"]
     if not len(m):

@@ -88,6 +88,26 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # Healthy decode steps set the baseline: a fault window (an EP hotspot lasting 30 steps, a run
     # of KV transfers) must stand out against it, not become the norm of a rolling median.
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    # ... and steps whose EP ranks measurably diverged. EP ranks run every forward in lockstep and meet in
+    # the all-to-all, which ends when the last rank arrives (DeepEP csrc/kernels/internode_ll.cu /
+    # intranode.cu wait on every peer's flag; NCCL grouped send/recv completes with the slowest peer; SGLang
+    # DP attention with EP MoE: every DP rank runs the same forward step), so on a healthy step every rank's
+    # compute is within noise of the others. One rank's kernel time (or, inside graph replays, SM-busy
+    # time) far above the median rank's is a measured imbalance - hot experts, or a peer's prompt chunk - the
+    # way the imbalance gauge above is, never a healthy reference: a hotspot covering most rows of a batch
+    # stratum would otherwise become the stratum's low side and its own baseline. Thresholds: the EP rule's
+    # own (AttributionConfig.rank_skew / rank_sm_skew); a wrong exclusion only leaves a healthy row out.
+    a_cfg = cfg.attribution
+    faulty |= (pd.to_numeric(sig.get("rank_skew", nan_series(sig.index)), errors="coerce") >= a_cfg.rank_skew
+               ).fillna(False).to_numpy(dtype=bool)
+    faulty |= (pd.to_numeric(sig.get("rank_sm_skew", nan_series(sig.index)), errors="coerce") >= a_cfg.rank_sm_skew
+               ).fillna(False).to_numpy(dtype=bool)
+    # ... and steps the host held back: a measured idle gap beyond the usual one (SpikeConfig.ref_gap_share).
+    # A host stall lasting hundreds of steps that an overlapped scheduler half hides lifts the rolling median
+    # by a quarter, and the steps it makes visible then no longer stand out against it
+    gx = pd.to_numeric(sig["gap_excess_s"], errors="coerce").to_numpy(dtype="float64")
+    with np.errstate(invalid="ignore"):
+        faulty |= np.nan_to_num(gx) >= cfg.spikes.ref_gap_share * sig["latency_s"].to_numpy(dtype="float64")
     if outside_faulty is not None and len(outside_faulty) == len(sig):
         faulty |= outside_faulty  # another view of this engine (scrapes) saw a fault there
     # a measured FULL replay is a uniform decode batch (vLLM CudagraphDispatcher keys FULL on uniform decode,
@@ -100,7 +120,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
         ref = visible & ~faulty
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
-    norm = decode_graph_norm(sig)
+    norm = decode_graph_norm(sig, cfg.signals.full_norm_share)
     if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
         ref &= sig["graph_mode"] == norm
     # the regime stage reads its low-side reference from these rows too (regimes.latency_view)
@@ -131,7 +151,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     a = cfg.attribution
     sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty, a.shape_min_rows, a.shape_jump))
     full = sig.loc[sig["decode_only"] & equal(sig["graph_mode"], "FULL"), "decode_reqs"].dropna()
-    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
+    ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig, cfg.signals.full_norm_share), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
     return sig, ctx, period, ("step_duration" if coarse else ("token_itl" if has_tokens else "step_latency"))
 
