@@ -67,7 +67,7 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         # a batch the engine's own CUDA-graph table counted run without a graph: eager decode, a
         # fault the baseline must not absorb (as for the gauges above)
         faulty = faulty | (sig["running_reqs"] >= sig["graph_none_min_tokens"]).fillna(False)
-    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups)
+    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups, regimes=cfg.regimes)
     lat, base = felt.latency_s, felt.baseline_s
     has_itl = felt.has_itl | felt.starved  # a starved interval's wait is measured on resuming
     sig["latency_s"] = lat
