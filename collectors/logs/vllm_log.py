@@ -25,6 +25,8 @@ line times of both come from vllm_clock.py, and the rows stay a frame (step_fram
 """
 from __future__ import annotations
 
+import os
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +86,10 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     st = line_stats(FORMAT, name, sl.n, replaced)
     base = instance or Path(source_name(source)).stem
     out = LogRows(st)
-    times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year)
+    written = None
+    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
+        written = os.stat(source).st_mtime  # the year hint of a year-less log read alone (vllm_clock)
+    times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year, written)
     w = _walk(sl, times, out)
     steps = _line_frame(sl, times, w.steps, w.steps_ln)
     # Lines before the first timestamp (or in a log without any) take the first known time.
