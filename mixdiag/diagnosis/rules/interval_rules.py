@@ -108,7 +108,7 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         return done("graph_fallback", 0.6, graph_none_min_tokens=umin, running_reqs=batch,
                     reason="the engine's CUDA-graph table counted batches of this size or smaller run without a "
                            "graph in the window, and the running batch was that large; no large prompt chunk")
-    if work and running and off_graph_dominates(row):
+    if work and running and off_graph_dominates(row, cfg.chunk_min_tokens):
         return done("graph_fallback", 0.6, interval_graph_off_decode_steps=num(row.get("graph_off_decode_steps")),
                     reason="decode passes off the captured graph outnumber the interval's mixed steps, whose "
                            "small prompt chunks cost about one decode pass each")
