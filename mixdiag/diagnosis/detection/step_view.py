@@ -129,7 +129,13 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     sig["near_prefill_event"] = period.pop("near")
     # what each decode batch size costs, measured (graph fallback without a measured graph mode)
     a = cfg.attribution
-    sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty, a.shape_min_rows, a.shape_jump))
+    # Steps of an episode (elevated against the low-side reference of their decode-batch stratum) measure the
+    # episode, not their shape: a batch size seen only during a KV-transfer or hotspot stretch would otherwise
+    # 'jump' over the size below it (e2 tuning seeds 0-9, vLLM Iteration-line logs: all 80 wrong
+    # graph_fallback calls were such sizes inside pd_transfer stretches). A size that falls back whenever it
+    # runs is its own stratum's norm (regimes.reference per log2 batch bin), so it is not held out.
+    sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty & ~sig["sustained"].astype(bool),
+                                        a.shape_min_rows, a.shape_jump))
     full = sig.loc[sig["decode_only"] & equal(sig["graph_mode"], "FULL"), "decode_reqs"].dropna()
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))
