@@ -37,7 +37,7 @@ import pandas as pd
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline, repeat_label
 
-from mixdiag.collectors.logs import vllm_clock, vllm_iterations
+from mixdiag.collectors.logs import vllm_clock, vllm_graph_steps, vllm_iterations
 from mixdiag.collectors.logs.log_lines import LogRows
 from mixdiag.collectors.logs.step_frame import attach_events_frame
 from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
@@ -115,8 +115,11 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         steps = pd.concat([steps, pd.DataFrame(out.steps)], ignore_index=True) if len(steps) else pd.DataFrame(out.steps)
     steps["step_source"] = "log"
     events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
-    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
+    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step as
+    # counts; a step whose token count the window's table lists under one mode ran in it (vllm_graph_steps)
     events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
+    if iterating:
+        steps = vllm_graph_steps.step_graph_modes(steps, out.series, iterating)
     if w.cg_settings.get("Mode", "").rsplit(".", 1)[-1] == "NONE":
         # graphs off (enforce-eager): every batch runs NONE, which says nothing about a fallback
         events = [e for e in events if e[2] != "graph_none_min_tokens"]
