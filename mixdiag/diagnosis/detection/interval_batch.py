@@ -68,9 +68,9 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         # fault the baseline must not absorb (as for the gauges above)
         faulty = faulty | (sig["running_reqs"] >= sig["graph_none_min_tokens"]).fillna(False)
     if "graph_off_decode_steps" in sig.columns:
-        # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward
-        # cuda_graph_passes_total{mode=decode_none}, log_windows.graph_off_decode_column): eager decode,
-        # measured, a fault the baseline must not absorb either
+        # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward pass
+        # counter, its decode_none mode; log_windows.graph_off_decode_column): eager decode, measured, a
+        # fault the baseline must not absorb either
         faulty = faulty | (pd.to_numeric(sig["graph_off_decode_steps"], errors="coerce") > 0).fillna(False)
     felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups, regimes=cfg.regimes)
     lat, base = felt.latency_s, felt.baseline_s

@@ -79,7 +79,7 @@ def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
 
 def _prefill_passes(row) -> float | None:
     """Prefill (extend) passes of an interval whose engine counts passes by graph mode and kind but not
-    mixed steps: SGLang's ``cuda_graph_passes_total{mode}`` counts every forward (decode_/prefill_ x
+    mixed steps: SGLang's per-forward pass counter by graph mode counts every forward (decode_/prefill_ x
     cuda_graph/none, formats.md §2), the collector keeps their kind split as ``large_step_share``; with
     mixed chunk on, the decodes ride in those extend passes, so they are the interval's mixed steps at
     most. None without both."""
