@@ -61,14 +61,39 @@ def view_units(cap: Path, view: str, steps: pd.DataFrame) -> pd.DataFrame:
     return pd.read_csv(cap / "truth" / "intervals.csv")
 
 
+def year_free(frame: pd.DataFrame, year_assumed: int | None, t0_unix: float) -> pd.DataFrame:
+    """Spike/episode times of a view whose only clock is a year-less log (vLLM ``MM-DD hh:mm:ss``)
+    moved into the truth's year: such a source claims month, day and time only, so it is scored
+    modulo the year - and only then (``year_assumed`` is set by the reader when nothing in the view
+    told the year; a view with scrapes takes their year and is scored as read)."""
+    from datetime import datetime, timezone
+    true_year = datetime.fromtimestamp(t0_unix, tz=timezone.utc).year
+    if year_assumed is None or year_assumed == true_year or not len(frame):
+        return frame
+
+    def move(t):
+        d = datetime.fromtimestamp(float(t), tz=timezone.utc)
+        return d.replace(year=d.year + true_year - int(year_assumed)).timestamp()
+
+    out = frame.copy()
+    for c in ("t_start_s", "t_end_s"):
+        if c in out:
+            out[c] = [move(t) if math.isfinite(float(t)) else t for t in out[c]]
+    return out
+
+
 def run_case(cap: Path, dialect: str, view: str) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     from mixdiag.collectors import load
     from mixdiag.diagnosis import diagnose
     steps = pd.read_csv(cap / "truth" / "steps.csv", keep_default_na=False, na_values={"mag_" + c: [""] for c in CAUSES})
     paths = view_paths(cap, dialect, view)
-    d = diagnose(load(paths if len(paths) > 1 else paths[0]))
-    judged = judge(d.spikes, steps)
-    eps = score_episodes(d.regimes.episodes, pd.read_csv(cap / "truth" / "schedule.csv"), steps)
+    tl = load(paths if len(paths) > 1 else paths[0])
+    d = diagnose(tl)
+    t0_unix = json.loads((cap / "truth" / "params.json").read_text())["t0_unix"]
+    spikes, episodes = year_free(d.spikes, tl.meta.get("year_assumed"), t0_unix), year_free(
+        d.regimes.episodes, tl.meta.get("year_assumed"), t0_unix)
+    judged = judge(spikes, steps)
+    eps = score_episodes(episodes, pd.read_csv(cap / "truth" / "schedule.csv"), steps)
     return judged, view_units(cap, view, steps), eps
 
 

@@ -15,8 +15,15 @@ Every format era in reference/formats.md §2.1 is read by key, never by position
   it those decodes were stalled by the prefill. The setting comes from the ``enable_mixed_chunk=``
   option or a ``server_args=ServerArgs(...)`` line in the log; when neither says, SGLang's default
   (off) is assumed and a note says so.
-* ``cuda graph: <b>`` gives ``graph_mode`` (Decode: FULL/NONE, Prefill: PIECEWISE/NONE) as
-  ``estimated``: it is the logged batch's eligibility, not an observed replay.
+* ``cuda graph: <b>`` gives ``graph_mode`` (Decode: FULL/NONE, Prefill: PIECEWISE/NONE). On a
+  Decode line it is ``measured``, with ``graph_replayed``, for the one forward that logged the line:
+  the model runner replays the graph exactly when ``can_run_graph`` holds and returns that flag with
+  the forward's output (``ModelRunnerOutput(can_run_graph=...)``, model_runner.py ``_forward_raw``);
+  ``process_batch_result_decode`` passes ``result.can_run_cuda_graph`` to ``log_decode_stats``. It
+  says nothing of the other forwards since the previous line (1 in ``decode_log_interval``, default
+  40, is logged). A Prefill line's flag: ``log_prefill_stats`` ran at scheduling, before the forward,
+  in the versions read here (newer ones pass it a ``can_run_cuda_graph`` argument, not checked):
+  ``estimated``, no replay claimed.
 * ``elapsed_s`` (extra column) on Decode rows: ``#running-req`` x accept len / ``gen throughput``,
   the mean decode step time since the previous Decode line (``estimated``): interleaved prefills
   stretch it, as they stretch TPOT.
@@ -245,11 +252,16 @@ def _batch_row(bm: re.Match, rest: str, inst: str, t: float | None, mixed_on: bo
         if gen and gen > 0 and running == running and running > 0:
             row["elapsed_s"] = running * per_req / gen
             out.signal(inst, "elapsed_s", "estimated")
-    if graph is not None:
-        # ``cuda graph: <b>`` is SGLang's eligibility check (``can_run_graph``: forward mode and a
-        # captured batch size) for the one batch logged, decided from the batch shape like a
-        # planned mode; the line stands for the ~40 forwards since the previous one. So the mode
-        # is estimated and no replay is claimed (graph_replayed stays unknown).
+    if graph is not None and row["kind"] == "decode":
+        # the flag the logged decode forward ran with: the model runner replays the graph exactly
+        # when ``can_run_graph`` holds and hands that flag back with the output, which the Decode
+        # line prints (module doc) - a measured replay flag for that one forward; the other
+        # forwards since the previous line are not covered by it
+        row["graph_replayed"] = 1.0 if graph else 0.0
+        row["q_graph_mode"] = "measured"
+        out.signal(inst, "graph_mode", "measured")
+    elif graph is not None:
+        # a Prefill line's flag: printed at scheduling, before its forward, in the versions checked (module doc)
         row["q_graph_mode"] = "estimated"
         out.signal(inst, "graph_mode", "estimated")
     labels = f"batch={kind_word.lower()}"

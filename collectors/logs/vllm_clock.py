@@ -20,9 +20,10 @@ PREFIX = re.compile(r"(?:\((?P<proc>[^)\s]+) pid=\d+\)\s+)?(?P<level>[A-Z]+) (?P
                      r"(?P<hms>\d\d:\d\d:\d\d)(?:\.(?P<frac>\d+))? \[?[\w.]+:\d+\]\s?")
 
 
-def _recent_year(month: int, day: int) -> int:
-    """The current year, or the one before when month-day would lie in the future (a log is past)."""
-    now = time.gmtime()
+def _recent_year(month: int, day: int, latest_s: float | None = None) -> int:
+    """The year of ``latest_s`` (unix seconds; default now), or the one before when month-day would lie
+    after it: a log's lines were written before the file was last modified, and before now."""
+    now = time.gmtime(latest_s) if latest_s is not None else time.gmtime()
     if (month, day) > (now.tm_mon, now.tm_mday + 1):
         return now.tm_year - 1
     return now.tm_year
@@ -33,7 +34,10 @@ class LineTimes:
     order would give them: the clock's year rolls over where months run backwards on any line, and
     an untimed line takes the last time before it, whichever kind of line that was."""
 
-    def __init__(self, sl: SplitLines, slow: list[str], year: int | None):
+    def __init__(self, sl: SplitLines, slow: list[str], year: int | None, written_s: float | None = None):
+        """``written_s``: when the log file was last modified (unix seconds), a bound the first line
+        lies before - a tighter one than now for a log read long after its run, and the only hint
+        of its year a year-less log read alone carries (weak: a copy without -p moves it later)."""
         self.slow = slow  # the walk's lines, undecodable bytes cleaned
         self.pre: list[tuple | None] = []  # per walk line: None (not text) or (raw, body, proc, pm)
         t_slow: list[float] = []
@@ -60,11 +64,15 @@ class LineTimes:
         self.year_note = None
         if len(order):
             d0 = int(np.concatenate([fl.get("d", np.zeros(0, np.int64)), np.array(clock_d, np.int64)])[order][0])
-            self.first_year = year if year is not None else _recent_year(int(mo[0]), d0)
+            latest = written_s if written_s is not None and written_s < time.time() else None
+            self.first_year = year if year is not None else _recent_year(int(mo[0]), d0, latest)
             self.first_clock_ln = int(ln[order][0])
             if year is None:
+                bound = ("the file's modification time (" + time.strftime("%Y-%m-%d", time.gmtime(latest)) + ")"
+                         if latest is not None else "now")
                 self.year_note = (f"vLLM log times have no year: assumed {self.first_year}, the latest year that puts "
-                                  "the first line in the past (pass year=)")
+                                  f"the first line before {bound} (pass year=, or read it with scrapes or traces "
+                                  "of the same run)")
         years = np.empty(len(order), np.int64)
         years[order] = clock_years(self.first_year or 0, mo)
         self.t_fast = fast_times(fl, years[:nf]) if nf else np.zeros(0)

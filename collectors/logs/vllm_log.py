@@ -25,6 +25,8 @@ line times of both come from vllm_clock.py, and the rows stay a frame (step_fram
 """
 from __future__ import annotations
 
+import os
+
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from mixdiag.errors import UserError
 from mixdiag.label_arrays import str_column
 from mixdiag.schema import Timeline, repeat_label
 
-from mixdiag.collectors.logs import vllm_clock, vllm_iterations
+from mixdiag.collectors.logs import vllm_clock, vllm_graph_steps, vllm_iterations
 from mixdiag.collectors.logs.log_lines import LogRows
 from mixdiag.collectors.logs.step_frame import attach_events_frame
 from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
@@ -85,7 +87,10 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     st = line_stats(FORMAT, name, sl.n, replaced)
     base = instance or Path(source_name(source)).stem
     out = LogRows(st)
-    times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year)
+    written = None
+    if isinstance(source, (str, os.PathLike)) and os.path.isfile(source):
+        written = os.stat(source).st_mtime  # the year hint of a year-less log read alone (vllm_clock)
+    times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year, written)
     w = _walk(sl, times, out)
     steps = _line_frame(sl, times, w.steps, w.steps_ln)
     # Lines before the first timestamp (or in a log without any) take the first known time.
@@ -111,8 +116,11 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         steps = pd.concat([steps, pd.DataFrame(out.steps)], ignore_index=True) if len(steps) else pd.DataFrame(out.steps)
     steps["step_source"] = "log"
     events = [e if e[1] is not None else (e[0], first_t or 0.0) + e[2:] for e in events]
-    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step
+    # graph-table counts describe a stats interval: they fill interval rows, never one Iteration step as
+    # counts; a step whose token count the window's table lists under one mode ran in it (vllm_graph_steps)
     events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
+    if iterating:
+        steps = vllm_graph_steps.step_graph_modes(steps, out.series, iterating)
     if w.cg_settings.get("Mode", "").rsplit(".", 1)[-1] == "NONE":
         # graphs off (enforce-eager): every batch runs NONE, which says nothing about a fallback
         events = [e for e in events if e[2] != "graph_none_min_tokens"]

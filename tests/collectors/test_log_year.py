@@ -29,3 +29,23 @@ def test_log_year_from_the_scrapes(tmp_path, scrape_time, md, hms, want_year):
     st = tl.steps[tl.steps["granularity"] == "step"]
     got = datetime.fromtimestamp(float(st["t_start_s"].iloc[0]), tz=timezone.utc)
     assert got.year == want_year and got.strftime("%m-%d %H:%M:%S") == f"{md} {hms}"
+
+
+@pytest.mark.parametrize("written,md,want_year", [
+    ("2021-03-01T00:00:00Z", "01-15", 2021),   # written after the line's date that year
+    ("2021-01-10T00:00:00Z", "01-15", 2020),   # written before it: the line is from the year before
+    ("2021-01-10T00:00:00Z", "12-20", 2020),
+])
+def test_log_alone_takes_its_year_from_the_file_time(tmp_path, written, md, want_year):
+    """Read alone, a year-less log lies before the file's modification time, not merely before now."""
+    import os
+    log = tmp_path / "server.log"
+    log.write_text(LINE.format(md=md, hms="10:00:00"))
+    t = datetime.strptime(written, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
+    os.utime(log, (t, t))
+    tl = vllm_log.read(log)
+    assert tl.meta["year_assumed"] == want_year
+    got = datetime.fromtimestamp(float(tl.steps["t_start_s"].dropna().iloc[0]), tz=timezone.utc)
+    assert got.year == want_year
+    notes = [n for s in tl.meta["sources"] for n in s["notes"]]
+    assert any(f"assumed {want_year}" in n and "modification time" in n for n in notes)

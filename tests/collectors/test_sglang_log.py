@@ -44,10 +44,12 @@ def test_fixture_values_13023():
     dec = s[s["kind"] == "decode"]
     # cuda graph False for the first two decode lines, True after the batch shrank
     assert list(dec["graph_mode"]) == ["NONE", "NONE"] + ["FULL"] * 6
-    # the flag is the logged batch's eligibility (SGLang's can_run_graph), not an observed replay:
-    # estimated, and no replay claimed (issue 24)
-    assert (dec["q_graph_mode"] == "estimated").all() and dec["graph_replayed"].isna().all()
-    assert tl.meta["signals"]["sglang_log_13023"]["graph_mode"] == "estimated"
+    # a Decode line's flag is the one the logged forward ran with (the model runner replays exactly when
+    # can_run_graph holds and returns that flag; process_batch_result_decode logs it): measured for that
+    # forward, with its replay (this log's Prefill lines print no flag; one that does stays estimated)
+    assert (dec["q_graph_mode"] == "measured").all()
+    assert list(dec["graph_replayed"]) == [0.0, 0.0] + [1.0] * 6
+    assert tl.meta["signals"]["sglang_log_13023"]["graph_mode"] == "measured"
     assert list(dec["decode_reqs"]) == [46, 36, 28, 22, 20, 15, 12, 11]
     assert dec["elapsed_s"].iloc[0] == pytest.approx(46 / 1447.08)  # batch / gen throughput
     assert tl.meta["signals"]["sglang_log_13023"]["elapsed_s"] == "estimated"
@@ -80,13 +82,14 @@ VARIANTS = [
     # swapped field order, input throughput before cuda graph, trailing ','
     ("[2026-05-01 10:00:01] Prefill batch, #new-token: 64, #new-seq: 2, input throughput (token/s): 1.00, "
      "cuda graph: False, #queue-req: 0, #running-req: 0, #cached-token: 0, token usage: 0.01,",
-     {"kind": "prefill", "prefill_tokens": 64, "prefill_reqs": 2, "graph_mode": "NONE", "waiting_reqs": 0}),
+     {"kind": "prefill", "prefill_tokens": 64, "prefill_reqs": 2, "graph_mode": "NONE", "q_graph_mode": "estimated",
+      "waiting_reqs": 0}),
     # decode with spec accept len/rate and PD decode fields
     ("[2026-05-01 10:00:02 TP0] Decode batch. #running-req: 8, #token: 900, token usage: 0.05, accept len: 2.50, "
      "accept rate: 0.75, pre-allocated usage: 0.00, #prealloc-req: 0, #transfer-req: 1, #retracted-req: 2, "
      "cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 3",
      {"kind": "decode", "decode_reqs": 8, "decode_rows": math.nan, "preempted_reqs": 2, "graph_mode": "FULL",
-      "graph_replayed": math.nan, "q_graph_mode": "estimated", "waiting_reqs": 3, "elapsed_s": 8 * 2.5 / 100.0}),
+      "graph_replayed": 1.0, "q_graph_mode": "measured", "waiting_reqs": 3, "elapsed_s": 8 * 2.5 / 100.0}),
     # early-2025 decode: trailing ", " and largest-len
     ("[2025-02-01 00:00:00] Decode batch. #running-req: 3, #token: 10, token usage: 0.00, "
      "gen throughput (token/s): 5.00, largest-len: 7, #queue-req: 0, ",

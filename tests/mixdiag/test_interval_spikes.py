@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.diagnosis.config import SpikeConfig
+from mixdiag.diagnosis.config import RegimeConfig, SpikeConfig
 from mixdiag.diagnosis.detection.interval_spikes import interval_spikes, starved_rows
 from mixdiag.diagnosis.rules.rule_context import off_graph_dominates
 
@@ -104,3 +104,46 @@ def test_hotspot_window_edges_are_ep_hotspot_with_lower_confidence():
     assert set(sp.loc[[9, 10, 11, 12], "cause"]) == {"ep_hotspot"}
     assert sp.loc[9, "confidence"] < sp.loc[10, "confidence"] and sp.loc[9, "confidence"] <= 0.5
     assert sp.loc[18, "cause"] == "unknown"
+
+
+@pytest.mark.parametrize("regimes,want", [
+    (RegimeConfig(), set(range(20, 30))),  # the stretch is judged against the healthy intervals around it
+    (None, set()),                          # the rolling baseline alone learns it as the norm
+])
+def test_a_sustained_stretch_does_not_become_its_own_baseline(regimes, want):
+    """Ten scrape intervals of a stream of long prompts (typical token 2.5x slower) among 40 calm ones
+    (tier e2 tuning captures: 105 of 168 vLLM intervals with visible mixing got no spike)."""
+    p50 = np.array([0.02 + 0.0005 * (i % 3) for i in range(50)])
+    p50[20:30] = 0.05
+    p99 = p50 * 1.3
+    got = interval_spikes(rows(p50, p99), 2.0, SpikeConfig(), regimes=regimes)
+    assert set(np.flatnonzero(got.is_spike.to_numpy())) == want
+
+
+@pytest.mark.parametrize("row,want", [
+    # SGLang counts passes by graph mode and kind (cuda_graph_passes_total): 25 of 27 forwards were eager
+    # decodes beside 2 extend passes of 123 prompt tokens in all - the eager passes dominate
+    ({"graph_off_decode_steps": 25.0, "graph_full_steps": 0.0, "graph_piecewise_steps": 0.0, "graph_none_steps": 27.0,
+      "large_step_share": 2 / 27, "prefill_tokens": 123.0, "decode_rows": 1224.0}, True),
+    # the same passes with a 3000-token prompt among them: the chunk is no small addition
+    ({"graph_off_decode_steps": 25.0, "graph_full_steps": 0.0, "graph_piecewise_steps": 0.0, "graph_none_steps": 27.0,
+      "large_step_share": 2 / 27, "prefill_tokens": 3000.0, "decode_rows": 1224.0}, False),
+    # no kind split of the passes: nothing to weigh
+    ({"graph_off_decode_steps": 25.0, "graph_none_steps": 27.0, "prefill_tokens": 123.0}, False),
+])
+def test_off_graph_dominates_from_pass_counts(row, want):
+    assert off_graph_dominates(row, chunk_min_tokens=256.0) is want
+
+
+@pytest.mark.parametrize("prompt,want", [(200.0, "unknown"), (2000.0, "mixing")])
+def test_prefill_work_under_one_chunk_is_no_mixing(prompt, want):
+    """Prompt work far above the usual 20 tokens per interval beside a spike: 200 tokens in all cannot have
+    formed a chunk of chunk_min_tokens (each short prompt costs about one decode pass), 2000 can."""
+    from mixdiag.diagnosis import diagnose
+    from mixdiag.schema import Timeline
+    rows = [dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval", kind="unknown",
+                 prefill_tokens=prompt if i == 12 else 20.0, running_reqs=32.0, output_tokens=600.0, itl_count=600.0,
+                 itl_p50_s=0.03, itl_p99_s=0.2 if i == 12 else 0.04)
+            for i in range(24)]
+    sp = diagnose(Timeline(pd.DataFrame(rows), None, meta={})).spikes.set_index("step")
+    assert sp.loc[12, "cause"] == want

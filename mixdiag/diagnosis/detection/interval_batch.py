@@ -67,7 +67,12 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         # a batch the engine's own CUDA-graph table counted run without a graph: eager decode, a
         # fault the baseline must not absorb (as for the gauges above)
         faulty = faulty | (sig["running_reqs"] >= sig["graph_none_min_tokens"]).fillna(False)
-    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups)
+    if "graph_off_decode_steps" in sig.columns:
+        # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward pass
+        # counter, its decode_none mode; log_windows.graph_off_decode_column): eager decode, measured, a
+        # fault the baseline must not absorb either
+        faulty = faulty | (pd.to_numeric(sig["graph_off_decode_steps"], errors="coerce") > 0).fillna(False)
+    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups, regimes=cfg.regimes)
     lat, base = felt.latency_s, felt.baseline_s
     has_itl = felt.has_itl | felt.starved  # a starved interval's wait is measured on resuming
     sig["latency_s"] = lat

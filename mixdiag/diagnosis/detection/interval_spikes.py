@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
-from mixdiag.diagnosis.config import SpikeConfig
+from mixdiag.diagnosis.config import RegimeConfig, SpikeConfig
+from mixdiag.diagnosis.detection.regimes import _log2_bins, sustained_rows
 from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baseline
 
 
@@ -95,8 +96,31 @@ def _grouped_baseline(p50: pd.Series, ref: pd.Series, window: int, groups: np.nd
     return base, sigma
 
 
+def _unsustained(ref: pd.Series, p50: pd.Series, running: pd.Series, spikes: SpikeConfig, regimes: RegimeConfig | None,
+                 groups: np.ndarray | None) -> pd.Series:
+    """``ref`` without the intervals of an episode (detection/regimes.py: a stretch whose rolling median of
+    P50 stands above the instance's low-side reference, per log2 bin of the running batch), where enough
+    reference intervals remain. Measured on tier (e2) tuning captures: a sustained run of mixed steps (a
+    stream of long prompts, 8+ scrape intervals) lifted the 15-interval centred baseline onto itself, and
+    105 of 168 intervals where mixing was visible got no spike at all; the step path does the same
+    (step_view.py)."""
+    if regimes is None:
+        return ref
+    v, r, run = p50.to_numpy(dtype=float), ref.fillna(False).to_numpy(dtype=bool), running.to_numpy(dtype=float)
+    b = np.array([0, len(v)]) if groups is None else gw.bounds(groups)
+    out = r.copy()
+    for g in range(len(b) - 1):
+        part = slice(b[g], b[g + 1])
+        if r[part].sum() < spikes.min_periods:
+            continue
+        held = sustained_rows(v[part], _log2_bins(run[part]), r[part], regimes)
+        if held.any() and (r[part] & ~held).sum() >= spikes.min_periods:
+            out[part] = r[part] & ~held
+    return pd.Series(out, index=ref.index)
+
+
 def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfig, faulty: pd.Series | None = None,
-                    groups: np.ndarray | None = None) -> IntervalSpikes:
+                    groups: np.ndarray | None = None, regimes: RegimeConfig | None = None) -> IntervalSpikes:
     """The three interval spike tests of the module doc over one instance's rows (sorted by time).
 
     ``faulty``: intervals whose counters or gauges measured a fault (an expert imbalance well above
@@ -116,6 +140,7 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
         n_ref = gw.per_group(ref.to_numpy(dtype=np.int64), groups, np.add)
         few = pd.Series(n_ref[groups] < spikes.min_periods, index=sig.index)
     ref = ref.where(~few, has_itl)
+    ref = _unsustained(ref, p50, _num(sig, "running_reqs"), spikes, regimes, groups)
     if groups is None:
         base, sigma = rolling_baseline(p50, ref, spikes.window_intervals, 1)
         starved = starved_rows(sig, has_itl, spikes.starve_confirm)

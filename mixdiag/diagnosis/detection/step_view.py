@@ -19,6 +19,22 @@ from mixdiag.diagnosis.labels import equal
 from mixdiag.schema import nan_series
 
 
+
+def _mixed_size_episodes(sig: pd.DataFrame) -> pd.Series:
+    """Rows of ``sig["sustained"]`` runs whose decode-only rows hold more than one ``decode_reqs`` value."""
+    held = sig["sustained"].fillna(False).to_numpy(dtype=bool)
+    out = np.zeros(len(sig), dtype=bool)
+    if not held.any() or "decode_reqs" not in sig.columns:
+        return pd.Series(out, index=sig.index)
+    reqs = pd.to_numeric(sig["decode_reqs"], errors="coerce").to_numpy(dtype=float)
+    dec = sig["decode_only"].fillna(False).to_numpy(dtype=bool)
+    edges = np.diff(np.concatenate(([0], held.astype(np.int8), [0])))
+    for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
+        sizes = reqs[a:b][dec[a:b] & np.isfinite(reqs[a:b])]
+        if len(np.unique(sizes)) > 1:
+            out[a:b] = True
+    return pd.Series(out, index=sig.index)
+
 def _coarse_clock(st: pd.DataFrame) -> bool:
     """Step times too coarse for gaps: many steps start before the previous one ended or at the
     same instant (log lines stamped in whole seconds)."""
@@ -149,7 +165,13 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     sig["near_prefill_event"] = period.pop("near")
     # what each decode batch size costs, measured (graph fallback without a measured graph mode)
     a = cfg.attribution
-    sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty, a.shape_min_rows, a.shape_jump))
+    # Steps of an episode in which decode batches of several sizes all ran slow measure the episode, not a
+    # shape: a batch size seen only during a KV-transfer or hotspot stretch would otherwise 'jump' over the
+    # size below it (e2 tuning seeds 0-9, vLLM Iteration-line logs: all 80 wrong graph_fallback calls were
+    # such sizes inside pd_transfer stretches). An episode of one batch size only (a size that falls back to
+    # eager whenever it runs) is what the shape cost measures, and stays.
+    sig = _with_columns(sig, shape_cost(sig, sig["decode_only"] & ~faulty & ~_mixed_size_episodes(sig),
+                                        a.shape_min_rows, a.shape_jump))
     full = sig.loc[sig["decode_only"] & equal(sig["graph_mode"], "FULL"), "decode_reqs"].dropna()
     ctx = InstanceContext(quality=quality, graph_norm=decode_graph_norm(sig, cfg.signals.full_norm_share), period=period,
                           full_batch_sizes=frozenset(float(x) for x in full.unique()))

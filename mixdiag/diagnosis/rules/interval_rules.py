@@ -108,7 +108,7 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         return done("graph_fallback", 0.6, graph_none_min_tokens=umin, running_reqs=batch,
                     reason="the engine's CUDA-graph table counted batches of this size or smaller run without a "
                            "graph in the window, and the running batch was that large; no large prompt chunk")
-    if work and running and off_graph_dominates(row):
+    if work and running and off_graph_dominates(row, cfg.chunk_min_tokens):
         return done("graph_fallback", 0.6, interval_graph_off_decode_steps=num(row.get("graph_off_decode_steps")),
                     reason="decode passes off the captured graph outnumber the interval's mixed steps, whose "
                            "small prompt chunks cost about one decode pass each")
@@ -126,6 +126,16 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
                         reason=f"prefill work stands above the usual, but no iteration in or up to one prefill time "
                                f"after the interval held {cfg.chunk_min_tokens:.0f} prompt tokens beyond the decode "
                                f"batch: only short prompts ran, each about one decode pass")
+        most = max((v for v in (num(row.get("prefill_tokens")), num(work_ev.get("prefill_work_near")),
+                                num(work_ev.get("prefill_count_near"))) if v is not None), default=None)
+        if level == "out" and most is not None and most < cfg.chunk_min_tokens:
+            # every reading of the prompt work in and near the interval sums to less than one chunk of
+            # chunk_min_tokens, so no step in it carried one: each short prompt cost about one decode
+            # pass (the roofline basis of chunk_min_tokens). Measured on tier (e2) tuning seeds: SGLang
+            # host-stall stretches with 200 prompt tokens in the interval were named mixing.
+            return done("unknown", 0.3, **rel_ev, **work_ev,
+                        reason=f"prefill work stands above the usual, but all of it in and near the interval sums "
+                               f"to under {cfg.chunk_min_tokens:.0f} prompt tokens: no step held a large chunk")
         if level == "out":
             return done("mixing", 0.55 + bonus, **rel_ev, **work_ev,
                         reason="prefill work in the interval stands far above the usual work of the intervals that "

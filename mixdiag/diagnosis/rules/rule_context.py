@@ -80,14 +80,28 @@ def evidence_of(row: pd.Series, ctx: InstanceContext) -> dict:
     return ev
 
 
-def off_graph_dominates(row) -> bool:
+def _prefill_passes(row) -> float | None:
+    """Prefill (extend) passes of an interval whose engine counts passes by graph mode and kind but not
+    mixed steps: SGLang's per-forward pass counter by graph mode counts every forward (decode_/prefill_ x
+    cuda_graph/none, formats.md §2), the collector keeps their kind split as ``large_step_share``; with
+    mixed chunk on, the decodes ride in those extend passes, so they are the interval's mixed steps at
+    most. None without both."""
+    share = num(row.get("large_step_share"))
+    modes = [num(row.get(c)) for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")]
+    if share is None or all(m is None for m in modes):
+        return None
+    return float(round(share * sum(m or 0.0 for m in modes)))
+
+
+def off_graph_dominates(row, chunk_min_tokens: float = 0.0) -> bool:
     """An interval that ran both decode passes off the captured graph (counted by the engine,
     ``graph_off_decode_steps``) and mixed steps: whether the eager decode passes are the larger
     share of its slow forwards. They are when there were at least as many of them as mixed steps
     and each mixed step added no more prompt tokens than the decode batch holds (a step's cost
     grows with its tokens - the shape ledger - so such a chunk costs about one more decode pass,
     while every eager pass pays the per-kernel launches the graph saves). Unknown mixed-step
-    counts: False (nothing to weigh)."""
+    counts: False (nothing to weigh). A chunk under ``chunk_min_tokens`` per mixed step counts as small
+    too (the roofline basis of AttributionConfig.chunk_min_tokens)."""
     goff = num(row.get("graph_off_decode_steps"))
     if goff is None or goff <= 0:
         return False
@@ -95,9 +109,19 @@ def off_graph_dominates(row) -> bool:
     if mixed is None:
         mixed = num(row.get("fused_mixed_steps_in_interval"))
     if mixed is None:
+        mixed = _prefill_passes(row)
+    if mixed is None:
         return False
     if mixed == 0:
         return True
     pre, batch = num(row.get("prefill_tokens")), num(row.get("running_reqs"))
-    small = pre is not None and batch is not None and batch > 0 and pre / mixed <= batch
+    passes = sum(num(row.get(c)) or 0.0 for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps"))
+    if batch is None and num(row.get("decode_rows")) is not None and passes > 0:
+        # the running gauge is stale or absent (SGLang sets it only when a log line is printed): the
+        # decode tokens the interval computed per forward are its mean decode batch, counted
+        batch = num(row.get("decode_rows")) / passes
+    # a chunk under chunk_min_tokens keeps its step below the roofline ridge: about one decode pass
+    # whatever the batch (AttributionConfig.chunk_min_tokens)
+    small = pre is not None and mixed > 0 and ((batch is not None and batch > 0 and pre / mixed <= batch)
+                                               or pre / mixed < chunk_min_tokens)
     return goff >= mixed and small
