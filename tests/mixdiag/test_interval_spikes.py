@@ -130,6 +130,9 @@ def test_a_sustained_stretch_does_not_become_its_own_baseline(regimes, want):
       "large_step_share": 2 / 27, "prefill_tokens": 3000.0, "decode_rows": 1224.0}, False),
     # no kind split of the passes: nothing to weigh
     ({"graph_off_decode_steps": 25.0, "graph_none_steps": 27.0, "prefill_tokens": 123.0}, False),
+    # prompt tokens counted but no extend pass: a counter of decode passes only (older SGLang), not 'no prefill'
+    ({"graph_off_decode_steps": 25.0, "graph_full_steps": 0.0, "graph_piecewise_steps": 0.0, "graph_none_steps": 25.0,
+      "large_step_share": 0.0, "prefill_tokens": 3000.0, "decode_rows": 1224.0}, False),
 ])
 def test_off_graph_dominates_from_pass_counts(row, want):
     assert off_graph_dominates(row, chunk_min_tokens=256.0) is want

@@ -19,7 +19,6 @@ from mixdiag.diagnosis.labels import equal
 from mixdiag.schema import nan_series
 
 
-
 def _mixed_size_episodes(sig: pd.DataFrame) -> pd.Series:
     """Rows of ``sig["sustained"]`` runs whose decode-only rows hold more than one ``decode_reqs`` value."""
     held = sig["sustained"].fillna(False).to_numpy(dtype=bool)

@@ -90,6 +90,11 @@ def _prefill_passes(row) -> float | None:
     modes = [num(row.get(c)) for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")]
     if share is None or all(m is None for m in modes):
         return None
+    if share == 0 and (num(row.get("prefill_tokens")) or 0) > 0:
+        # prompt tokens counted, no extend pass: a counter that counts decode passes only (SGLang releases
+        # whose process_batch_result_decode alone increments it, modes decode_cuda_graph / decode_none) -
+        # the extend passes are not counted, not absent
+        return None
     return float(round(share * sum(m or 0.0 for m in modes)))
 
 
