@@ -2,7 +2,7 @@
 
 The export is bench_nsys.py's simulated vLLM-like engine (``ranges`` variant: step ranges, node-level
 graph trace), cached under benchmarks/.cache/. Two probes run the real CLI in a fresh process each,
-interleaved ``--repeats`` times so machine load hits both alike:
+interleaved ``--repeats`` times (alternating which runs first) so machine load hits both alike:
 
 * ``plain``     - ``mixdiag analyze EXPORT --json --no-breakdown`` (no per-kernel rows kept, no breakdown);
 * ``breakdown`` - ``mixdiag analyze EXPORT --json`` (the activity frame and the breakdown section).
@@ -52,8 +52,10 @@ def main(argv=None) -> int:
 
     path = export("ranges", args.kernels, args.json)
     runs = {"plain": [], "breakdown": []}
-    for _ in range(args.repeats):
-        for mode in runs:
+    for i in range(args.repeats):
+        # alternate which probe runs first (ABBA): whatever favours one position of two back-to-back
+        # runs on a shared machine (page cache, another session's cycle) then falls on both probes alike
+        for mode in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
             runs[mode].append(probe(path, mode == "breakdown"))
     res = {"export": path.name, "repeats": args.repeats, "load_avg_1m": os.getloadavg()[0], "cpus": os.cpu_count()}
     lines = [f"{'probe':<10} {'wall s':>7} {'CPU s':>7} {'peak RSS':>9}"]
