@@ -27,7 +27,7 @@ def _ctx(q: str) -> InstanceContext:
     ("inferred chunk just at the floor", "inferred", MIN, "mixing"),
     ("inferred short prompt joining", "inferred", MIN / 2, "unknown"),
     ("inferred 20-token prompt", "inferred", 20.0, "unknown"),
-    ("measured short chunk: the step's own counts", "measured", MIN / 2, "mixing"),
+    ("measured short chunk: the step's own counts, still too small", "measured", MIN / 2, "unknown"),
     ("measured long chunk", "measured", 4 * MIN, "mixing"),
 ])
 def test_small_inferred_chunk_names_no_mixing(case, quality, prefill, cause):

@@ -86,14 +86,14 @@ def attribute_step(row: pd.Series, ctx: InstanceContext, cfg: AttributionConfig 
 
     # 4. mixing: both segments in one step; corroborated only by independent signals.
     pt, dr = num(row.get("prefill_tokens")), num(row.get("decode_rows"))
-    if alloc and has_p and has_d and qa != "measured" and pt is not None and pt < cfg.chunk_min_tokens:
-        # Inferred counts (a client's prompt lengths spread over the steps before each first token): a
-        # prompt below a chunk that can slow a step (cfg.chunk_min_tokens, the roofline ridge) joined this
-        # step, but where its tokens ran is a guess and so small a chunk costs about a decode pass - it
-        # does not explain the spike. Measured on the real-vLLM testbed's client view: 641 of 773 wrong
-        # mixing calls sat on such steps (docs/analyze.md, tier g).
+    if alloc and has_p and has_d and pt is not None and pt < cfg.chunk_min_tokens:
+        # A chunk below one that can slow a step (cfg.chunk_min_tokens, the roofline ridge: under it a
+        # forward stays memory-bound and costs about a decode pass) does not explain a spike, measured or
+        # inferred. The strict rules of tiers (e2) and (g) count the same way; measured there: 641 of 773
+        # wrong mixing calls of the real-vLLM client view sat on steps a 32-128-token prompt joined, and
+        # the independent generator's vLLM Iteration lines gave 5.8 % false mixing on 18-92-token chunks.
         return done("unknown", 0.3, prefill_tokens=pt, reason=(
-            f"a short prompt ({pt:.0f} tokens, inferred) joined this step: below a chunk that slows a step "
+            f"a short prompt ({pt:.0f} tokens, {qa}) joined this step: below a chunk that slows a step "
             f"({cfg.chunk_min_tokens:.0f}), and nothing else measured here names a cause"))
     if alloc and has_p and has_d:
         measured = qa == "measured"
