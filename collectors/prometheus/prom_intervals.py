@@ -294,11 +294,20 @@ def build_timeline(timed: list[TimedScrape], base: str, *, clock: str = "unix", 
                                                 "t_s": t, "value": v})
         down = 0
         pairs: list[tuple[View, View]] = []
+        last_up = None  # the last scrape that answered: counters continue from it across failed scrapes
         for i in range(1, len(seq)):
             (t0, prev), (t1, cur) = seq[i - 1], seq[i]
             if set(cur) <= {"up"}:  # the target was down at t1: nothing was scraped, no row
                 down += 1
+                if not set(prev) <= {"up"}:
+                    last_up = (t0, prev)
                 continue
+            if set(prev) <= {"up"} and last_up is not None:
+                # A failed scrape (a timeout on a busy host, a network blip) is no restart: counters go on
+                # from the last answered scrape, and a real restart shows as a fall (counter_increase reads
+                # it as a reset, as PromQL's increase() does). Series never seen before count from zero. The
+                # row spans the whole gap, so its rates stay per second of what it counted.
+                t0, prev = last_up
             rows.append(_interval_row(inst, len(rows) - n_before, t0, prev, t1, cur, used, series_rows, bounds))
             pairs.append((prev, cur))
         # cross-interval: vLLM's prompt tokens counted at first token, spread back over prefill time

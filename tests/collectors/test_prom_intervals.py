@@ -118,3 +118,25 @@ def test_planned_graph_counts_show_no_decode_leaving_the_graph():
                          "q_graph_mode": ["estimated", "measured"]})
     off = graph_off_decode_column(rows)["graph_off_decode_steps"]
     assert pd.isna(off.iloc[0]) and off.iloc[1] == 5.0
+
+
+@pytest.mark.parametrize("after_gap, want", [
+    (15.0, [5.0, 3.0]),   # a failed scrape is no restart: the counter goes on from the last answer
+    (3.0, [3.0, 15.0]),   # it fell across the gap: a restart, counted from zero (PromQL's increase())
+])
+def test_a_failed_scrape_between_two_answers_counts_no_steps_twice(after_gap, want):
+    # measured: a busy 2-core host made one 0.25 s scrape of the reference engine time out (up == 0),
+    # and the next interval counted the whole prefill counter again (3 prefill steps for 1)
+    from mixdiag import wire
+    from mixdiag.collectors.prometheus import prom_text
+    from mixdiag.collectors.prometheus.prom_common import TimedScrape
+    from mixdiag.collectors.prometheus.prom_intervals import build_timeline
+
+    def up(v):
+        return prom_text.parse(f'{wire.STEPS_TOTAL}{{kind="decode"}} {v}\nup 1\n')
+
+    timed = [TimedScrape(0.0, up(10.0)), TimedScrape(1.0, prom_text.parse("up 0\n")),
+             TimedScrape(2.0, up(after_gap)), TimedScrape(3.0, up(after_gap + 3.0 if after_gap > 10 else 18.0))]
+    s = build_timeline(timed, "engine").steps
+    assert list(s["decode_steps"]) == want
+    assert list(s["t_start_s"]) == [0.0, 2.0]  # the row after the gap spans it

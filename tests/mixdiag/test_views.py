@@ -106,7 +106,7 @@ def test_fused_log_and_scrapes():
     (2, 2, 2.5e6, "pd_transfer"),  # two PD requests installed: one EXTEND token each
     (1, 1, 2.5e6, "pd_transfer"),
     (512, 1, 2.5e6, "mixing"),  # a real prompt chunk: the transfer beside it does not explain it
-    (1, 1, 0.0, "mixing"),  # no transfer counted in the interval: nothing to name instead
+    (1, 1, 0.0, "unknown"),  # no transfer counted: a 1-token chunk cannot slow a step either (step rule 4)
 ])
 def test_a_pd_install_step_in_the_log_takes_the_scrapes_kv_transfer(prefill_tokens, prefill_reqs, xfer_bytes, expect):
     # the log calls the install step mixed (its 1-token EXTENDs are context tokens); only the

@@ -109,13 +109,15 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
                                     "steps (a histogram-bucket or interval-edge effect)")
         return Attribution(cause, round(conf * cfg.interval_factor, 3), ev)
     k = num(row.get("fused_interval"))
-    pd_install = a.cause == "mixing" and _extend_only(a.evidence)
+    # a step called mixing, or left unknown for a chunk too small to slow a step (step rule 4), whose
+    # context requests scheduled one token each: the shape of a PD install
+    pd_install = a.cause in ("mixing", "unknown") and a.evidence.get("kind") == "mixed" and _extend_only(a.evidence)
     if k is None or (a.cause != "unknown" and not pd_install) \
             or a.evidence.get("kind") != ("mixed" if pd_install else "decode"):
         return a
     conf = round(0.6 * cfg.interval_factor, 3)
     xfer = num(row.get("fused_interval_kv_transfer_bytes"))
-    if pd_install:  # only a transfer can explain it; with none counted, mixing stands
+    if pd_install:  # only a transfer can explain it; with none counted, the step's own verdict stands
         # the KV arrived in the step's interval or just before it (the transfer precedes the install)
         xfer = max((x for x in (xfer, num(row.get("fused_recent_kv_transfer_bytes"))) if x is not None),
                    default=None)
