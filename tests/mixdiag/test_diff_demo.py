@@ -79,7 +79,7 @@ def test_diff_of_the_demo_and_its_tuned_chunk_size_shows_what_mixing_moved(tmp_p
     # chunks of the 1.5-2.5k prompt cost 3-4x a decode step (real mixing excess); AFTER's 128-token chunks are
     # below the chunk floor of step rule 4 (a chunk under the roofline ridge does not slow a step), and on
     # this engine they measurably do not: 0.92-1.14x a decode step in 5 of 6 runs (docs/diff.md). Measured
-    # at integ4 (load 4-6): mixing 30.3 s of 42.2 s -> 0.0 s of 14.6 s; 18.9 s -> 0.0 s of 28.4 s.
+    # at integ4 (load 4-6): mixing 30.3 s of 42.2 s -> 0.0 s of 14.6 s; a second run: 0.0 s of 28.4 s after.
     assert mix["before_s"] > 0, mix  # the 512-token chunks made mixing spikes (so BEFORE's total is > 0 too)
     share_before = mix["before_s"] / total["before_s"]
     share_after = mix["after_s"] / total["after_s"] if total["after_s"] > 0 else 0.0  # no excess left at all
