@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import CAUSES, VERDICT_LEAD
+from mixdiag.diagnosis.series_note import series_note
 from mixdiag.diagnosis.budget import Budget, budget_of
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.spikes import itl_values
@@ -384,6 +385,8 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     n_step = int(equal(steps["granularity"], "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
+    if not len(steps):
+        verdict = f"{verdict} {series_note(timeline.series)}".strip()
     not_llm, cap = part.not_llm, cfg.attribution.not_llm_cap  # the cap the rules applied (attribution.py)
     if part.instances and len(not_llm) == len(part.instances):
         verdict = (f"This input does not look like LLM serving (no decode-like steps: no output tokens or decode "
