@@ -217,12 +217,14 @@ def test_sigstop_stalls_are_real_and_judged(stall_run):
     stamps = [it.t_s for it in its]
     for s in stalls:
         # truth of the truth: no step ran while the EngineCore was stopped, so the engine's own
-        # records show a gap nearly as long as the stall. The records are stamped when the API
-        # server logs them, which trails the steps (measured: by up to ~0.5 s when the front end
-        # is starved of CPU), so the gap is looked for from just before the stall to 2 s after.
+        # records show a gap in their stamps. The records are stamped when the API server logs them,
+        # which trails the steps (measured: by up to ~0.5 s when the front end is starved of CPU), so
+        # the gap is looked for from just before the stall to 2 s after, and a front end draining its
+        # backlog of earlier records into the stall shortens it: beside two busy loops on the 2 cores a
+        # 0.683 s stall left a 0.468 s gap (0.69x). Half the stall is what the stamps reliably show.
         near = [t for t in stamps if s.t_start_s - 0.2 <= t <= s.t_end_s + 2.0]
         gap = max((b - a for a, b in zip(near, near[1:])), default=0.0)
-        assert gap >= 0.8 * (s.t_end_s - s.t_start_s), (s, gap)
+        assert gap >= 0.5 * (s.t_end_s - s.t_start_s), (s, gap)
     times = scrape_times(d)
     report = analyze(d / "client.jsonl")
     named = [s for s in report["spikes"] if s["cause"] == "host_stall"]
