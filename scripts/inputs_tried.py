@@ -56,8 +56,9 @@ def vllm_scrape(i: int, cut: bool = False) -> str:
     return text[: text.index('le="0.1"')].rsplit("\n", 1)[0] + "\n" if cut else text
 
 
-def stats_log(path: Path, n: int = 59, bad_every: int = 1) -> None:
-    """A vLLM operator log of stats lines, latin-1 bytes on every ``bad_every``-th line."""
+def stats_log(n: int, bad_every: int, byte: bytes = b"\xe9") -> bytes:
+    """A vLLM operator log of ``n`` stats lines (a KV-usage peak in the middle), ``byte`` (not UTF-8) put
+    twice on every ``bad_every``-th line (0: none). tests/collectors/test_partial_reads.py reads the same."""
     out = []
     for i in range(n):
         s = 10 * (i + 1)
@@ -66,9 +67,9 @@ def stats_log(path: Path, n: int = 59, bad_every: int = 1) -> None:
                 f"throughput: 100.0 tokens/s, Avg generation throughput: 50.0 tokens/s, Running: 5 reqs, Waiting: 0 "
                 f"reqs, GPU KV cache usage: {kv}%, Prefix cache hit rate: 0.0%").encode()
         if bad_every and i % bad_every == 0:
-            line = line.replace(b"Running", b"Running\xe9")
+            line = line.replace(b"Running", b"Running" + byte).replace(b"[loggers", byte + b"[loggers")
         out.append(line)
-    path.write_bytes(b"\n".join(out) + b"\n")
+    return b"\n".join(out) + b"\n"
 
 
 def build(d: Path) -> list[tuple[str, list[str]]]:
@@ -96,7 +97,7 @@ def build(d: Path) -> list[tuple[str, list[str]]]:
     cases.append(("a scrape directory with one garbage file (was: skipped without a word)", ["analyze", str(gd)]))
     for every, what in ((7, "some"), (1, "every")):
         p = d / f"stats_latin1_{what}.log"
-        stats_log(p, bad_every=every)
+        p.write_bytes(stats_log(59, every))
         cases.append((f"latin-1 bytes on {what} vLLM stats line (was: 9 / all 59 intervals dropped)",
                       ["analyze", str(p)]))
     cases.append(("one /metrics dump (was: 'No TPOT spikes found in 1 intervals')", ["analyze", str(whole)]))

@@ -2,7 +2,9 @@
 not UTF-8, and what `analyze` says about them (warnings, --json `sources[].skipped`, --strict)."""
 import io
 import json
+import sys
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,9 @@ from mixdiag.cli import main
 from mixdiag.collectors import load
 from mixdiag.collectors.prometheus import scrape_reader
 from mixdiag.collectors.logs import vllm_log
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from inputs_tried import stats_log as _stats_log  # noqa: E402  (the input scripts/inputs_tried.py runs too)
 
 
 def _scrape(i: int) -> str:
@@ -57,20 +62,6 @@ def test_garbage_in_a_scrape_directory_is_counted_by_name(tmp_path):
     assert src["scrape-late.prom"]["lines_skipped"] == _scrape(9).count("\n")
     assert "no time" in next(iter(src["scrape-late.prom"]["skipped_reasons"]))
     assert (tl.steps["granularity"] == "interval").sum() == 4  # the good scrapes still give their intervals
-
-
-def _stats_log(n: int, bad_every: int, byte: bytes = b"\xe9") -> bytes:
-    out = []
-    for i in range(n):
-        s = 10 * (i + 1)
-        kv = 97.0 if i == n // 2 else 40.0
-        line = (f"(APIServer pid=1) INFO 03-17 15:{s // 60:02d}:{s % 60:02d} [loggers.py:259] Engine 000: Avg prompt "
-                f"throughput: 100.0 tokens/s, Avg generation throughput: 50.0 tokens/s, Running: 5 reqs, Waiting: 0 "
-                f"reqs, GPU KV cache usage: {kv}%, Prefix cache hit rate: 0.0%").encode()
-        if bad_every and i % bad_every == 0:
-            line = line.replace(b"Running", b"Running" + byte).replace(b"[loggers", byte + b"[loggers")
-        out.append(line)
-    return b"\n".join(out) + b"\n"
 
 
 @pytest.mark.parametrize("bad_every", [0, 7, 1])  # none, some, every stats line with latin-1 bytes
