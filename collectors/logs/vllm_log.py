@@ -38,7 +38,7 @@ from mixdiag.errors import UserError
 from mixdiag.label_arrays import str_column
 from mixdiag.schema import Timeline, repeat_label
 
-from mixdiag.collectors.logs import vllm_clock, vllm_graph_steps, vllm_iterations
+from mixdiag.collectors.logs import vllm_clock, vllm_config, vllm_graph_steps, vllm_iterations
 from mixdiag.collectors.logs.log_lines import LogRows
 from mixdiag.collectors.logs.step_frame import attach_events_frame
 from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
@@ -125,6 +125,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         # graphs off (enforce-eager): every batch runs NONE, which says nothing about a fallback
         events = [e for e in events if e[2] != "graph_none_min_tokens"]
     orphans = attach_events_frame(steps, events)
+    _config_graph_limit(steps, w.graph_configs)
     if orphans and not len(steps):
         st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
     elif orphans:
@@ -134,6 +135,10 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     steps = _name_instances(steps, out, base)
     if w.cg_settings:
         out.meta["cudagraph_config"] = w.cg_settings
+    for key, (_, cfg) in w.graph_configs.items():
+        out.meta.setdefault("engine_graph_config", {})[key] = {
+            "enforce_eager": cfg.enforce_eager, "cudagraph_mode": cfg.cudagraph_mode,
+            "max_capture_tokens": cfg.max_capture_tokens}
     if times.first_year is not None and year is None:
         out.meta["year_assumed"] = times.first_year  # fusion may re-read with year= from unix-clock sources
     untimed = 0
@@ -163,6 +168,7 @@ class _Walked:
     stats_rows: list[dict] = field(default_factory=list)  # periodic rows, placed once we know who iterates
     events: list[tuple] = field(default_factory=list)   # (key, t, column, value, how) folded into rows at the end
     cg_settings: dict[str, str] = field(default_factory=dict)
+    graph_configs: dict[str, tuple] = field(default_factory=dict)  # engine key -> (t, GraphConfig) of its start-up line
 
 
 def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogRows) -> _Walked:
@@ -203,6 +209,15 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
         if _CG_STATS.search(body):
             st.parsed()
             table = {"t": t_row, "key": key, "cols": None, "rows": 0, "events": w.events}
+            continue
+        if vllm_config.INIT.search(body):
+            w.graph_configs[key] = (t_row, vllm_config.parse(body))
+            st.parsed()
+            continue
+        cap = vllm_config.capped(w.graph_configs.get(key, (None, None))[1], body)
+        if cap is not None:
+            w.graph_configs[key] = (w.graph_configs.get(key, (t_row, None))[0], cap)
+            st.parsed()
             continue
         sm = _CG_SETTING.match(body)
         if sm:
@@ -288,6 +303,28 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
     for c in ("instance", "kind", "granularity"):  # few shared labels: built by code, not str by str
         df[c] = str_column(df[c])
     return pd.DataFrame(df)
+
+
+def _config_graph_limit(df: pd.DataFrame, configs: dict[str, tuple]) -> None:
+    """Interval rows of an engine whose start-up line has graphs on and a largest capture size N (from that
+    line's time on): every batch of more than N tokens ran without a graph (vllm_config), so
+    ``graph_none_min_tokens`` is at most N + 1 - the same column the ``--cudagraph-metrics`` table fills,
+    the smaller of the two kept."""
+    if not len(df) or "granularity" not in df:
+        return
+    for key, (t, cfg) in configs.items():
+        top = cfg.eager_above
+        if top is None:
+            continue
+        rows = (df["instance"].to_numpy(dtype=object) == key) & (df["granularity"] == "interval").to_numpy(dtype=bool)
+        if t is not None:
+            rows &= df["t_end_s"].to_numpy(dtype=float) >= t
+        if not rows.any():
+            continue
+        cur = df["graph_none_min_tokens"].to_numpy(dtype=float, copy=True) if "graph_none_min_tokens" in df \
+            else np.full(len(df), np.nan)
+        cur[rows] = np.fmin(cur[rows], float(top + 1))
+        df["graph_none_min_tokens"] = cur
 
 
 def _qualities(df: pd.DataFrame, out: LogRows, events: list) -> None:

@@ -102,12 +102,14 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     short = level != "out" or (chunk is not None and chunk < cfg.chunk_min_tokens)
     umin, batch = num(row.get("graph_none_min_tokens")), num(row.get("running_reqs"))
     if umin is not None and batch is not None and batch >= umin and short and not pos("mixed_steps"):
-        # vLLM dispatches NONE only above the largest capture size, so a running batch at least as
-        # large as the smallest one the engine's own table counted run without a graph in this window
-        # decoded eager; no chunk that could slow a step beside it
+        # vLLM dispatches NONE above the largest capture size, so a running batch at least as large as
+        # the smallest one run without a graph - counted by the engine's own table in this window, or
+        # one above the largest capture size its start-up config printed - decoded eager; no chunk that
+        # could slow a step beside it
         return done("graph_fallback", 0.6, graph_none_min_tokens=umin, running_reqs=batch,
-                    reason="the engine's CUDA-graph table counted batches of this size or smaller run without a "
-                           "graph in the window, and the running batch was that large; no large prompt chunk")
+                    reason=f"vLLM runs a batch of {umin:.0f} tokens or more without a CUDA graph here (its "
+                           f"CUDA-graph table or its largest capture size says so), and {batch:.0f} requests "
+                           f"were running; no large prompt chunk")
     if work and running and off_graph_dominates(row, cfg.chunk_min_tokens):
         return done("graph_fallback", 0.6, interval_graph_off_decode_steps=num(row.get("graph_off_decode_steps")),
                     reason="decode passes off the captured graph outnumber the interval's mixed steps, whose "

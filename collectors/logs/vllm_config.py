@@ -1,0 +1,63 @@
+"""The engine configuration vLLM logs once at start-up, as far as it bears on a cause:
+``Initializing a V1 LLM engine (vX) with config: ... enforce_eager=False, ...
+compilation_config={... 'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>,
+'cudagraph_capture_sizes': [1, 2, 4, ...], 'max_cudagraph_capture_size': 512, ...}`` (the engine
+core's ``core.py`` line; real 0.32 capture in tests/fixtures/vllm032, GPU lines in vLLM issue
+#23739). ``max_cudagraph_capture_size`` was ``max_capture_size`` before PR #26016; the list alone
+serves when neither is printed.
+
+What it gives: the largest batch (tokens) vLLM replays from a CUDA graph. ``CudagraphDispatcher``
+returns NONE for any batch of more tokens (formats.md §1.3, rule 2 - before any key is looked up), so
+on an engine with graphs on, a decode batch larger than that ran eager: the same fact the
+``--cudagraph-metrics`` table states per window, from the configuration the engine printed.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+INIT = re.compile(r"Initializing a V1 LLM engine\b")
+_EAGER = re.compile(r"\benforce_eager=(True|False)\b")
+_MODE = re.compile(r"'cudagraph_mode':\s*<CUDAGraphMode\.(\w+)")
+_MAX = re.compile(r"'max_(?:cudagraph_)?capture_size':\s*(\d+|None)")
+_SIZES = re.compile(r"'cudagraph_capture_sizes':\s*\[([\d,\s]*)\]")
+#: a later WARNING when the KV cache (Mamba blocks) cannot hold the largest sizes (vLLM ``compilation.py``):
+#: ``Capping cudagraph capture sizes from max 512 to 352 ...`` - the limit in force is the second number
+CAP = re.compile(r"Capping cudagraph capture sizes from max (\d+) to (\d+)")
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """What one start-up line says about CUDA graphs (None: not printed)."""
+
+    enforce_eager: bool | None
+    cudagraph_mode: str | None
+    max_capture_tokens: int | None
+
+    @property
+    def eager_above(self) -> int | None:
+        """The token count above which every batch runs without a graph, or None when the line does not
+        say, or graphs are off altogether (then every batch runs eager: no fallback to name)."""
+        if self.enforce_eager or self.cudagraph_mode == "NONE" or not self.max_capture_tokens:
+            return None
+        return self.max_capture_tokens
+
+
+def parse(body: str) -> GraphConfig:
+    """The graph settings of a start-up line's text (the fields it lacks stay None)."""
+    e, m, mx = _EAGER.search(body), _MODE.search(body), _MAX.search(body)
+    top = int(mx.group(1)) if mx and mx.group(1) != "None" else None
+    if top is None:
+        s = _SIZES.search(body)
+        sizes = [int(x) for x in re.findall(r"\d+", s.group(1))] if s else []
+        top = max(sizes) if sizes else None
+    return GraphConfig(None if e is None else e.group(1) == "True", m.group(1) if m else None, top)
+
+
+def capped(cfg: GraphConfig | None, body: str) -> GraphConfig | None:
+    """``cfg`` with the capture limit a ``Capping cudagraph capture sizes`` line set (None: not such a line)."""
+    m = CAP.search(body)
+    if m is None:
+        return None
+    base = cfg or GraphConfig(None, None, None)
+    return GraphConfig(base.enforce_eager, base.cudagraph_mode, int(m.group(2)))
