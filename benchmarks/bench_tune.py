@@ -130,6 +130,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3,
                     help="real runs of every setting (round-robin); vllm: runs of the base setting (>= 2)")
     ap.add_argument("--duration", type=float, default=35.0, help="vllm: seconds of traffic per run (default 35)")
+    ap.add_argument("--long-gap", type=float, default=None,
+                    help="vllm: mean seconds between long prompts (default: drawn from 8-20 s by the seed); a "
+                         "short gap puts the mixed steps into the P99 the chunk size is tuned for")
     ap.add_argument("--seed", type=int, default=23, help="vllm: the traffic and long-prompt seed of every run (default 23)")
     ap.add_argument("--slo-ttft-p99", type=float, default=None)
     ap.add_argument("--no-speed", action="store_true", help="skip the 10-minute sweep timing")

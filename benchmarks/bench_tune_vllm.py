@@ -53,6 +53,7 @@ def real_run(root: Path, chunk: int, tag: str, args, say) -> dict | None:
         from mixdiag.vllm_testbed.config import ServerConfig, TestbedConfig
 
         cfg = TestbedConfig(duration_s=args.duration, seed=args.seed, faults=("long_prompts",),
+                            long_prompt_gap_s=getattr(args, "long_gap", None),
                             server=ServerConfig(max_num_batched_tokens=chunk))
         from mixdiag.errors import UserError
 
@@ -130,7 +131,8 @@ def main(args, note) -> dict:
     others = [r for r in rows if r["chunk_size"] != args.base]
     repeats = runs[args.base][1:]
     med = (lambda xs: statistics.median(xs) if xs else None)
-    out = {"engine": "vllm", "base_chunk": args.base, "seed": args.seed, "duration_s": args.duration, "runs": rows,
+    out = {"engine": "vllm", "base_chunk": args.base, "seed": args.seed, "duration_s": args.duration,
+           "long_prompt_gap_s": getattr(args, "long_gap", None), "runs": rows,
            "median_err_itl_p99": med([r["err_itl"] for r in others]),
            "median_err_ttft_p99": med([r["err_ttft"] for r in others]),
            "base_repeat_err_itl_p99": med([r["err_itl"] for r in rows if r["chunk_size"] == args.base and not r["tuned_from"]]),

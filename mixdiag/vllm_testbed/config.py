@@ -86,6 +86,7 @@ class TestbedConfig:
     server: ServerConfig = ServerConfig()
     drain_s: float = 60.0             # after the sending window: how long requests may still finish
     live_analyze: bool = False        # run `mixdiag analyze <url>/metrics` beside the load (tier g5)
+    long_prompt_gap_s: float | None = None  # mean gap of the long-prompt load; None: drawn from 8-20 s
 
     def __post_init__(self):
         if not self.duration_s >= 5:
@@ -95,5 +96,7 @@ class TestbedConfig:
         bad = [f for f in self.faults if f not in FAULTS]
         if bad:
             raise UserError(f"unknown fault {bad[0]!r}; choose from {', '.join(FAULTS)}")
+        if self.long_prompt_gap_s is not None and not self.long_prompt_gap_s > 0:
+            raise UserError(f"long-prompt gap must be > 0 s, got {self.long_prompt_gap_s}")
         if self.drain_s < 0:
             raise UserError(f"drain_s must be >= 0, got {self.drain_s}")

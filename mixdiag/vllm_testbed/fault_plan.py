@@ -100,7 +100,8 @@ def draw(cfg: TestbedConfig) -> FaultPlan:
         cap = server.max_model_len - out_len - 8
         hi = min(r.randint(4000, 6000), cap)
         lo = min(r.randint(1500, 2500), hi)
-        long_prompts = LongPrompts(rate=1.0 / r.uniform(8.0, 20.0), lo=lo, hi=hi, output_len=out_len)
+        gap = r.uniform(8.0, 20.0)   # drawn even when overridden: the stream stays the same
+        long_prompts = LongPrompts(rate=1.0 / (cfg.long_prompt_gap_s or gap), lo=lo, hi=hi, output_len=out_len)
     end = cfg.duration_s - 1.0
     timed: list[TimedFault] = []
     if "host_stall" in cfg.faults:
