@@ -119,18 +119,15 @@ def read(source, *, instance: str | None = None, steps: Timeline | None = None, 
         return Timeline(None, None, ser, {"source": FORMAT, "clock": src.meta.get("clock", "unix"),
                                           "sources": list(src.meta.get("sources", [])), "notes": notes})
     meta = dict(steps.meta)
-    st = steps.steps
-    # the instances with interval rows: one server's scrapes (joined with its log and client records,
-    # the interval view NAME@intervals) - the process's CPU time describes that one engine
-    insts = list(pd.unique(st.loc[st["granularity"] == "interval", "instance"])) if len(st) else []
-    new_steps = st
-    if len(insts) == 1:
-        new_steps = attach(st, per_t, insts[0])
+    insts = list(pd.unique(steps.steps["instance"])) if len(steps.steps) else []
+    new_steps = steps.steps
+    if len(insts) == 1 and (steps.steps["granularity"] == "interval").any():
+        new_steps = attach(steps.steps, per_t, insts[0])
         sig = {k: dict(v) for k, v in meta.get("signals", {}).items()}
         sig.setdefault(insts[0], {})["engine_cpu"] = "measured"
         meta["signals"] = sig
     elif len(insts) > 1:
-        notes.append(f"{len(insts)} instances with interval rows: engine CPU time not mapped (give one server's inputs)")
+        notes.append(f"{len(insts)} instances: engine CPU time not mapped (give one server's inputs)")
     else:
         notes.append("no interval rows to carry the engine's CPU time (scrapes of the engine give them)")
     meta["notes"] = list(meta.get("notes", [])) + notes
