@@ -24,13 +24,9 @@ sys.path.insert(0, str(ROOT))
 from mixdiag.vllm_testbed import scoring  # noqa: E402
 
 VIEWS = {"g1": ("scrapes",), "g2": ("scrapes", "vllm.log"), "g3": ("client.jsonl",),
-         "g4": ("client.jsonl", "scrapes", "vllm.log"),
-         # + the engine process's CPU time as a node's process-exporter serves it (testbed process/):
-         # not one of issue 21's views - what a host-side source adds to them
-         "g2p": ("scrapes", "vllm.log", "process"), "g4p": ("client.jsonl", "scrapes", "vllm.log", "process")}
+         "g4": ("client.jsonl", "scrapes", "vllm.log")}
 VIEW_NAMES = {"g1": "scrapes only", "g2": "scrapes + operator log", "g3": "client records",
-              "g4": "client + scrapes + log", "g2p": "scrapes + log + engine CPU", "g4p": "client + scrapes + log + engine CPU",
-              "g5": "live URL"}
+              "g4": "client + scrapes + log", "g5": "live URL"}
 #: the live view: `mixdiag analyze <url>/metrics --json` run beside the load by the testbed
 #: (`--live-analyze`, mixdiag/vllm_testbed/live_view.py), scored from the JSON it printed
 LIVE_JSON = Path("live") / "analyze.json"

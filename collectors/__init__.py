@@ -18,9 +18,8 @@ from typing import Iterable
 from mixdiag.errors import UserError
 
 __all__ = ["load", "expand", "rename_instances"]
-#: Formats that carry only device or host activity: given with step sources, they fill ``steps.sm_active``
-#: (DCGM, NVML) or the interval rows' ``engine_cpu_s`` (process-exporter).
-SM_ACTIVITY_FORMATS = ("dcgm", "nvml-csv", "process-exporter")
+#: Formats that carry only SM activity: given with step sources, they fill ``steps.sm_active``.
+SM_ACTIVITY_FORMATS = ("dcgm", "nvml-csv")
 #: URL formats whose window can hold dcgm-exporter series beside the engine's (a Prometheus server
 #: scraping both, an exporter's own URL): their DCGM series become ``sm_active`` on their own
 #: interval rows, here, once, after the reader (files of DCGM scrapes are the ``dcgm`` format's).

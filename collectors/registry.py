@@ -39,7 +39,6 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("kineto-json", "traces.kineto.reader", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
     Collector("dcgm", "gpu.dcgm", (".prom", ".txt"), "DCGM exporter scrape"),
     Collector("nvml-csv", "gpu.nvml", (".csv",), "CSV written by mixdiag's NVML sampler"),
-    Collector("process-exporter", "host.process_cpu", (".prom", ".txt"), "process-exporter scrape (engine CPU time)"),
     Collector("prom-text", "prometheus.scrape_reader", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
     Collector("vllm-log", "logs.vllm_log", (".log", ".txt"), "vLLM server log"),
     Collector("sglang-log", "logs.sglang_log", (".log", ".txt"), "SGLang server log"),

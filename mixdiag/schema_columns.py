@@ -117,10 +117,7 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("graph_piecewise_steps", "float64", "count", "interval rows: steps run PIECEWISE", nonnegative=True),
     _c("graph_none_steps", "float64", "count", "interval rows: steps run eager (no graph)", nonnegative=True),
     _c("graph_none_min_tokens", "float64", "tokens", "interval rows: the smallest batch (unpadded tokens) the "
-       "engine ran without a graph in the interval (vLLM --cudagraph-metrics table, or one above the largest "
-       "capture size of its start-up config)", nonnegative=True),
-    _c("engine_cpu_s", "float64", "s", "interval rows: CPU seconds the engine process got in the interval "
-       "(process-exporter utime + stime; measured)", nonnegative=True),
+       "engine ran without a graph in the interval (vLLM --cudagraph-metrics table)", nonnegative=True),
     _c("comm_s", "float64", "s", "device time in collective / all-to-all / dispatch-combine kernels in the step",
        nonnegative=True),
     _c("comm_share", "float64", "ratio", "comm_s / the step's device time", nonnegative=True),

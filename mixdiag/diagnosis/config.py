@@ -107,12 +107,6 @@ class AttributionConfig:
     """Evidence thresholds of the rules (rules/); justified in docs/analyze.md."""
 
     host_gap_share: float = 0.5     # host_stall: gap excess >= this share of the latency excess
-    # host_stall on interval rows from the engine process's measured CPU time (detection/host_idle.py):
-    # idle seconds at least this many robust sigmas of the instance's own idle time (the usual noise of
-    # the kernel's accounting and of sharing the cores) ...
-    host_idle_k: float = 3.0
-    # ... and at least this long: PLACEHOLDER, set from the testbed's measured noise
-    host_idle_min_s: float = 0.1
     imbalance_rel: float = 1.5      # ep_hotspot: imbalance >= this x the neighbourhood's ...
     imbalance_abs: float = 1.5      # ... and >= this absolute max/mean ratio
     imbalance_edge_rel: float = 1.1  # interval next to a hotspot interval: imbalance >= this x the usual
@@ -164,8 +158,6 @@ class AttributionConfig:
     def __post_init__(self):
         if not 0 < self.host_gap_share <= 1:
             raise ValueError("AttributionConfig.host_gap_share must be in (0, 1]")
-        if self.host_idle_k < 0 or self.host_idle_min_s < 0:
-            raise ValueError("AttributionConfig.host_idle_k and host_idle_min_s must be >= 0")
         if min(self.imbalance_rel, self.imbalance_abs, self.imbalance_edge_rel, self.rank_skew, self.rank_sm_skew) < 1:
             raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
         if not 0 < self.interval_factor <= 1:

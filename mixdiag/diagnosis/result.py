@@ -94,10 +94,6 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "rank_skew_high": ("bool", "rank_skew above the EP-hotspot threshold"),
     "rank_sm_skew": ("ratio", "largest rank's SM-busy time / median rank's (graph-hidden compute)"),
     "device_idle_before_s": ("s", "measured device idle time before the step"),
-    "engine_idle_s": ("s", "interval rows: time the engine process did not run at its usual CPU rate while requests "
-                      "ran (process-exporter CPU time)"),
-    "engine_idle_sigma_s": ("s", "interval rows: the instance's usual spread of engine_idle_s (robust sigma)"),
-    "idle_share_of_excess": ("ratio", "engine_idle_s / the interval's ITL excess"),
     "arrivals": ("count", "requests that arrived / began prefill in the row"),
     "large_step_share": ("ratio", "interval rows: share of steps with prefill work"),
     "prefill_itl_rho": ("ratio", "interval rows: Spearman rho of prefill work vs ITL excess across intervals"),

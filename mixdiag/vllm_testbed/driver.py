@@ -6,7 +6,6 @@ directory; several runs may share one server (the tests do) as long as they need
 knobs. :func:`run` is the CLI's one-run path. A run directory holds::
 
     DIR/scrapes/<unix_time_s>.prom   timed /metrics scrapes (docs/contracts.md section 1)
-    DIR/process/<unix_time_s>.prom   the EngineCore's CPU time on the same grid, as process-exporter serves it
     DIR/vllm.log                     the operator log, exactly as vLLM printed it (no iteration lines)
     DIR/client.jsonl                 every stream's `mixdiag load` records, merged
     DIR/loads/<stream>.jsonl         each stream's own records (and .out: its console output)
@@ -29,7 +28,6 @@ from mixdiag.vllm_testbed import environment, fault_plan, live_view, log_routing
 from mixdiag.vllm_testbed.config import ServerConfig, TestbedConfig
 from mixdiag.vllm_testbed.injectors import FaultRunner, TruthRow
 from mixdiag.vllm_testbed.process_guard import ProcessGuard
-from mixdiag.vllm_testbed.process_scrape import ProcessScraper
 from mixdiag.vllm_testbed.scraper import Scraper
 from mixdiag.vllm_testbed.server import VllmServer
 
@@ -130,8 +128,6 @@ class Testbed:
         log_at, truth_at = _size(self.log_path), _size(self.truth_log)
         scraper = Scraper(self.server.url, out / "scrapes", cfg.scrape_interval_s)
         scraper.start()
-        procs = ProcessScraper(lambda: self.engine_core_pid, out / "process", cfg.scrape_interval_s)
-        procs.start()
         time.sleep(cfg.scrape_interval_s * 1.5)   # a scrape before the first request: counters' start
         streams = [traffic.Stream("base", cfg.traffic.rate, cfg.duration_s, cfg.traffic.prompt_len,
                                   cfg.traffic.output_len, cfg.traffic.max_concurrency, cfg.seed)]
@@ -173,7 +169,6 @@ class Testbed:
                     self.guard.stop(r.proc, grace_s=5.0)
         time.sleep(cfg.scrape_interval_s * 1.5)   # a scrape after the last token
         scraper.finish()
-        procs.finish()
         t_end = time.time()
         errors += faults.errors
         if live is not None:

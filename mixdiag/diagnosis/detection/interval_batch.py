@@ -16,7 +16,6 @@ import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import DiagnosisConfig
-from mixdiag.diagnosis.detection import host_idle
 from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
 from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
@@ -56,15 +55,6 @@ def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
     return sig
 
 
-def host_idle_stands_out(sig: pd.DataFrame, acfg) -> np.ndarray:
-    """Rows whose measured engine idle time stands out: at least ``acfg.host_idle_min_s`` and
-    ``acfg.host_idle_k`` robust sigmas of the instance's own idle time (detection/host_idle.py)."""
-    idle = sig["engine_idle_s"].to_numpy(dtype=float)
-    sigma = sig["engine_idle_sigma_s"].to_numpy(dtype=float)
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(idle) & (idle >= acfg.host_idle_min_s) & (idle >= acfg.host_idle_k * np.nan_to_num(sigma))
-
-
 def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, groups: np.ndarray | None = None):
     """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
     numbered by ``groups`` (:func:`interval_views`); ``quality`` per signal, a value or one per row.
@@ -72,11 +62,7 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     sig["gap_before_s"] = np.nan
     sig = interval_segments(step_signals(sig, cfg.signals, groups))
     sig["gap_excess_s"] = np.nan
-    sig[list(host_idle.COLUMNS)] = host_idle.engine_idle(sig, groups)
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
-    # an interval the engine process measurably did not run through: a host stall, which the
-    # baseline must not absorb either
-    faulty = faulty | pd.Series(host_idle_stands_out(sig, cfg.attribution), index=sig.index)
     if "graph_none_min_tokens" in sig.columns and "running_reqs" in sig.columns:
         # a batch the engine's own CUDA-graph table counted run without a graph: eager decode, a
         # fault the baseline must not absorb (as for the gauges above)

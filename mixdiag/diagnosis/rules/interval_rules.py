@@ -83,19 +83,6 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     def pos(c):
         return num(row.get(c)) is not None and num(row.get(c)) > 0
 
-    lat, base = num(row.get("latency_s")), num(row.get("baseline_s"))
-    excess = lat - base if lat is not None and base is not None else None
-    idle, sigma = num(row.get("engine_idle_s")), num(row.get("engine_idle_sigma_s"))
-    if idle is not None and excess and excess > 0 and idle >= cfg.host_idle_min_s \
-            and idle >= cfg.host_idle_k * (sigma or 0.0) and idle >= cfg.host_gap_share * excess:
-        # measured, not by elimination: the kernel counted the engine process idle for this long
-        # while requests waited, and that time holds most of the interval's ITL excess
-        share = min(1.0, idle / excess)
-        return done("host_stall", 0.6 + 0.3 * share, engine_idle_s=round(idle, 3), engine_idle_sigma_s=sigma,
-                    idle_share_of_excess=round(share, 3),
-                    reason=f"the engine process got {idle:.2f} s less CPU than its usual rate while requests ran "
-                           f"(its usual spread {sigma or 0.0:.2f} s): it did not run")
-
     if bool(row.get("starved")):
         # no token came out while requests ran and prompts were computed, and the waiters logged
         # the wait on resuming (interval_spikes): the prefill ran without the decodes
