@@ -64,8 +64,11 @@ WINDOW = ("graph_none_min_tokens",)
 HEAD_BYTES = 256 * 1024
 
 _MODEL_PATTERNS = (re.compile(rb'model_name="([^"]+)"'),
-                   re.compile(rb"served_model_name=\[?'([^']+)'"),
-                   re.compile(rb"\bmodel(?:_path)?='([^']+)'"))
+                   # vLLM's engine config line: served_model_name=tiny-llama (0.32: bare), ['m'] or 'm' (older)
+                   re.compile(rb"served_model_name=\[?'?([^',\s\]]+)'?"))
+#: the model path or name, read only where no served name is printed: the metrics' model_name label is
+#: the served name, which defaults to the --model argument
+_MODEL_ARG = re.compile(rb"\bmodel(?:_path)?='([^']+)'")
 _ROLES = {"vllm-log": "log", "sglang-log": "log", "prom-text": "scrapes", "prom-endpoint": "scrapes",
           "prom-http": "scrapes", "client-load": "client", "vllm-bench": "client", "guidellm": "client",
           "nsys-sqlite": "trace", "kineto-json": "trace", "mixdiag-run": "run"}
@@ -121,6 +124,10 @@ def hints(src: str, fmt: str) -> tuple[frozenset, str | None]:
         except (ValueError, KeyError, AttributeError):
             return frozenset(), None
     models = {m.decode("utf-8", "replace") for pat in _MODEL_PATTERNS for m in pat.findall(head)}
+    if not models:
+        models = {m.decode("utf-8", "replace") for m in _MODEL_ARG.findall(head)}
+    # a model given as a path is also known by its last part (a served name, a label) - one model either way
+    models |= {m.rstrip("/").rsplit("/", 1)[-1] for m in models if "/" in m}
     return frozenset(models), url
 
 

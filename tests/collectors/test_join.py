@@ -213,3 +213,30 @@ def test_a_joined_server_keeps_its_trace_spines_device_rows_for_the_breakdown():
     assert tl.activity["step"].tolist() == alone.activity["step"].tolist()  # the spine's steps keep their numbers
     b = breakdown(tl, diagnose(tl))
     assert b.status == "ok" and set(b.utilisation["instance"]) == {"srv"}
+
+
+def test_a_real_vllm_log_and_its_scrapes_are_one_instance():
+    """vLLM 0.32 prints ``served_model_name=tiny-llama`` bare and ``model='<path>'``; its scrapes label
+    ``model_name="tiny-llama"``. Read before as two models, the log and the scrapes of one real server
+    were two instances (tests/fixtures/vllm032, one testbed run)."""
+    from pathlib import Path
+
+    fix = Path(__file__).resolve().parents[1] / "fixtures" / "vllm032"
+    from mixdiag.collectors import join
+    assert join.hints(str(fix / "vllm.log"), "vllm-log")[0] == join.hints(str(fix / "scrapes"), "prom-text")[0] \
+        == frozenset({"tiny-llama"})
+    tl = load([str(fix / "scrapes"), str(fix / "vllm.log")], year=2026)
+    (name, entry), = tl.meta["instance_sources"].items()
+    assert {s["format"] for s in entry["sources"]} == {"vllm-log", "prom-text"} and entry["joined_by"] == "overlap"
+
+
+@pytest.mark.parametrize("line, want", [
+    ("served_model_name=tiny-llama, scheduler_config=", {"tiny-llama"}),          # 0.32: bare
+    ("served_model_name=['m-a'], x=1", {"m-a"}),                                 # a list
+    ("model='/models/org/Llama-3-8B', tokenizer='/models/org/Llama-3-8B'", {"/models/org/Llama-3-8B", "Llama-3-8B"}),
+])
+def test_model_hints_of_a_config_line(tmp_path, line, want):
+    from mixdiag.collectors import join
+    p = tmp_path / "v.log"
+    p.write_text(f"INFO 12-01 00:00:00 [core.py:75] Initializing a V1 LLM engine (v0.32.0) with config: {line}\n")
+    assert join.hints(str(p), "vllm-log")[0] == frozenset(want)
