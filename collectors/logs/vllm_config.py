@@ -61,3 +61,57 @@ def capped(cfg: GraphConfig | None, body: str) -> GraphConfig | None:
         return None
     base = cfg or GraphConfig(None, None, None)
     return GraphConfig(base.enforce_eager, base.cudagraph_mode, int(m.group(2)))
+
+
+#: decode-only batches within the capture sizes replay this graph under each mode (CudagraphDispatcher:
+#: FULL keys exist for uniform decode in the FULL modes; PIECEWISE keys for every captured size)
+_DECODE_MODE = {"FULL_AND_PIECEWISE": "FULL", "FULL_DECODE_ONLY": "FULL", "FULL": "FULL", "PIECEWISE": "PIECEWISE"}
+
+
+def step_graph_modes(steps, configs: dict):
+    """Iteration steps of engines whose start-up line has graphs on, with the runtime mode the dispatcher
+    gives their token count where no ``--cudagraph-metrics`` table said it (``graph_mode`` still unknown):
+
+    * more tokens than the largest capture size: NONE, ``measured`` - the dispatcher's first test, before any
+      key is looked up, so nothing at run time changes it (a later capping warning lowers the size, read);
+    * a decode-only batch within the sizes: the mode's decode graph (FULL or PIECEWISE), ``inferred`` - the
+      key lookup can still fall back (an attention backend without full-graph support), so it is context
+      for the instance's decode norm, never evidence on its own row.
+
+    ``configs``: engine key -> (t, GraphConfig). The frame unchanged when no engine applies."""
+    import numpy as np
+    import pandas as pd
+
+    if not len(steps) or "prefill_tokens" not in steps or "decode_rows" not in steps:
+        return steps
+    inst = steps["instance"].to_numpy(dtype=object)
+    pt = pd.to_numeric(steps["prefill_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)
+    dr = pd.to_numeric(steps["decode_rows"], errors="coerce").to_numpy(dtype=float)
+    known = steps["graph_mode"].astype(object).to_numpy() if "graph_mode" in steps else np.full(len(steps), "unknown", object)
+    open_ = np.array([m in (None, "unknown") or m != m for m in known], dtype=bool)
+    mode = np.full(len(steps), None, dtype=object)
+    qual = np.full(len(steps), None, dtype=object)
+    for key, (_, cfg) in configs.items():
+        top = cfg.eager_above
+        if top is None:
+            continue
+        mine = (inst == key) & open_ & np.isfinite(dr)
+        over = mine & (pt + dr > top)
+        mode[over], qual[over] = "NONE", "measured"
+        dec = _DECODE_MODE.get(cfg.cudagraph_mode or "")
+        within = mine & ~over & (pt == 0) & (dr > 0)
+        if dec is not None:
+            mode[within], qual[within] = dec, "inferred"
+    hit = mode != None  # noqa: E711 (object array)
+    if not hit.any():
+        return steps
+    steps = steps.copy()
+    for col, default in (("graph_mode", "unknown"), ("graph_replayed", np.nan), ("q_graph_mode", None)):
+        if col not in steps:
+            steps[col] = default
+    steps["graph_mode"] = steps["graph_mode"].astype(object)
+    steps["q_graph_mode"] = steps["q_graph_mode"].astype(object)
+    steps.loc[hit, "graph_mode"] = mode[hit]
+    steps.loc[hit, "graph_replayed"] = [0.0 if m == "NONE" else 1.0 for m in mode[hit]]
+    steps.loc[hit, "q_graph_mode"] = qual[hit]
+    return steps

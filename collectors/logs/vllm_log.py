@@ -121,6 +121,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     events = [e for e in events if not (e[2].startswith("graph_") and e[0] in iterating)]
     if iterating:
         steps = vllm_graph_steps.step_graph_modes(steps, out.series, iterating)
+        steps = vllm_config.step_graph_modes(steps, {k: v for k, v in w.graph_configs.items() if k in iterating})
     if w.cg_settings.get("Mode", "").rsplit(".", 1)[-1] == "NONE":
         # graphs off (enforce-eager): every batch runs NONE, which says nothing about a fallback
         events = [e for e in events if e[2] != "graph_none_min_tokens"]

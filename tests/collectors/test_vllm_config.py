@@ -63,3 +63,25 @@ def test_a_capping_warning_lowers_the_limit():
                       STATS.format(s=0)]) + "\n"
     tl = vllm_log.read(io.StringIO(text), instance="v", year=2025)
     assert tl.steps["graph_none_min_tokens"].tolist() == [17.0]
+
+
+ITER = ("(EngineCore_DP0 pid=411) INFO 03-01 10:00:{s:02d} [core.py:349] Iteration({n}): {cr} context requests, "
+        "{ct} context tokens, {g} generation requests, {g} generation tokens, iteration elapsed time: 12.00 ms")
+
+
+@pytest.mark.parametrize("mode, ct, g, want, quality", [
+    ("FULL_AND_PIECEWISE", 0, 40, "NONE", "measured"),     # above the largest size: NONE before any key lookup
+    ("FULL_AND_PIECEWISE", 0, 20, "FULL", "inferred"),     # a uniform decode batch within the sizes
+    ("PIECEWISE", 0, 20, "PIECEWISE", "inferred"),
+    ("FULL_AND_PIECEWISE", 300, 20, "NONE", "measured"),   # a chunk that pushes the step past the sizes
+    ("FULL_AND_PIECEWISE", 8, 20, "unknown", None),        # a mixed batch within them: keys decide, not read
+    ("NONE", 0, 40, "unknown", None),                      # graphs off: nothing to say
+])
+def test_iteration_steps_take_the_dispatchers_mode(mode, ct, g, want, quality):
+    text = "\n".join([GPU.format(mode=mode, top="'max_cudagraph_capture_size': 32, "),
+                      ITER.format(s=1, n=1, cr=1 if ct else 0, ct=ct, g=g)]) + "\n"
+    st = vllm_log.read(io.StringIO(text), instance="v", year=2025).steps
+    got = st["graph_mode"].iat[0] if "graph_mode" in st else "unknown"
+    assert got == want
+    if quality is not None:
+        assert st["q_graph_mode"].iat[0] == quality
