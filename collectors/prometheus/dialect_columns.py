@@ -27,6 +27,9 @@ none}_steps``                 from the batch shape, not a replay: only ``graph_r
                               imbalance max/avg; the reciprocal of the mean balancedness is
                               ≤ the mean imbalance (Jensen), so it understates spread a bit
 ``forward_s``                 SGLang ``gpu_execution_seconds_total`` (any category)          measured
+``gpu_wait_s``                SGLang ``gpu_overlap_wait_seconds_total`` (any category): time   measured
+                              the GPU forward stream sat idle between forwards, waiting on
+                              the host (PR #19982, ``GapTimer``; device timer env var on)
 ``spec_accept_rate``          vLLM ``spec_decode_num_accepted_tokens`` / ``_draft_tokens``   measured
 ``waiting_capacity_reqs``     vLLM 0.32 ``num_requests_waiting_by_reason{reason=capacity}``  measured
                               at the interval's end (``deferred`` ones are not capacity-bound)
@@ -74,6 +77,8 @@ MIXDIAG_GRAPH = {"FULL": "graph_full_steps", "PIECEWISE": "graph_piecewise_steps
 KV_SECONDS = (("sglang:kv_transfer_latency_ms_sum", 1e-3),)
 KV_BYTES = (("sglang:kv_transfer_total_mb_sum", 1e6),)
 GPU_EXECUTION = ("sglang:gpu_execution_seconds_total", "sglang:forward_execution_seconds_total")
+#: the GPU forward stream's idle time between forwards (the host did not launch the next one)
+GPU_WAIT = "sglang:gpu_overlap_wait_seconds_total"
 BALANCEDNESS = "sglang:eplb_balancedness"
 SPEC = ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total")
 # vLLM 0.32 series (docs/collectors-text.md, "vLLM version drift")
@@ -261,6 +266,11 @@ def dialect_columns(prev: View, cur: View, row: dict[str, Any], used: dict[str, 
                 out["forward_s"] = v
                 used["forward_s"] = name
             break
+    if GPU_WAIT in cur:
+        v = counter_increase(prev.get(GPU_WAIT), cur[GPU_WAIT])
+        if math.isfinite(v):
+            out["gpu_wait_s"] = max(v, 0.0)
+            used["gpu_wait_s"] = GPU_WAIT
     acc, drafts = (counter_increase(prev.get(n), cur.get(n)) for n in SPEC)
     if math.isfinite(drafts) and drafts > 0 and math.isfinite(acc):
         out["spec_accept_rate"] = acc / drafts

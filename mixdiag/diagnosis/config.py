@@ -107,6 +107,10 @@ class AttributionConfig:
     """Evidence thresholds of the rules (rules/); justified in docs/analyze.md."""
 
     host_gap_share: float = 0.5     # host_stall: gap excess >= this share of the latency excess
+    # host_stall on interval rows from the engine's count of GPU wait between forwards (detection/host_wait.py):
+    # the wait beyond the usual must stand this many robust sigmas above the instance's own spread of it - the
+    # spike test's noise guard (SignalConfig) at its usual 3
+    host_wait_k: float = 3.0
     imbalance_rel: float = 1.5      # ep_hotspot: imbalance >= this x the neighbourhood's ...
     imbalance_abs: float = 1.5      # ... and >= this absolute max/mean ratio
     imbalance_edge_rel: float = 1.1  # interval next to a hotspot interval: imbalance >= this x the usual
@@ -158,6 +162,8 @@ class AttributionConfig:
     def __post_init__(self):
         if not 0 < self.host_gap_share <= 1:
             raise ValueError("AttributionConfig.host_gap_share must be in (0, 1]")
+        if self.host_wait_k < 0:
+            raise ValueError("AttributionConfig.host_wait_k must be >= 0")
         if min(self.imbalance_rel, self.imbalance_abs, self.imbalance_edge_rel, self.rank_skew, self.rank_sm_skew) < 1:
             raise ValueError("AttributionConfig imbalance/rank-skew thresholds must be >= 1")
         if not 0 < self.interval_factor <= 1:

@@ -16,6 +16,7 @@ import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection import host_wait
 from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
 from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
@@ -55,14 +56,26 @@ def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
     return sig
 
 
+def wait_stands_out(sig: pd.DataFrame, acfg) -> np.ndarray:
+    """Rows whose measured host wait beyond the usual (``gap_excess_s``) stands ``acfg.host_wait_k``
+    robust sigmas above the instance's own spread of it, and above nothing (host_wait.py)."""
+    ex = sig["gap_excess_s"].to_numpy(dtype=float)
+    sigma = np.nan_to_num(sig["gap_excess_sigma_s"].to_numpy(dtype=float))
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(ex) & (ex > 0) & (ex >= acfg.host_wait_k * sigma)
+
+
 def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, groups: np.ndarray | None = None):
     """Signals, baseline and spikes of interval rows sorted by step - of one instance, or of several
     numbered by ``groups`` (:func:`interval_views`); ``quality`` per signal, a value or one per row.
     Returns the frame, the rows with ITL, their latency and their baseline."""
     sig["gap_before_s"] = np.nan
     sig = interval_segments(step_signals(sig, cfg.signals, groups))
-    sig["gap_excess_s"] = np.nan
+    sig["gap_excess_s"], sig["gap_excess_sigma_s"] = host_wait.wait_excess(sig, groups)
     faulty = sig["kv_xfer"] | sig["preempt"] | (sig["imbalance_rel"] >= cfg.attribution.imbalance_rel).fillna(False)
+    # an interval whose GPU measurably waited on the host far beyond its usual share (host_wait): a host
+    # stall, a fault the baseline must not absorb either
+    faulty = faulty | pd.Series(wait_stands_out(sig, cfg.attribution), index=sig.index)
     if "graph_none_min_tokens" in sig.columns and "running_reqs" in sig.columns:
         # a batch the engine's own CUDA-graph table counted run without a graph: eager decode, a
         # fault the baseline must not absorb (as for the gauges above)

@@ -83,6 +83,19 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     def pos(c):
         return num(row.get(c)) is not None and num(row.get(c)) > 0
 
+    lat, base = num(row.get("latency_s")), num(row.get("baseline_s"))
+    excess = lat - base if lat is not None and base is not None else None
+    gap, gsig = num(row.get("gap_excess_s")), num(row.get("gap_excess_sigma_s"))
+    if gap is not None and gap > 0 and excess and excess > 0 and gap >= cfg.host_wait_k * (gsig or 0.0) \
+            and gap >= cfg.host_gap_share * excess:
+        # measured, never by elimination: the engine counted its GPU idle, waiting on the host, this much
+        # beyond its usual share of the interval, and that wait holds most of the interval's ITL excess
+        share = min(1.0, gap / excess)
+        return done("host_stall", 0.6 + 0.3 * share, gap_share_of_excess=round(share, 3),
+                    interval_host_wait_excess_s=round(gap, 4),
+                    reason=f"the GPU waited {gap:.3f} s on the host beyond its usual share of the interval "
+                           f"(the engine's own count), most of the interval's ITL excess")
+
     if bool(row.get("starved")):
         # no token came out while requests ran and prompts were computed, and the waiters logged
         # the wait on resuming (interval_spikes): the prefill ran without the decodes
