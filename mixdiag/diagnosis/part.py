@@ -39,11 +39,17 @@ def _json_num(v):
 
 
 def _spike(inst: str, row: pd.Series, itl_s, baseline_s, a, missing: list) -> dict:
-    """One spike record (mixdiag.diagnosis.result.SPIKE_COLUMNS) from its row and attribution."""
+    """One spike record (mixdiag.diagnosis.result.SPIKE_COLUMNS) from its row and attribution. A row whose
+    latency is a mean over a window (an SGLang Decode line: the forwards since the previous one) spans that
+    window: the spike speaks of it, not of the line's stamp alone."""
+    t0, t1 = float(row["t_start_s"]), float(row["t_end_s"])
+    w0, w1 = row.get("window_start_s"), row.get("window_end_s")
+    if w0 is not None and np.isfinite(w0):
+        t0 = min(t0, float(w0))
+        t1 = max(t1, float(w1)) if w1 is not None and np.isfinite(w1) else t1
     return {"instance": inst, "step": int(row["step"]), "t_s": float(row["t_end_s"]), "itl_s": float(itl_s),
             "baseline_s": float(baseline_s), "cause": a.cause, "confidence": a.confidence, "evidence": a.evidence,
-            "missing_signals": missing, "t_start_s": float(row["t_start_s"]), "t_end_s": float(row["t_end_s"]),
-            "granularity": row["granularity"]}
+            "missing_signals": missing, "t_start_s": t0, "t_end_s": t1, "granularity": row["granularity"]}
 
 
 @dataclass

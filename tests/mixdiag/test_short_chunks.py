@@ -40,3 +40,32 @@ def test_log_window_names_mixing_only_for_a_chunk_past_the_ridge(new_tokens, mix
     sp = diagnose(load(str(p))).spikes
     assert len(sp)  # the slow window spikes either way
     assert ((sp["cause"] == "mixing").any()) == mixing
+
+
+def test_a_window_spike_spans_its_window(tmp_path):
+    """The slow Decode line's height is the mean over the forwards since the previous Decode line, so its
+    spike spans that window - from the previous line's stamp to one stamp resolution past its own (stamps
+    are whole seconds, truncated): the mixed Prefill line inside it lies within the spike, not before it."""
+    p = tmp_path / "sglang.log"
+    p.write_text(_log(2048, every=40))
+    tl = load(str(p))
+    st = tl.steps.sort_values("t_end_s")
+    dec = st[st["kind"] == "decode"]["t_end_s"].to_numpy()
+    pre = float(st.loc[st["kind"] == "mixed", "t_end_s"].iloc[0])
+    sp = diagnose(tl).spikes
+    mix = sp[sp["cause"] == "mixing"].iloc[0]
+    prev = dec[dec < mix["t_s"]].max()
+    assert (mix["t_start_s"], mix["t_end_s"]) == (prev, mix["t_s"] + 1.0)
+    assert mix["t_start_s"] <= pre <= mix["t_end_s"]
+
+
+@pytest.mark.parametrize("running, stalled", [(0.0, False), (16.0, True), (float("nan"), True)])
+def test_a_prefill_line_says_whether_decodes_waited(running, stalled):
+    """SGLang's Prefill line states the running batch (``#running-req``): 0 means no decode waited through it,
+    whatever decode rows came before; only a row without the count falls back on those rows."""
+    import pandas as pd
+
+    from mixdiag.diagnosis.detection.log_windows import stalled_prefill_rows
+    rows = pd.DataFrame({"has_prefill": [True], "has_decode": [False], "decodes_before": [True],
+                         "running_reqs": [running]})
+    assert bool(stalled_prefill_rows(rows).iat[0]) == stalled

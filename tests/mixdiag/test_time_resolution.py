@@ -1,6 +1,6 @@
 """A source's stamp resolution and sampling bound what it can claim: SGLang logs stamp whole seconds
 and print one Decode line per 40 forwards, so the gaps between lines (1-2 s) say nothing about a
-~34 ms token latency or time between forwards - no latency verdict on them reaches 0.8."""
+~34 ms token latency or time between forwards - no latency verdict is read from them, none reaches 0.8."""
 from __future__ import annotations
 
 import datetime as dt
@@ -49,11 +49,13 @@ def test_one_second_stamps_never_give_a_latency_cause_at_08(seed, tmp_path):
     d = diagnose(load(str(p)))
     sp = d.spikes
     assert (d.steps["stamp_resolution_s"] == 1.0).all()
-    assert (sp["cause"] == "host_stall").any()  # the gaps between sampled lines still look like waits ...
-    assert (sp["confidence"] < 0.8).all()  # ... but no verdict read from them is sure
+    # the Decode lines are 1.4 s apart and never overlap, but their whole-second stamps are coarser than the
+    # ~34 ms forward their gen throughput states: the gaps are no latency, so no wait is read from them (before,
+    # every window's stamp gap was a host_stall, capped at 0.5) - the windows' own mean step time is the latency
+    assert not (sp["cause"] == "host_stall").any(), sp[["cause", "confidence"]]
+    assert (sp["confidence"] < 0.8).all()
     stalls = sp[sp["cause"] == "host_stall"]
     assert (stalls["confidence"] <= AttributionConfig().resolution_cap).all()
-    assert all(e["latency_below_resolution"] and e["stamp_resolution_s"] == 1.0 for e in stalls["evidence"])
 
 
 def test_stamp_resolution_per_instance():

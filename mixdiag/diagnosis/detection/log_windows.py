@@ -21,6 +21,20 @@ def chunk_rows(rows: pd.DataFrame, min_tokens: float) -> pd.Series:
     return hp & hd & (tok.isna() | (tok >= min_tokens))
 
 
+def stalled_prefill_rows(rows: pd.DataFrame) -> pd.Series:
+    """Prefill-only rows that running decodes waited through. The row's own count of running requests
+    decides where it has one: SGLang's Prefill line states ``#running-req``, the running batch at that
+    forward (``log_prefill_stats``) - 0 there means no decode was running, whatever rows came before (under
+    mixed chunk a running batch is folded into the forward; without it, it waits). Only a row without the
+    count falls back to decode rows before it (``decodes_before``)."""
+    hp, hd = rows["has_prefill"].astype(bool), rows["has_decode"].astype(bool)
+    before = rows["decodes_before"].astype(bool) if "decodes_before" in rows.columns else pd.Series(False, index=rows.index)
+    if "running_reqs" not in rows.columns:
+        return hp & ~hd & before
+    run = pd.to_numeric(rows["running_reqs"], errors="coerce")
+    return hp & ~hd & (run.gt(0) | (run.isna() & before))
+
+
 def prefill_since_last_decode(sig: pd.DataFrame, min_tokens: float = 0.0) -> tuple[pd.Series, pd.Series]:
     """Per row: how many rows since the previous decode-only row held prefill and decode rows
     (mixed forwards) and how many were prefill-only with decodes waiting (running requests or
@@ -28,9 +42,8 @@ def prefill_since_last_decode(sig: pd.DataFrame, min_tokens: float = 0.0) -> tup
     since the last one (SGLang's ``Decode batch`` gen throughput), these are the prefill batches
     inside the window that mean covers."""
     hp, hd = sig["has_prefill"].astype(bool), sig["has_decode"].astype(bool)
-    running = sig["running_reqs"].fillna(0).gt(0) if "running_reqs" in sig.columns else False
     mixed = chunk_rows(sig, min_tokens).astype(int)
-    stall = (hp & ~hd & (sig["decodes_before"].astype(bool) | running)).astype(int)
+    stall = stalled_prefill_rows(sig).astype(int)
     dec = hd & ~hp
 
     def since(x: pd.Series) -> pd.Series:  # x's rows after the previous decode-only row, up to this one

@@ -9,7 +9,7 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection.context import InstanceContext
-from mixdiag.diagnosis.detection.signals import (decode_graph_norm, decode_like, kind_unread, periodicity,
+from mixdiag.diagnosis.detection.signals import (decode_graph_norm, decode_like, kind_unread, periodicity, stamp_resolution,
                                                  prefill_events, prefill_since_last_decode, row_qualities,
                                                  step_signals)
 from mixdiag.diagnosis.detection.regimes import sustained_rows
@@ -47,6 +47,21 @@ def _coarse_clock(st: pd.DataFrame) -> bool:
     return bool(bad.iloc[1:].mean() > 0.1)
 
 
+def _stamps_coarser_than_steps(st: pd.DataFrame) -> bool:
+    """Rows whose stamps lie on a grid (whole seconds) at least as coarse as the step time the rows state
+    (``elapsed_s``): a gap between two such stamps is no latency - it may be one forward or forty. An SGLang
+    operator log prints a Decode line every 40 forwards with whole-second stamps; at 25 ms a forward the lines
+    are a second apart and never overlap, so :func:`_coarse_clock` alone took their stamp gaps for latency
+    (host_stall on every window of a steady log, confidence capped by the resolution only)."""
+    if "elapsed_s" not in st.columns or not len(st):
+        return False
+    el = pd.to_numeric(st["elapsed_s"], errors="coerce")
+    if not el.notna().any():
+        return False
+    res = float(stamp_resolution(st).iloc[0])
+    return res > 0 and res >= float(el.median())
+
+
 def window_mean_latency(meta: dict, inst: str) -> bool:
     """Whether the instance's ``elapsed_s`` is an estimated mean over the steps since the previous
     decode line (the collector declares it ``estimated``) rather than one step's own time."""
@@ -61,7 +76,7 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     in (kept out of the baseline); ``window_latency``: the rows' ``elapsed_s`` is a window mean;
     ``itl``: ``itl_events(tokens)`` when the caller has it already (the budget reads it too)."""
     st = step_timing(rows).reset_index(drop=True)
-    coarse = _coarse_clock(st)
+    coarse = _coarse_clock(st) or (window_latency and _stamps_coarser_than_steps(st))
     if coarse:  # gaps unknown: the step's own duration (or the time the log line states) is the latency
         st["gap_before_s"] = nan_series(st.index)  # all-NaN columns here hold no memory per row
         st["latency_s"] = st["duration_s"]
@@ -82,11 +97,20 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # previous decode row (SGLang's gen throughput) covers a window: the prefill batches logged
     # inside it are evidence for its height (step_rules reads window_*_steps).
     sig["window_mixed_steps"] = sig["window_stall_steps"] = nan_series(sig.index)
+    sig["window_start_s"] = sig["window_end_s"] = nan_series(sig.index)
     if coarse and window_latency and "elapsed_s" in sig.columns:
         mixed, stall = prefill_since_last_decode(sig, cfg.attribution.chunk_min_tokens)
         win = sig["decode_only"] & pd.to_numeric(sig.get("elapsed_s"), errors="coerce").notna()
         sig["window_mixed_steps"] = mixed.where(win)
         sig["window_stall_steps"] = stall.where(win)
+        # the window the row's latency is a mean over: from the previous decode line to this one - what a
+        # spike on it speaks of (the decode line's own stamp is only the window's end)
+        prev_end = sig["t_end_s"].where(win).shift(1).ffill()
+        sig["window_start_s"] = prev_end.where(win & (prev_end < sig["t_end_s"]))
+        # a stamp truncated to its resolution (whole seconds): the line was printed up to one resolution later
+        res = pd.to_numeric(sig["stamp_resolution_s"], errors="coerce").fillna(0.0) \
+            if "stamp_resolution_s" in sig.columns else 0.0
+        sig["window_end_s"] = (sig["t_end_s"] + res).where(sig["window_start_s"].notna())
     if has_tokens:
         visible = sig["itl_events"] > 0
         # a request that already had tokens waited through this prefill-only step: decodes were

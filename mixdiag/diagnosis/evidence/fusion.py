@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.diagnosis.config import DiagnosisConfig
+from mixdiag.diagnosis.detection.log_windows import stalled_prefill_rows
 from mixdiag.diagnosis.detection.signals import chunk_rows, graph_off_decode_column
 from mixdiag.diagnosis.labels import equal
 from mixdiag.schema import Timeline, nan_columns, nan_series
@@ -244,10 +245,7 @@ def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict
         xfer = iv.sort_values("t_end_s")["kv_transfer_bytes"]
         f.loc[xfer.index, "fused_recent_kv_transfer_bytes"] = np.fmax(xfer.to_numpy(dtype=float),
                                                                       xfer.shift(1).to_numpy(dtype=float))
-        f.loc[iv.index, "fused_stall_steps_in_interval"] = [
-            float((x["has_prefill"].astype(bool) & ~x["has_decode"].astype(bool)
-                   & (x["decodes_before"].astype(bool) | x["running_reqs"].fillna(0).gt(0))).sum())
-            for x in inside]
+        f.loc[iv.index, "fused_stall_steps_in_interval"] = [float(stalled_prefill_rows(x).sum()) for x in inside]
         stall = f.loc[iv.index, "fused_stall_steps_in_interval"].astype(float)
         f.loc[iv.index, "fused_recent_stall_steps"] = np.fmax(stall.to_numpy(), stall.shift(1).to_numpy())
         f.loc[iv.index, "is_spike"] = iv["is_spike"].to_numpy(dtype=bool) & ~(np.asarray(slow) > 0)
