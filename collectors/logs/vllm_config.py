@@ -16,6 +16,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
+
+from mixdiag.collectors.logs.vllm_graph_steps import write_modes
+
 INIT = re.compile(r"Initializing a V1 LLM engine\b")
 _EAGER = re.compile(r"\benforce_eager=(True|False)\b")
 _MODE = re.compile(r"'cudagraph_mode':\s*<CUDAGraphMode\.(\w+)")
@@ -79,9 +84,6 @@ def step_graph_modes(steps, configs: dict):
       for the instance's decode norm, never evidence on its own row.
 
     ``configs``: engine key -> (t, GraphConfig). The frame unchanged when no engine applies."""
-    import numpy as np
-    import pandas as pd
-
     if not len(steps) or "prefill_tokens" not in steps or "decode_rows" not in steps:
         return steps
     inst = steps["instance"].to_numpy(dtype=object)
@@ -103,15 +105,4 @@ def step_graph_modes(steps, configs: dict):
         if dec is not None:
             mode[within], qual[within] = dec, "inferred"
     hit = mode != None  # noqa: E711 (object array)
-    if not hit.any():
-        return steps
-    steps = steps.copy()
-    for col, default in (("graph_mode", "unknown"), ("graph_replayed", np.nan), ("q_graph_mode", None)):
-        if col not in steps:
-            steps[col] = default
-    steps["graph_mode"] = steps["graph_mode"].astype(object)
-    steps["q_graph_mode"] = steps["q_graph_mode"].astype(object)
-    steps.loc[hit, "graph_mode"] = mode[hit]
-    steps.loc[hit, "graph_replayed"] = [0.0 if m == "NONE" else 1.0 for m in mode[hit]]
-    steps.loc[hit, "q_graph_mode"] = qual[hit]
-    return steps
+    return write_modes(steps, hit, mode, qual)

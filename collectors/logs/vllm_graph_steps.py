@@ -55,6 +55,12 @@ def step_graph_modes(steps: pd.DataFrame, series: list[dict], iterating: set) ->
                     mode[i] = next(iter(ran))
             prev = t
     hit = np.array([m in _REPLAYED for m in mode], dtype=bool)
+    return write_modes(steps, hit, mode, "measured")
+
+
+def write_modes(steps: pd.DataFrame, hit: np.ndarray, mode: np.ndarray, quality) -> pd.DataFrame:
+    """A copy of ``steps`` with ``graph_mode`` = ``mode``, ``graph_replayed`` and ``q_graph_mode`` = ``quality``
+    (one value, or one per row) on the rows of ``hit``; ``steps`` itself when no row is hit."""
     if not hit.any():
         return steps
     steps = steps.copy()
@@ -65,5 +71,5 @@ def step_graph_modes(steps: pd.DataFrame, series: list[dict], iterating: set) ->
     steps["q_graph_mode"] = steps["q_graph_mode"].astype(object)
     steps.loc[hit, "graph_mode"] = mode[hit]
     steps.loc[hit, "graph_replayed"] = [_REPLAYED[m] for m in mode[hit]]
-    steps.loc[hit, "q_graph_mode"] = "measured"
+    steps.loc[hit, "q_graph_mode"] = quality if isinstance(quality, str) else quality[hit]
     return steps
