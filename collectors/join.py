@@ -123,7 +123,7 @@ def hints(src: str, fmt: str) -> tuple[frozenset, str | None]:
             return models, (m.group(1) if m else None)
         except (ValueError, KeyError, AttributeError):
             return frozenset(), None
-    models = {m.decode("utf-8", "replace") for pat in _MODEL_PATTERNS for m in pat.findall(head)}
+    models = {m.decode("utf-8", "replace") for pat in _MODEL_PATTERNS for m in pat.findall(head)} - {"None"}
     if not models:
         models = {m.decode("utf-8", "replace") for m in _MODEL_ARG.findall(head)}
     # a model given as a path is also known by its last part (a served name, a label) - one model either way

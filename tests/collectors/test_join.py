@@ -233,6 +233,7 @@ def test_a_real_vllm_log_and_its_scrapes_are_one_instance():
 @pytest.mark.parametrize("line, want", [
     ("served_model_name=tiny-llama, scheduler_config=", {"tiny-llama"}),          # 0.32: bare
     ("served_model_name=['m-a'], x=1", {"m-a"}),                                 # a list
+    ("model='m-b', served_model_name=None, x=1", {"m-b"}),                       # unset: the model argument
     ("model='/models/org/Llama-3-8B', tokenizer='/models/org/Llama-3-8B'", {"/models/org/Llama-3-8B", "Llama-3-8B"}),
 ])
 def test_model_hints_of_a_config_line(tmp_path, line, want):
