@@ -10,7 +10,7 @@ import dataclasses
 import time
 
 from mixdiag.errors import UserError
-from mixdiag.tuning import cost_model, frontier, traffic
+from mixdiag.tuning import cost_model, frontend, frontier, traffic
 
 #: foreign inputs: a KV pool no realistic workload fills (the replay then never preempts)
 LARGE_POOL_BLOCKS = 1 << 18
@@ -90,7 +90,14 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     if admission:
         notes.append("arrival stamps all fall between steps (admissions): TTFT is replayed from admission, "
                      "as the data measured it")
-    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission)
+    fe = client_delay(traffic_tl, wl, rows)
+    if fe is not None:
+        d = fe.describe()
+        notes.append(f"client token times joined to the engine's steps ({d['tokens']} tokens of {d['requests']} requests): "
+                     f"front-end delay P50 {1e3 * d['lag_p50_s']:.1f} ms, P99 {1e3 * d['lag_p99_s']:.1f} ms, "
+                     "added to the replayed tokens as measured over time")
+    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission,
+                             frontend=fe)
     # how far each setting's steps reach beyond the steps the cost was fitted on (frontier.extrapolated)
     fitted_max = float((rows["prefill_tokens"] + rows["decode_rows"]).max()) \
         if isinstance(cost, cost_model.FittedCost) and len(rows) else None
@@ -106,10 +113,21 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     rec, why = frontier.recommend(results, slo_itl, slo_ttft)
     measured = measured_p99(tl if traffic_tl is None else traffic_tl, wl)
     return {"workload": wl.summary(), "cost_model": cost.describe(), "current": cur, "measured_current": measured,
+            "frontend_delay": None if fe is None else fe.describe(),
             "settings": results, "frontier": [r["label"] for r in front],
             "slo": {"itl_p99_s": slo_itl, "ttft_p99_s": slo_ttft},
             "recommendation": None if rec is None else rec["label"], "recommended": rec, "reason": why,
             "predicted_change": frontier.change(cur, rec), "notes": notes, "seconds": time.perf_counter() - t0}
+
+
+def client_delay(traffic_tl, wl, rows):
+    """The client's front-end delay over the engine's steps (:mod:`mixdiag.tuning.frontend`) when the
+    requests come from client records beside an engine's own step records (``traffic_tl``); None
+    otherwise - an engine's own token events are stamped by the engine, with no front end between."""
+    if traffic_tl is None or traffic_tl.tokens is None or not len(rows) or not wl.requests:
+        return None
+    tok = traffic_tl.tokens[traffic_tl.tokens["instance"] == wl.instance]
+    return frontend.measure(tok, rows["t_end_s"].to_numpy(), wl.requests[0].arrival_s)
 
 
 def traffic_source(tl, load_one, paths: list[str]):

@@ -1,0 +1,96 @@
+"""The front-end delay (client token times over the engine's step stamps) and the step-row shapes at a
+prompt boundary: hand-built captures, the real vLLM 0.32 excerpt (tests/fixtures/vllm032/tune)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mixdiag.cli import main
+from mixdiag.engine.config import CacheConfig, SchedulerConfig
+from mixdiag.tuning import cost_model, frontend
+from mixdiag.tuning.replay import ModelTiming, replay
+from mixdiag.tuning.traffic import RequestSpec
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "vllm032" / "tune"
+STAMPS = 100.0 + 0.010 * np.arange(1, 101)      # a step ends every 10 ms
+
+
+def tokens(rows):
+    return pd.DataFrame(rows, columns=["request_id", "t_s"]).assign(n_tokens=1)
+
+
+def steady(rid, first, n, delay=0.002):
+    return [(rid, STAMPS[first + k] + delay) for k in range(n)]
+
+
+@pytest.mark.parametrize("case, tok, want", [
+    ("steady 2 ms", steady("a", 5, 20) + steady("b", 10, 20), {i: 0.002 for i in range(5, 30)}),
+    # the front end holds steps 40-49 and sends them all at once with step 50's token
+    ("burst", [("a", STAMPS[k] + 0.002 if not 40 <= k < 50 else STAMPS[50] + 0.002) for k in range(30, 60)],
+     {k: (STAMPS[50] - STAMPS[k] + 0.002 if 40 <= k < 50 else 0.002) for k in range(30, 60)}),
+    # the budget skipped 'a' in step 20 (a chunk ran ahead of it): the tokens before are not charged that step
+    ("skip", [("a", STAMPS[k] + 0.002) for k in list(range(10, 20)) + list(range(21, 30))],
+     {k: 0.002 for k in list(range(10, 20)) + list(range(21, 30))}),
+])
+def test_delay_per_step(case, tok, want):
+    fe = frontend.measure(tokens(tok), STAMPS, t0=100.0)
+    got = {int(round(t / 0.010)) - 1: lag for t, lag in zip(fe.t_s, fe.lag_s)}   # t_s: STAMPS[k] - t0
+    assert set(got) == set(want), case
+    assert [got[k] for k in sorted(want)] == pytest.approx([want[k] for k in sorted(want)], abs=1e-9), case
+
+
+@pytest.mark.parametrize("offset", [-50.0, 1000.0])
+def test_clocks_that_are_not_one_give_no_delay(offset):
+    tok = tokens([(r, t + offset) for r, t in steady("a", 5, 20) + steady("b", 10, 20)])
+    assert frontend.measure(tok, STAMPS, t0=100.0) is None
+
+
+def test_sampler_reads_the_series_by_time_and_shifts_it_for_other_seeds():
+    fe = frontend.FrontEndDelay(np.array([0.0, 1.0, 2.0, 3.0]), np.array([0.001, 0.5, 0.001, 0.001]), 4, 1)
+    f = fe.sampler(0)
+    assert [f(t) for t in (0.5, 1.0, 1.9, 2.5)] == [0.001, 0.5, 0.5, 0.001]
+    shifted = [fe.sampler(s)(1.5) for s in range(1, 30)]
+    assert min(shifted) == 0.001 and max(shifted) == 0.5     # the burst lands elsewhere under other seeds
+
+
+class Flat:
+    gap_s = 0.0
+
+    def step_s(self, shape):
+        return 0.010
+
+
+def test_replay_adds_the_delay_and_keeps_each_stream_in_order():
+    req = [RequestSpec("a", 0.0, 10, 6)]
+    cfg, cache = SchedulerConfig(max_num_batched_tokens=64), CacheConfig()
+    base = replay(req, ModelTiming(Flat()), cfg, cache, 4096)
+    const = replay(req, ModelTiming(Flat()), cfg, cache, 4096, frontend=lambda t: 0.005)
+    assert const.ttft_s.tolist() == pytest.approx((base.ttft_s + 0.005).tolist())
+    assert const.itl_s.tolist() == pytest.approx(base.itl_s.tolist())
+    # tokens made at 20-40 ms are held until 45 ms: one 35 ms gap, then a burst, never a negative ITL
+    burst = replay(req, ModelTiming(Flat()), cfg, cache, 4096,
+                   frontend=lambda t: 0.045 - t if 0.015 < t < 0.045 else 0.0)
+    assert burst.itl_s.tolist() == pytest.approx([0.035, 0.0, 0.0, 0.005, 0.010])
+
+
+def test_a_step_with_several_prefill_requests_ends_the_chain():
+    # budget 512: a long prompt chunked 500 + 500, its 100-token tail shares a cut step with a new
+    # prompt (2 prefill requests), which then continues with a chain of its own
+    rows = pd.DataFrame({"prefill_tokens": [500.0, 500.0, 500.0, 500.0, 300.0],
+                         "prefill_reqs": [1.0, 1.0, 2.0, 1.0, 1.0],
+                         "decode_rows": [12.0] * 5})
+    shapes = cost_model.estimated_shapes(rows, kv_tokens=10_000)
+    assert [s.prefill_ctx for s in shapes] == [0.0, 500 * 500, 1000 * 250, 250 * 500, 750 * 300]
+    assert [s.prefill_sq for s in shapes] == [250000.0, 250000.0, 2 * 250.0 ** 2, 250000.0, 90000.0]
+
+
+def test_tune_of_the_real_capture_reports_the_front_end_delay(capsys):
+    assert main(["tune", str(FIX / "client.jsonl"), str(FIX / "iterations.log"), "--knob", "chunk_size=512,1024",
+                 "--current", "chunk_size=512", "--json", "--jobs", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    fe = doc["frontend_delay"]
+    assert fe["requests"] == 22 and fe["tokens"] == 2537        # every request with tokens placed on the steps
+    assert 0 <= fe["lag_p50_s"] < 0.05 and fe["lag_p99_s"] >= fe["lag_p50_s"]
+    assert any(n.startswith("client token times joined to the engine's steps") for n in doc["notes"])
