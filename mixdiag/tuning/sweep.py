@@ -44,13 +44,17 @@ def fit_cost(tl, wl, rows, base, cache, mml, notes: list[str], ledger_model: str
         reqs = [r for r in wl.requests if r.arrival_s <= float(rows["t_end_s"].max())]
         from mixdiag.tuning.replay import align
 
+        causal = _step_format(tl, rows) in cost_model.CAUSAL_KERNEL_SOURCES
+        if causal:
+            notes.append("steps from vLLM's own records: its attention kernels skip the masked blocks, so a chunk's "
+                         "own attention is fitted as causal unless the dense form fits clearly better")
         shapes, share = align(reqs, rows, base, cache, mml)
         if shapes is not None:
-            return cost_model.fit(rows, shapes, "exact (the replay reproduces the recorded steps)")
+            return cost_model.fit(rows, shapes, "exact (the replay reproduces the recorded steps)", causal_kernel=causal)
         notes.append(f"the replay of the current setting matches {100 * share:.0f} % of the recorded steps: "
                      "context features estimated from step rows")
         return cost_model.fit(rows, cost_model.estimated_shapes(rows, cache.num_blocks * cache.block_size),
-                              "estimated from step rows")
+                              "estimated from step rows", causal_kernel=causal)
     from mixdiag.ledger.device_model import device
     from mixdiag.ledger.shapes import resolve
 
@@ -142,6 +146,19 @@ def traffic_source(tl, load_one, paths: list[str]):
         if one.tokens is not None and len(one.tokens):
             return one
     return None
+
+
+def _step_format(tl, rows) -> str | None:
+    """The input format the fitted step rows were read from (the collectors' ``instance_sources``):
+    the one source of their instance that is not a client's, else the Timeline's own source."""
+    if not len(rows):
+        return None
+    inst = str(rows["instance"].iloc[0])
+    srcs = (((tl.meta or {}).get("instance_sources") or {}).get(inst) or {}).get("sources") or []
+    fmts = {s.get("format") for s in srcs if s.get("role") != "client"}
+    if len(fmts) == 1:
+        return fmts.pop()
+    return (tl.meta or {}).get("source") if not srcs else None
 
 
 def _step_instance(tl) -> str | None:

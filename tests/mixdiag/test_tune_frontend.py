@@ -94,3 +94,22 @@ def test_tune_of_the_real_capture_reports_the_front_end_delay(capsys):
     assert fe["requests"] == 22 and fe["tokens"] == 2537        # every request with tokens placed on the steps
     assert 0 <= fe["lag_p50_s"] < 0.05 and fe["lag_p99_s"] >= fe["lag_p50_s"]
     assert any(n.startswith("client token times joined to the engine's steps") for n in doc["notes"])
+    # the steps are vLLM's own records: a chunk's own attention is fitted as causal (cpu_attn's tiles)
+    assert any(n.startswith("steps from vLLM's own records") for n in doc["notes"])
+    assert doc["cost_model"]["triangle"] == 0.5
+
+
+@pytest.mark.parametrize("meta, want", [
+    ({"instance_sources": {"e": {"sources": [{"format": "client-load", "role": "client"},
+                                             {"format": "vllm-log", "role": "log"}]}}}, "vllm-log"),
+    ({"instance_sources": {"e": {"sources": [{"format": "vllm-log", "role": "log"},
+                                             {"format": "sglang-log", "role": "log"}]}}}, None),   # which one: unknown
+    ({"source": "mixdiag-run"}, "mixdiag-run"),    # the reference engine's own run: the dense prior stays
+])
+def test_step_format_names_where_the_fitted_steps_came_from(meta, want):
+    from types import SimpleNamespace
+
+    from mixdiag.tuning import sweep
+
+    rows = pd.DataFrame({"instance": ["e"]})
+    assert sweep._step_format(SimpleNamespace(meta=meta), rows) == want
