@@ -24,9 +24,17 @@ steps, then every held token within a millisecond (tune-vllm-gap4, chunk 256: 16
 512 run, at load 0.8: none). The delay is a property of the moment (the front end's share of the
 CPU), not of the request or the step's shape, so it is kept as a time series - per step, the median
 delay of the tokens it produced - and a replayed token made at time t is delayed by the series at
-t (seed 0) or at t plus a seeded circular shift (the other replicates: the same bursts, at other
-moments of the traffic). Per-token residuals drawn independently would break the burst (a long gap
+t (seed 0) or at t plus a seeded circular shift (the other replicates: the same delays at other
+moments of the traffic). Per-token residuals drawn independently would break a burst (a long gap
 is followed by near-zero ones) and add spread in both directions.
+
+Stalls are not carried over. A step whose tokens were still held when the engine had finished
+:data:`STALL_STEPS` more steps is a front-end stall (the API server not scheduled, not keeping up):
+on the testbed those are episodes of the host, not of the setting or the traffic - the two runs of
+identical traffic at 512 tokens had 0 and 10 of them (0.25-1.2 s each), the 256 run 16, so the
+input's stalls say nothing about when or whether the next run stalls. The replay adds the delay of
+a front end that keeps up (a stalled step counts at the median delay) and the stalls are reported
+(``stalls``, ``stalled_s``): P99 ITL of a run that stalls like the input did is higher by about them.
 """
 from __future__ import annotations
 
@@ -41,6 +49,12 @@ import pandas as pd
 #: run is placed and the median delay is 1.4-6.3 ms (5 runs at 256-2048-token budgets).
 MIN_JOINED_SHARE = 0.5
 MAX_MEDIAN_LAG_S = 0.25
+#: a step whose tokens reach the client only after the engine finished this many more steps is a
+#: stall of the front end. Basis: a front end that keeps up delivers a step's tokens within about a
+#: step (testbed, 512-token run at load 0.8: per-step delay P50 1.5 ms, P90 ~6 ms, decode steps
+#: 7-12 ms); a stall holds tokens over 10-100 steps (0.1-1.4 s). Margin: 3 steps, not 2, so that one
+#: long step's output handling is not called a stall.
+STALL_STEPS = 3
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ class FrontEndDelay:
     lag_s: np.ndarray
     tokens: int                  # tokens placed on a step
     requests: int                # requests placed
+    stalls: int = 0              # front-end stalls in the input (episodes of STALL_STEPS+ held steps)
+    stalled_s: float = 0.0       # their time in all (not carried into lag_s)
 
     def sampler(self, seed: int = 0):
         """``f(t)``: the delay of a token produced at replay time ``t`` (seconds from the first arrival)."""
@@ -70,7 +86,8 @@ class FrontEndDelay:
     def describe(self) -> dict:
         q = (lambda p: float(np.quantile(self.lag_s, p)))
         return {"steps": int(len(self.t_s)), "tokens": self.tokens, "requests": self.requests,
-                "lag_p50_s": q(0.5), "lag_p99_s": q(0.99), "lag_max_s": float(self.lag_s.max())}
+                "lag_p50_s": q(0.5), "lag_p99_s": q(0.99), "lag_max_s": float(self.lag_s.max()),
+                "stalls": self.stalls, "stalled_s": self.stalled_s}
 
 
 def measure(tokens: pd.DataFrame | None, stamps, t0: float) -> FrontEndDelay | None:
@@ -103,4 +120,29 @@ def measure(tokens: pd.DataFrame | None, stamps, t0: float) -> FrontEndDelay | N
     if float(np.median(lag)) > MAX_MEDIAN_LAG_S:
         return None
     per = pd.Series(lag).groupby(idx).median()
-    return FrontEndDelay(st[per.index.to_numpy()] - t0, per.to_numpy(), int(len(lag)), ok)
+    at, dl = per.index.to_numpy(), per.to_numpy()
+    held = np.searchsorted(st, st[at] + dl, side="right") - at - 1     # steps the engine finished meanwhile
+    stalled = held >= STALL_STEPS
+    steady = np.where(stalled, float(np.median(dl[~stalled])) if (~stalled).any() else 0.0, dl)
+    return FrontEndDelay(st[at] - t0, steady, int(len(lag)), ok, stalls=_episodes(stalled),
+                         stalled_s=float(_stalled_time(st[at], dl, stalled)))
+
+
+def _episodes(flags: np.ndarray) -> int:
+    """Runs of consecutive True."""
+    f = flags.astype(int)
+    return int(((np.diff(np.concatenate([[0], f])) == 1)).sum())
+
+
+def _stalled_time(t: np.ndarray, lag: np.ndarray, stalled: np.ndarray) -> float:
+    """Seconds the front end held tokens back in stalls: per episode, from its first held step to
+    the release (that step's time + its delay)."""
+    total, start, release = 0.0, None, 0.0
+    for ti, li, s in zip(t, lag, stalled):
+        if s:
+            start = ti if start is None else start
+            release = max(release, ti + li)
+        elif start is not None:
+            total += release - start
+            start, release = None, 0.0
+    return total + (release - start if start is not None else 0.0)

@@ -100,6 +100,10 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
         notes.append(f"client token times joined to the engine's steps ({d['tokens']} tokens of {d['requests']} requests): "
                      f"front-end delay P50 {1e3 * d['lag_p50_s']:.1f} ms, P99 {1e3 * d['lag_p99_s']:.1f} ms, "
                      "added to the replayed tokens as measured over time")
+        if d["stalls"]:
+            notes.append(f"the front end stalled {d['stalls']} times in the input ({d['stalled_s']:.1f} s in all: tokens "
+                         f"held over {frontend.STALL_STEPS}+ engine steps); stalls are the host's, not the setting's, "
+                         "and are not carried into the predictions: a run that stalls as this one did has a higher P99 ITL")
     results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission,
                              frontend=fe)
     # how far each setting's steps reach beyond the steps the cost was fitted on (frontier.extrapolated)
@@ -132,6 +136,30 @@ def client_delay(traffic_tl, wl, rows):
         return None
     tok = traffic_tl.tokens[traffic_tl.tokens["instance"] == wl.instance]
     return frontend.measure(tok, rows["t_end_s"].to_numpy(), wl.requests[0].arrival_s)
+
+
+def sources(tl, load_one, paths: list[str]):
+    """(the Timeline whose steps the costs are fitted on, the Timeline to take requests from or None).
+
+    Usually the joined ``tl`` and :func:`traffic_source`. But the join's step spine is the input
+    with the finest clock, and a client's token times can out-resolve an engine log's microsecond
+    stamps, so the joined steps may be the ones rebuilt from client reads (``step_source`` client)
+    with the engine's own records merged into them by time - durations that are token gaps, not
+    steps (real vLLM 0.32 testbed, two runs of one traffic: the log was the spine in one, the
+    client in the other, where the fit fell to R² 0.21). Then the steps come from the input that
+    has the engine's own step records, read on its own, and the requests from the joined Timeline."""
+    inst = _step_instance(tl)
+    st = tl.steps[tl.steps["instance"] == inst] if inst is not None else None
+    if len(paths) >= 2 and st is not None and len(st) and "step_source" in st \
+            and bool((st["step_source"] == "client").all()):
+        for path in paths:
+            one = load_one(path)
+            if one.steps is None or not len(one.steps) or "step_source" not in one.steps:
+                continue
+            own = one.steps[one.steps["step_source"] != "client"]
+            if len(cost_model.step_rows(own)) >= 8:
+                return one, tl
+    return tl, traffic_source(tl, load_one, paths)
 
 
 def traffic_source(tl, load_one, paths: list[str]):

@@ -27,9 +27,10 @@ def steady(rid, first, n, delay=0.002):
 
 @pytest.mark.parametrize("case, tok, want", [
     ("steady 2 ms", steady("a", 5, 20) + steady("b", 10, 20), {i: 0.002 for i in range(5, 30)}),
-    # the front end holds steps 40-49 and sends them all at once with step 50's token
-    ("burst", [("a", STAMPS[k] + 0.002 if not 40 <= k < 50 else STAMPS[50] + 0.002) for k in range(30, 60)],
-     {k: (STAMPS[50] - STAMPS[k] + 0.002 if 40 <= k < 50 else 0.002) for k in range(30, 60)}),
+    # the front end holds steps 40-49 and sends them at once with step 50's token: steps 40-47 were
+    # held over 3+ further steps (a stall: not carried, counted at the median delay), 48-49 are kept
+    ("stall", [("a", STAMPS[k] + 0.002 if not 40 <= k < 50 else STAMPS[50] + 0.002) for k in range(30, 60)],
+     {k: (STAMPS[50] - STAMPS[k] + 0.002 if 48 <= k < 50 else 0.002) for k in range(30, 60)}),
     # the budget skipped 'a' in step 20 (a chunk ran ahead of it): the tokens before are not charged that step
     ("skip", [("a", STAMPS[k] + 0.002) for k in list(range(10, 20)) + list(range(21, 30))],
      {k: 0.002 for k in list(range(10, 20)) + list(range(21, 30))}),
@@ -39,6 +40,8 @@ def test_delay_per_step(case, tok, want):
     got = {int(round(t / 0.010)) - 1: lag for t, lag in zip(fe.t_s, fe.lag_s)}   # t_s: STAMPS[k] - t0
     assert set(got) == set(want), case
     assert [got[k] for k in sorted(want)] == pytest.approx([want[k] for k in sorted(want)], abs=1e-9), case
+    stalled = case == "stall"
+    assert (fe.stalls, fe.stalled_s) == ((1, pytest.approx(STAMPS[50] + 0.002 - STAMPS[40])) if stalled else (0, 0.0))
 
 
 @pytest.mark.parametrize("offset", [-50.0, 1000.0])
@@ -93,6 +96,8 @@ def test_tune_of_the_real_capture_reports_the_front_end_delay(capsys):
     fe = doc["frontend_delay"]
     assert fe["requests"] == 22 and fe["tokens"] == 2537        # every request with tokens placed on the steps
     assert 0 <= fe["lag_p50_s"] < 0.05 and fe["lag_p99_s"] >= fe["lag_p50_s"]
+    # the excerpt's front end stalled (a client-wide 1.6 s gap): reported, and not carried into the delay
+    assert fe["stalls"] >= 1 and fe["stalled_s"] > 1.0 and fe["lag_max_s"] < 0.5
     assert any(n.startswith("client token times joined to the engine's steps") for n in doc["notes"])
     # the steps are vLLM's own records: a chunk's own attention is fitted as causal (cpu_attn's tiles)
     assert any(n.startswith("steps from vLLM's own records") for n in doc["notes"])
