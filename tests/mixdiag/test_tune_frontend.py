@@ -118,3 +118,27 @@ def test_step_format_names_where_the_fitted_steps_came_from(meta, want):
 
     rows = pd.DataFrame({"instance": ["e"]})
     assert sweep._step_format(SimpleNamespace(meta=meta), rows) == want
+
+
+def _steps(source: str, n: int = 12) -> pd.DataFrame:
+    t = 10.0 + 0.02 * np.arange(n)
+    return pd.DataFrame({"instance": "e", "granularity": "step", "kind": "decode", "t_start_s": t, "t_end_s": t + 0.01,
+                         "prefill_tokens": 0.0, "decode_rows": 4.0, "step_source": source})
+
+
+@pytest.mark.parametrize("joined_source, want_steps_from", [("client", "log"), ("log", "joined")])
+def test_steps_come_from_the_engines_own_records_when_the_join_rebuilt_them_from_the_client(joined_source,
+                                                                                        want_steps_from):
+    from types import SimpleNamespace
+
+    from mixdiag.tuning import sweep
+
+    tokens = pd.DataFrame({"instance": "e", "request_id": "r", "t_s": [10.01], "n_tokens": 1})
+    joined = SimpleNamespace(steps=_steps(joined_source), tokens=tokens, meta={})
+    inputs = {"client.jsonl": SimpleNamespace(steps=_steps("client"), tokens=tokens, meta={}),
+              "iterations.log": SimpleNamespace(steps=_steps("log"), tokens=tokens.iloc[:0], meta={})}
+    step_tl, traffic_tl = sweep.sources(joined, inputs.__getitem__, list(inputs))
+    if want_steps_from == "log":
+        assert step_tl is inputs["iterations.log"] and traffic_tl is joined
+    else:   # the log is the spine: nothing to change, requests from the joined tokens
+        assert step_tl is joined and traffic_tl is None
