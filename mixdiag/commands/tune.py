@@ -56,7 +56,7 @@ def run(args, console):
             raise UserError(f"--current {c!r}: one value per knob")
         current[name] = vals[0]
     tl = load_inputs(args.inputs, args.format)
-    traffic_tl = sweep.traffic_source(tl, lambda p: load_inputs([p], args.format), args.inputs)
+    tl, traffic_tl = sweep.sources(tl, lambda p: load_inputs([p], args.format), args.inputs)
     res = sweep.run(tl, knobs, slo_itl=args.slo_itl_p99, slo_ttft=args.slo_ttft_p99, current=current,
                    window_s=args.window, jobs=args.jobs, ledger_model=args.model, ledger_device=args.device,
                    traffic_tl=traffic_tl)

@@ -83,22 +83,26 @@ class _Job:
     cache: object
     max_model_len: int
     ttft_from_admission: bool = False
+    frontend: object = None      # mixdiag.tuning.frontend.FrontEndDelay, or None
 
 
 def _run(job: _Job) -> dict:
     from mixdiag.tuning.replay import ModelTiming, pooled_metrics, replay, replicates
 
     reqs = list(job.requests)
+    fe = job.frontend
     return pooled_metrics([replay(reqs, ModelTiming(job.cost, seed), job.scheduler, job.cache, job.max_model_len,
-                                  ttft_from_admission=job.ttft_from_admission)
+                                  ttft_from_admission=job.ttft_from_admission,
+                                  frontend=None if fe is None else fe.sampler(seed))
                            for seed in range(replicates(len(reqs)))])
 
 
 def sweep(requests, cost, base, cache, max_model_len: int, settings: list[dict], jobs: int = 0, *,
-          ttft_from_admission: bool = False) -> list[dict]:
-    """Replay each setting (in ``jobs`` processes; 0 = up to 2 or the CPU count); one row per setting."""
+          ttft_from_admission: bool = False, frontend=None) -> list[dict]:
+    """Replay each setting (in ``jobs`` processes; 0 = up to 2 or the CPU count); one row per setting.
+    ``frontend``: the measured front-end delay added to every replayed token (frontend.py), or None."""
     cfgs = [apply(base, s) for s in settings]
-    work = [_Job(tuple(requests), cost, c, cache, max_model_len, ttft_from_admission) for c in cfgs]
+    work = [_Job(tuple(requests), cost, c, cache, max_model_len, ttft_from_admission, frontend) for c in cfgs]
     jobs = jobs or min(2, os.cpu_count() or 1)
     if jobs > 1 and len(work) > 1:
         import multiprocessing

@@ -161,7 +161,7 @@ class RecordedTiming:
 
 
 def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, keep_steps: bool = False,
-           max_steps: int = 5_000_000, ttft_from_admission: bool = False) -> ReplayResult:
+           max_steps: int = 5_000_000, ttft_from_admission: bool = False, frontend=None) -> ReplayResult:
     """Replay ``requests`` (:class:`~mixdiag.tuning.traffic.RequestSpec`, sorted by arrival) under
     ``scheduler`` (a SchedulerConfig) and ``cache`` (a CacheConfig); ``timing(i, shape)`` gives
     step ``i``'s (duration, gap to the next step) — :class:`ModelTiming` or :class:`RecordedTiming`.
@@ -169,7 +169,11 @@ def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, ke
     TTFT counts from the arrival, or with ``ttft_from_admission`` from the step boundary where the
     request joins the scheduler: what the data's TTFT measured when its arrival stamps are
     admissions (an engine that stamps requests as its loop picks them up between steps), so the
-    wait for the step in flight — up to a whole large chunk — is not counted."""
+    wait for the step in flight — up to a whole large chunk — is not counted.
+
+    ``frontend(t)``: the delay from a step ending at ``t`` to its tokens reaching the client
+    (:meth:`mixdiag.tuning.frontend.FrontEndDelay.sampler`); ITL and TTFT are then the client's
+    (a stream delivers in order: a token never arrives before the previous one)."""
     from mixdiag.engine.core.kv_cache import KVCacheManager
     from mixdiag.engine.core.request import Request, SamplingParams
     from mixdiag.engine.core.schedulers import make_scheduler
@@ -206,13 +210,15 @@ def replay(requests, timing, scheduler, cache, max_model_len: int = 16384, *, ke
         t_tok = now + dur
         preempt += len(out.preempted_req_ids)
         res = sched.update_from_output(out, {rid: [SAMPLED_TOKEN] for rid in out.sample_req_ids})
+        t_cli = t_tok if frontend is None else t_tok + frontend(t_tok)
         for rid, toks in res.new_tokens.items():
             prev = last_tok.get(rid)
+            t_r = t_cli if prev is None else max(t_cli, prev)
             if prev is None:
-                ttft.append(t_tok - arrival[rid])
+                ttft.append(t_r - arrival[rid])
             else:
-                itl.append(t_tok - prev)
-            last_tok[rid] = t_tok
+                itl.append(t_r - prev)
+            last_tok[rid] = t_r
             out_tokens += len(toks)
         if keep_steps:
             steps.append((out.kind, shape.prefill_tokens, shape.decode_rows))

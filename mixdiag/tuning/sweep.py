@@ -10,7 +10,7 @@ import dataclasses
 import time
 
 from mixdiag.errors import UserError
-from mixdiag.tuning import cost_model, frontier, traffic
+from mixdiag.tuning import cost_model, frontend, frontier, traffic
 
 #: foreign inputs: a KV pool no realistic workload fills (the replay then never preempts)
 LARGE_POOL_BLOCKS = 1 << 18
@@ -44,13 +44,17 @@ def fit_cost(tl, wl, rows, base, cache, mml, notes: list[str], ledger_model: str
         reqs = [r for r in wl.requests if r.arrival_s <= float(rows["t_end_s"].max())]
         from mixdiag.tuning.replay import align
 
+        causal = _step_format(tl, rows) in cost_model.CAUSAL_KERNEL_SOURCES
+        if causal:
+            notes.append("steps from vLLM's own records: its attention kernels skip the masked blocks, so a chunk's "
+                         "own attention is fitted as causal unless the dense form fits clearly better")
         shapes, share = align(reqs, rows, base, cache, mml)
         if shapes is not None:
-            return cost_model.fit(rows, shapes, "exact (the replay reproduces the recorded steps)")
+            return cost_model.fit(rows, shapes, "exact (the replay reproduces the recorded steps)", causal_kernel=causal)
         notes.append(f"the replay of the current setting matches {100 * share:.0f} % of the recorded steps: "
                      "context features estimated from step rows")
         return cost_model.fit(rows, cost_model.estimated_shapes(rows, cache.num_blocks * cache.block_size),
-                              "estimated from step rows")
+                              "estimated from step rows", causal_kernel=causal)
     from mixdiag.ledger.device_model import device
     from mixdiag.ledger.shapes import resolve
 
@@ -90,7 +94,18 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     if admission:
         notes.append("arrival stamps all fall between steps (admissions): TTFT is replayed from admission, "
                      "as the data measured it")
-    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission)
+    fe = client_delay(traffic_tl, wl, rows)
+    if fe is not None:
+        d = fe.describe()
+        notes.append(f"client token times joined to the engine's steps ({d['tokens']} tokens of {d['requests']} requests): "
+                     f"front-end delay P50 {1e3 * d['lag_p50_s']:.1f} ms, P99 {1e3 * d['lag_p99_s']:.1f} ms, "
+                     "added to the replayed tokens as measured over time")
+        if d["stalls"]:
+            notes.append(f"the front end stalled {d['stalls']} times in the input ({d['stalled_s']:.1f} s in all: tokens "
+                         f"held over {frontend.STALL_STEPS}+ engine steps); stalls are the host's, not the setting's, "
+                         "and are not carried into the predictions: a run that stalls as this one did has a higher P99 ITL")
+    results = frontier.sweep(wl.requests, cost, base, cache, mml, settings, jobs, ttft_from_admission=admission,
+                             frontend=fe)
     # how far each setting's steps reach beyond the steps the cost was fitted on (frontier.extrapolated)
     fitted_max = float((rows["prefill_tokens"] + rows["decode_rows"]).max()) \
         if isinstance(cost, cost_model.FittedCost) and len(rows) else None
@@ -106,10 +121,45 @@ def run(tl, knobs: list[tuple[str, list]], *, slo_itl: float | None = None, slo_
     rec, why = frontier.recommend(results, slo_itl, slo_ttft)
     measured = measured_p99(tl if traffic_tl is None else traffic_tl, wl)
     return {"workload": wl.summary(), "cost_model": cost.describe(), "current": cur, "measured_current": measured,
+            "frontend_delay": None if fe is None else fe.describe(),
             "settings": results, "frontier": [r["label"] for r in front],
             "slo": {"itl_p99_s": slo_itl, "ttft_p99_s": slo_ttft},
             "recommendation": None if rec is None else rec["label"], "recommended": rec, "reason": why,
             "predicted_change": frontier.change(cur, rec), "notes": notes, "seconds": time.perf_counter() - t0}
+
+
+def client_delay(traffic_tl, wl, rows):
+    """The client's front-end delay over the engine's steps (:mod:`mixdiag.tuning.frontend`) when the
+    requests come from client records beside an engine's own step records (``traffic_tl``); None
+    otherwise - an engine's own token events are stamped by the engine, with no front end between."""
+    if traffic_tl is None or traffic_tl.tokens is None or not len(rows) or not wl.requests:
+        return None
+    tok = traffic_tl.tokens[traffic_tl.tokens["instance"] == wl.instance]
+    return frontend.measure(tok, rows["t_end_s"].to_numpy(), wl.requests[0].arrival_s)
+
+
+def sources(tl, load_one, paths: list[str]):
+    """(the Timeline whose steps the costs are fitted on, the Timeline to take requests from or None).
+
+    Usually the joined ``tl`` and :func:`traffic_source`. But the join's step spine is the input
+    with the finest clock, and a client's token times can out-resolve an engine log's microsecond
+    stamps, so the joined steps may be the ones rebuilt from client reads (``step_source`` client)
+    with the engine's own records merged into them by time - durations that are token gaps, not
+    steps (real vLLM 0.32 testbed, two runs of one traffic: the log was the spine in one, the
+    client in the other, where the fit fell to R² 0.21). Then the steps come from the input that
+    has the engine's own step records, read on its own, and the requests from the joined Timeline."""
+    inst = _step_instance(tl)
+    st = tl.steps[tl.steps["instance"] == inst] if inst is not None else None
+    if len(paths) >= 2 and st is not None and len(st) and "step_source" in st \
+            and bool((st["step_source"] == "client").all()):
+        for path in paths:
+            one = load_one(path)
+            if one.steps is None or not len(one.steps) or "step_source" not in one.steps:
+                continue
+            own = one.steps[one.steps["step_source"] != "client"]
+            if len(cost_model.step_rows(own)) >= 8:
+                return one, tl
+    return tl, traffic_source(tl, load_one, paths)
 
 
 def traffic_source(tl, load_one, paths: list[str]):
@@ -124,6 +174,19 @@ def traffic_source(tl, load_one, paths: list[str]):
         if one.tokens is not None and len(one.tokens):
             return one
     return None
+
+
+def _step_format(tl, rows) -> str | None:
+    """The input format the fitted step rows were read from (the collectors' ``instance_sources``):
+    the one source of their instance that is not a client's, else the Timeline's own source."""
+    if not len(rows):
+        return None
+    inst = str(rows["instance"].iloc[0])
+    srcs = (((tl.meta or {}).get("instance_sources") or {}).get(inst) or {}).get("sources") or []
+    fmts = {s.get("format") for s in srcs if s.get("role") != "client"}
+    if len(fmts) == 1:
+        return fmts.pop()
+    return (tl.meta or {}).get("source") if not srcs else None
 
 
 def _step_instance(tl) -> str | None:

@@ -86,16 +86,31 @@ def test_fit_recovers_a_linear_cost_and_its_attention_triangle(triangle):
     assert all(r == pytest.approx(1.0) for r, _ in fit.jitter[0] + fit.jitter[1])
 
 
-def test_fit_keeps_the_dense_triangle_when_the_data_cannot_tell():
-    # every chunk the same size at the same cached context: k² is collinear with the chunk count,
-    # both forms fit exactly, and the one that never under-predicts a larger chunk is kept
+@pytest.mark.parametrize("causal_kernel, want", [(False, 1.0), (True, 0.5)])
+def test_when_the_data_cannot_tell_the_triangle_is_the_engines_kernel(causal_kernel, want):
+    # every chunk the same size at the same cached context: k² is collinear with the chunk count and
+    # both forms fit exactly; kept: the dense one (never under-predicts a larger chunk), or the causal
+    # one for an engine whose kernels skip the masked blocks (cost_model.CAUSAL_KERNEL_SOURCES)
     n = 60
     p = np.where(np.arange(n) % 3 == 0, 512.0, 0.0)
     shapes = [StepShape(int(a), 8, a * 1000.0, a * a, 8 * 500.0) for a in p]
     dur = np.array([0.002 + 1e-5 * s.prefill_tokens + 0.01 * s.prefill_ctx / 1e6 + 1e-4 * 8 for s in shapes])
     rows = pd.DataFrame({"t_start_s": np.arange(n) * 1.0, "prefill_tokens": p, "decode_rows": 8.0})
     rows["t_end_s"] = rows["t_start_s"] + dur
-    assert cost_model.fit(rows, shapes, "exact").triangle == 1.0
+    assert cost_model.fit(rows, shapes, "exact", causal_kernel=causal_kernel).triangle == want
+
+
+@pytest.mark.parametrize("triangle", cost_model.TRIANGLES)
+def test_a_causal_kernel_prior_still_yields_to_data_that_tell(triangle):
+    rng = np.random.default_rng(1)
+    n = 200
+    p = rng.integers(0, 600, n).astype(float) * (rng.random(n) < 0.6)
+    d = rng.integers(1, 40, n).astype(float)
+    shapes = [StepShape(int(a), int(b), a * c, a * a, 0.0) for a, b, c in zip(p, d, rng.integers(0, 4000, n))]
+    true = np.array([0.002, 2e-5, 1e-4, 0.003, 0.01, 0.0])
+    rows = pd.DataFrame({"t_start_s": np.arange(n) * 1.0, "prefill_tokens": p, "decode_rows": d})
+    rows["t_end_s"] = rows["t_start_s"] + np.array([true @ s.features(triangle) for s in shapes])
+    assert cost_model.fit(rows, shapes, "exact", causal_kernel=True).triangle == triangle
 
 
 def test_jitter_is_a_ratio_up_to_the_measured_length_and_an_excess_beyond():
