@@ -1,6 +1,6 @@
 """Host time on interval rows from the engine's own count of GPU idle time between forwards
-(``gpu_wait_s``: SGLang's ``gpu_overlap_wait_seconds_total``, a ``GapTimer`` on the forward stream -
-the time the GPU waited for the host to launch the next forward).
+(``gpu_wait_s``: SGLang's GPU overlap-wait counter, collectors/prometheus/dialect_columns.py - a
+``GapTimer`` on the forward stream: the time the GPU waited for the host to launch the next forward).
 
 With the overlap scheduler the host's work hides behind the previous forward, so the GPU waits only
 briefly between forwards; the instance's **usual rate** of waiting is the median of ``gpu_wait_s / dt``
