@@ -90,11 +90,14 @@ def reference(latency: np.ndarray, strata: np.ndarray | None = None, use: np.nda
             uniq, codes = np.unique(strata, return_inverse=True)
         else:
             codes, uniq = pd.factorize(pd.Series(strata), sort=True)
+        n_use = int(use.sum())
         for k in range(len(uniq)):
             mine = codes == k
             pick = mine & use
-            if pick.sum() >= cfg.min_stratum_rows:
-                centre[mine], sigma[mine] = low_side_reference(lat[pick])
+            n_pick = int(pick.sum())
+            if n_pick >= cfg.min_stratum_rows:
+                # a stratum holding every used row (one decode batch size) has the capture-wide sample itself
+                centre[mine], sigma[mine] = (c0, s0) if n_pick == n_use else low_side_reference(lat[pick])
     return centre, sigma
 
 
