@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mixdiag.label_arrays import factorize_objects, label_column, one_object  # noqa: F401 (label_column: used from here)
+from mixdiag.label_arrays import MIN_ROWS, factorize_objects, label_column, one_object  # noqa: F401 (label_column: used from here)
 
 
 def label_codes(col: pd.Series, na: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -35,9 +35,15 @@ def label_in(col: pd.Series, values, na: str = "") -> np.ndarray:
 
 def equal(col: pd.Series, value: str) -> np.ndarray:
     """``(col == value).to_numpy()``: an object column that holds one object answers with one
-    comparison (a comparison per row costs ~35 ms a million rows, and the diagnosis makes dozens)."""
+    comparison (a comparison per row costs ~35 ms a million rows, and the diagnosis makes dozens); one of a
+    few labels compares each distinct value once (rows of one value compare alike; a missing value, code -1,
+    compares False as pandas' comparison does)."""
     if col.dtype == object:
         a = col.to_numpy()
         if one_object(a):
             return np.full(len(a), bool(a[0] == value))
+        if len(a) >= MIN_ROWS:
+            codes, uniq = factorize_objects(a)
+            if len(uniq) <= len(a) // 8:  # a label column (else factorising cost more than comparing)
+                return np.array([bool(u == value) for u in uniq] + [False])[codes]
     return (col == value).to_numpy(dtype=bool, na_value=False)

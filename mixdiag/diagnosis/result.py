@@ -172,7 +172,7 @@ def mixed_share(steps: pd.DataFrame) -> float:
     """Share of work steps (prefill, decode, mixed) that were mixed; NaN with no step rows."""
     s = steps[equal(steps["granularity"], "step")] if "granularity" in steps else steps
     n = int(s["kind"].isin(WORK_KINDS).sum())
-    return float((s["kind"] == "mixed").sum() / n) if n else math.nan
+    return float(equal(s["kind"], "mixed").sum() / n) if n else math.nan
 
 
 def last_spike_of(spikes: pd.DataFrame | None) -> dict:

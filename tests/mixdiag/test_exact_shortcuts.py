@@ -81,3 +81,18 @@ def test_count_at_most_is_searchsorted(kind):
     assert np.array_equal(_count_at_most(ids, x), np.searchsorted(ids, x, side="right"))
     x[3] = np.nan  # a missing step sorts last, as searchsorted puts it
     assert np.array_equal(_count_at_most(ids, x), np.searchsorted(ids, x, side="right"))
+
+
+@pytest.mark.parametrize("values", [
+    ["r3", "r10", "r1", None, "r2", np.nan, "r10"],  # missing ids: -1, as pandas
+    [5, "5", 2.0, 2, "a"],                           # mixed types: pandas' own fallback order
+])
+def test_group_codes_of_objects_are_pandas_sorted_codes(values):
+    """spikes._group_codes of a label column of objects (factorised by object, then its few values sorted)
+    gives the codes of pd.factorize(sort=True)."""
+    from mixdiag.diagnosis.detection.spikes import _group_codes
+    import pandas as pd
+    a = np.empty(6000, dtype=object)
+    a[:] = [values[i] for i in _RNG.integers(0, len(values), 6000)]
+    s = pd.Series(a, dtype=object)
+    assert np.array_equal(_group_codes(s), pd.factorize(s, sort=True)[0])
