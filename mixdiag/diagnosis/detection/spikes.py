@@ -106,8 +106,9 @@ def itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
     keep = np.zeros(len(order), dtype=bool)
     keep[1:] = (rid[1:] == rid[:-1]) & (rid[1:] >= 0)
     pos = np.flatnonzero(keep)
-    return pd.DataFrame({"t_s": t[pos], "step": step[pos],
-                         "prev_t_s": t[pos - 1], "prev_step": step[pos - 1], "itl_s": t[pos] - t[pos - 1]})
+    # copy=False: fresh columns, not stacked into one block (a second copy of a million events)
+    return pd.DataFrame({"t_s": t[pos], "step": step[pos], "prev_t_s": t[pos - 1], "prev_step": step[pos - 1],
+                         "itl_s": t[pos] - t[pos - 1]}, copy=False)
 
 
 def itl_values(tokens: pd.DataFrame) -> np.ndarray:
