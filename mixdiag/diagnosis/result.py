@@ -170,7 +170,8 @@ def count_by_cause(causes) -> dict[str, int]:
 
 def mixed_share(steps: pd.DataFrame) -> float:
     """Share of work steps (prefill, decode, mixed) that were mixed; NaN with no step rows."""
-    s = steps[equal(steps["granularity"], "step")] if "granularity" in steps else steps
+    is_step = equal(steps["granularity"], "step") if "granularity" in steps else None
+    s = steps if is_step is None or is_step.all() else steps[is_step]  # all step rows: no copy of the frame
     n = int(s["kind"].isin(WORK_KINDS).sum())
     return float(equal(s["kind"], "mixed").sum() / n) if n else math.nan
 
