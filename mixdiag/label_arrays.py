@@ -24,6 +24,16 @@ def pointers(a: np.ndarray) -> np.ndarray:
     return np.frombuffer((ctypes.c_void_p * len(a)).from_address(a.ctypes.data), dtype=np.uintp)
 
 
+def one_object(a: np.ndarray) -> bool:
+    """Whether every element of the object array ``a`` is the one same object, by comparing the
+    element pointers as integers (no Python per row). A log's ``granularity`` is one shared ``"step"``
+    (schema.repeat_label) on a million rows."""
+    if not len(a) or not a.flags.c_contiguous:
+        return False
+    ptrs = pointers(a)
+    return bool((ptrs == ptrs[0]).all())
+
+
 def factorize_objects(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``pd.factorize(a, use_na_sentinel=True)`` of an object array, codes and uniques the same.
 

@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 from mixdiag import device_activity
+from mixdiag.label_arrays import one_object
 
 # The columns and their validation live beside this module; every name is re-exported here, the
 # one import the rest of mixdiag uses.
@@ -80,6 +81,12 @@ class Timeline:
     def instances(self) -> list[str]:
         """Instances present in any frame, sorted."""
         def names(col: pd.Series) -> set:  # one engine (the common case): one array compare, no set of a million
+            # without a comparison per row: a label column shares one str object (repeat_label), a str column
+            # compares in C (its to_numpy() would make a million str)
+            if len(col) and col.dtype == object and one_object(col.to_numpy()):
+                return {col.iloc[0]}
+            if len(col) and col.dtype != object and bool((col == col.iloc[0]).to_numpy(dtype=bool, na_value=False).all()):
+                return {col.iloc[0]}
             a = col.to_numpy()
             return {a[0]} if len(a) and bool((a == a[0]).all()) else set(a)
 

@@ -35,8 +35,9 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.causes import CAUSES
-from mixdiag.diagnosis.detection.spikes import itl_events, rows_of
+from mixdiag.diagnosis.detection.spikes import gap_spans, itl_events, rows_of
 from mixdiag.diagnosis.labels import equal, label_column
+from mixdiag.diagnosis.tail_quantile import FloorQuantile
 
 #: Budget keys: the closed cause set plus ``none`` (excess of rows that did not spike).
 BUDGET_CAUSES = (*CAUSES, "none")
@@ -125,21 +126,6 @@ class Budget:
                                                       for c, v in total.items()}}}
 
 
-def _spans(st: pd.DataFrame, itl: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Positions [lo, hi) in ``st`` of the steps each gap spans (the rule of spikes.charge_itl)."""
-    step_ids = st["step"].to_numpy()
-    ends = st["t_end_s"].to_numpy()
-    have = (itl["step"].notna() & itl["prev_step"].notna()).to_numpy()
-    lo = np.empty(len(itl), dtype=np.int64)
-    hi = np.empty(len(itl), dtype=np.int64)
-    lo[have] = np.searchsorted(step_ids, itl["prev_step"].to_numpy()[have], side="right")
-    hi[have] = np.searchsorted(step_ids, itl["step"].to_numpy()[have], side="right")
-    if (~have).any():  # no step ids: the steps that ended within the gap (1 ms of slack)
-        lo[~have] = np.searchsorted(ends, itl["prev_t_s"].to_numpy()[~have] + 1e-3, side="right")
-        hi[~have] = np.searchsorted(ends, itl["t_s"].to_numpy()[~have] + 1e-3, side="right")
-    return lo, hi
-
-
 def _culprits(st: pd.DataFrame, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """One step position per gap (-1: the gap spans no step of this frame)."""
     n = len(st)
@@ -163,7 +149,7 @@ def _token_units(inst: str, st: pd.DataFrame, tokens: pd.DataFrame, itl: pd.Data
     st = st.sort_values("step", kind="stable").reset_index(drop=True)
     if itl is None:
         itl = itl_events(tokens)  # per request by time, as a string sort would give, at a fraction of its cost
-    lo, hi = _spans(st, itl)
+    lo, hi = gap_spans(st, itl)  # the steps each gap spans, as detection charged them (spikes.charge_itl)
     pos = _culprits(st, lo, hi)
     ok = pos >= 0
     p = pos[ok]
@@ -220,11 +206,6 @@ def _units(inst, t, lat, base, weight, spike, cause, keep_all: bool = False, wit
     return (out, c, distinct) if with_codes else out
 
 
-def _p99(lat: np.ndarray) -> float:
-    """P99 of the units (gaps or steps, one token time each)."""
-    return float(np.quantile(lat, 0.99)) if len(lat) else math.nan
-
-
 def _instance_budget(u: pd.DataFrame, source: str, spikes: dict[str, int], coded=None) -> InstanceBudget:
     """``coded``: ``(codes, names)`` of ``u["cause"]`` when :func:`_units` gave them."""
     # integer codes: comparing 1 M strings once per cause costs seconds
@@ -239,20 +220,29 @@ def _budget_arrays(lat: np.ndarray, base: np.ndarray, excess: np.ndarray, weight
     """One instance's budget from its units' columns (``codes`` index ``names``, the causes)."""
     good = np.isfinite(lat) & np.isfinite(base)
     unmeasured = int((~good).sum())
-    lat, base, excess, weight, codes = lat[good], base[good], excess[good], weight[good], codes[good]
+    if unmeasured:  # (every unit measured, the usual case: no copies of a million units)
+        lat, base, excess, weight, codes = lat[good], base[good], excess[good], weight[good], codes[good]
     n_tok = float(weight.sum())
     token_time = float((lat * weight).sum())
     mean = token_time / n_tok if n_tok > 0 else math.nan
     quantiles = source != "interval_itl"  # an interval's quantiles do not compose into its tokens' P99
     own = np.where(weight > 0, excess / np.where(weight == 0, 1.0, weight), 0.0)
-    p99 = _p99(lat) if quantiles else math.nan
-    floor = _p99(lat - own) if quantiles else math.nan
+    bare = lat - own  # every unit at its reference: the floor each "P99 without" stays above
+    code_of = {name: k for k, name in enumerate(names)}
+    # P99s from one partition of a floor each, then only the values above its P99 rank (tail_quantile.py):
+    # removing ``none``'s excess lowers any unit at most to ``bare``; removing another cause's leaves the units
+    # charged to ``none`` (the bulk: rows that did not spike) at their latency, a much tighter floor
+    at_none = FloorQuantile(bare, 0.99) if quantiles else None
+    none = code_of.get("none")
+    at = (FloorQuantile(np.where(codes == none, lat, bare), 0.99) if none is not None else at_none) if quantiles \
+        else None
+    p99 = at.of(lat) if quantiles else math.nan
+    floor = at_none.value if quantiles else math.nan
     p99_excess = p99 - floor
     total = float(excess.sum())
     tail = lat >= p99 if len(lat) and quantiles else np.zeros(len(lat), dtype=bool)
     tail_total = float(excess[tail].sum())
     by = {}
-    code_of = {name: k for k, name in enumerate(names)}
     for c in BUDGET_CAUSES:
         k = code_of.get(c)
         m = codes == k if k is not None else None
@@ -260,7 +250,8 @@ def _budget_arrays(lat: np.ndarray, base: np.ndarray, excess: np.ndarray, weight
         if not quantiles:
             without = math.nan
         else:  # nothing of the cause's removed: the P99 itself
-            without = _p99(np.where(m, lat - own, lat)) if m is not None and m.any() else p99
+            without = ((at_none if c == "none" else at).of(np.where(m, bare, lat)) if m is not None and m.any()
+                       else p99)
         red = p99 - without
         by[c] = CauseBudget(spikes=int(spikes.get(c, 0)), excess_s=ex, share_of_excess=ex / total if total > 0 else 0.0,
                             tail_share=(float(excess[m & tail].sum()) / tail_total

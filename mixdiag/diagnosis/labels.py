@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mixdiag.label_arrays import factorize_objects, label_column, pointers  # noqa: F401 (label_column: used from here)
+from mixdiag.label_arrays import MIN_ROWS, factorize_objects, label_column, one_object  # noqa: F401 (label_column: used from here)
 
 
 def label_codes(col: pd.Series, na: str = "") -> tuple[np.ndarray, np.ndarray]:
@@ -33,21 +33,17 @@ def label_in(col: pd.Series, values, na: str = "") -> np.ndarray:
     return np.isin(labels, list(values))[codes]
 
 
-def _one_object(a: np.ndarray) -> bool:
-    """Whether every element of the object array ``a`` is the one same object, by comparing the
-    element pointers as integers (no Python per row). A log's ``granularity`` is one shared ``"step"``
-    (schema.repeat_label) on a million rows."""
-    if not len(a) or not a.flags.c_contiguous:
-        return False
-    ptrs = pointers(a)
-    return bool((ptrs == ptrs[0]).all())
-
-
 def equal(col: pd.Series, value: str) -> np.ndarray:
     """``(col == value).to_numpy()``: an object column that holds one object answers with one
-    comparison (a comparison per row costs ~35 ms a million rows, and the diagnosis makes dozens)."""
+    comparison (a comparison per row costs ~35 ms a million rows, and the diagnosis makes dozens); one of a
+    few labels compares each distinct value once (rows of one value compare alike; a missing value, code -1,
+    compares False as pandas' comparison does)."""
     if col.dtype == object:
         a = col.to_numpy()
-        if _one_object(a):
+        if one_object(a):
             return np.full(len(a), bool(a[0] == value))
+        if len(a) >= MIN_ROWS:
+            codes, uniq = factorize_objects(a)
+            if len(uniq) <= len(a) // 8:  # a label column (else factorising cost more than comparing)
+                return np.array([bool(u == value) for u in uniq] + [False])[codes]
     return (col == value).to_numpy(dtype=bool, na_value=False)

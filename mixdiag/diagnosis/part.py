@@ -142,7 +142,7 @@ def _token_views_own_latency(owners) -> set:
     for sig, ctxs in owners:
         if len(ctxs) != 1 or engine_of(ctxs[0][0]) not in by_tokens or "fused_steps_in_interval" not in sig.columns:
             continue
-        iv = (sig["granularity"] == "interval") & sig["fused_steps_in_interval"].fillna(0).gt(0)
+        iv = equal(sig["granularity"], "interval") & sig["fused_steps_in_interval"].fillna(0).gt(0)
         sig.loc[iv, "is_spike"] = False
     return by_tokens
 

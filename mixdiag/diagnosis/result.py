@@ -172,9 +172,10 @@ def count_by_cause(causes) -> dict[str, int]:
 
 def mixed_share(steps: pd.DataFrame) -> float:
     """Share of work steps (prefill, decode, mixed) that were mixed; NaN with no step rows."""
-    s = steps[equal(steps["granularity"], "step")] if "granularity" in steps else steps
+    is_step = equal(steps["granularity"], "step") if "granularity" in steps else None
+    s = steps if is_step is None or is_step.all() else steps[is_step]  # all step rows: no copy of the frame
     n = int(s["kind"].isin(WORK_KINDS).sum())
-    return float((s["kind"] == "mixed").sum() / n) if n else math.nan
+    return float(equal(s["kind"], "mixed").sum() / n) if n else math.nan
 
 
 def last_spike_of(spikes: pd.DataFrame | None) -> dict:
@@ -288,8 +289,8 @@ def itl_summary(tl: Timeline, steps: pd.DataFrame, part: Part | None = None) -> 
                     "max_s": float(p99.max()) if len(p99) else None, "source": "interval_quantiles"}
     if not len(v):
         return {"p50_s": None, "p99_s": None, "max_s": None, "source": src}
-    return {"p50_s": float(np.quantile(v, 0.5)), "p99_s": float(np.quantile(v, 0.99)), "max_s": float(v.max()),
-            "source": src}
+    p50, p99 = np.quantile(v, [0.5, 0.99])  # one selection for both (each value as its own np.quantile gives)
+    return {"p50_s": float(p50), "p99_s": float(p99), "max_s": float(v.max()), "source": src}
 
 
 def _verdict(by_cause: dict, n_spikes: int, n_rows: int, itl: dict, unit: str = "") -> str:

@@ -15,6 +15,9 @@ COLUMNS = [
     pd.Series(np.array(["step", "interval"] * 3, dtype=object))[::2],        # a strided view
     pd.Series(["step", "interval", "step"]),                                 # pandas' own string dtype
     pd.Series([], dtype=object),
+    # past label_arrays.MIN_ROWS: a few labels compared once each (missing values, equal str at other addresses)
+    pd.Series(np.array([("step", "interval", None, np.nan, "st" + "ep", "FULL")[i % 6] for i in range(6000)], dtype=object)),
+    pd.Series(np.array([str(i % 4000) for i in range(6000)], dtype=object)),  # not a label column: per row
 ]
 
 

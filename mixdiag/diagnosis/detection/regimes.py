@@ -66,10 +66,12 @@ def low_side_reference(values: np.ndarray, rounds: int = 3) -> tuple[float, floa
     q05, q25 = np.quantile(v, [0.05, 0.25])
     sigma = max((q25 - q05) / (_Z25 - _Z05), 0.0)
     centre = q25 - _Z25 * sigma
+    kept = -1
     for _ in range(rounds):
         inl = v[v <= centre + 3.0 * sigma]
-        if len(inl) < 3:
+        if len(inl) < 3 or len(inl) == kept:  # as many rows as the last round: the same rows, centre and sigma
             break
+        kept = len(inl)
         centre = _median(inl)
         sigma = float(1.4826 * _median(np.abs(inl - centre)))
     return float(centre), float(sigma)
@@ -90,11 +92,14 @@ def reference(latency: np.ndarray, strata: np.ndarray | None = None, use: np.nda
             uniq, codes = np.unique(strata, return_inverse=True)
         else:
             codes, uniq = pd.factorize(pd.Series(strata), sort=True)
+        n_use = int(use.sum())
         for k in range(len(uniq)):
             mine = codes == k
             pick = mine & use
-            if pick.sum() >= cfg.min_stratum_rows:
-                centre[mine], sigma[mine] = low_side_reference(lat[pick])
+            n_pick = int(pick.sum())
+            if n_pick >= cfg.min_stratum_rows:
+                # a stratum holding every used row (one decode batch size) has the capture-wide sample itself
+                centre[mine], sigma[mine] = (c0, s0) if n_pick == n_use else low_side_reference(lat[pick])
     return centre, sigma
 
 

@@ -23,12 +23,19 @@ import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import SpikeConfig
+from mixdiag.diagnosis.labels import equal, factorize_objects
 
 
 def _group_codes(s: pd.Series) -> np.ndarray:
     """Integer codes of ``s`` in sorted order of its values (missing values -> -1): a sort key
-    that is cheap to compare, where sorting the strings themselves costs seconds at 1 M rows."""
-    return pd.factorize(s, sort=True)[0]
+    that is cheap to compare, where sorting the strings themselves costs seconds at 1 M rows. A label column
+    of objects (request ids of a million token events: a few thousand str objects) is factorised by object
+    first (label_arrays.factorize_objects, pandas' own codes), then only its distinct values are sorted."""
+    if s.dtype != object:
+        return pd.factorize(s, sort=True)[0]
+    codes, uniq = factorize_objects(s.to_numpy())
+    rank = pd.factorize(uniq, sort=True)[0]  # distinct values: each one's place among them, sorted
+    return np.where(codes >= 0, rank[codes], -1) if len(uniq) else codes
 
 
 def _stable_order(codes: np.ndarray) -> np.ndarray:
@@ -44,7 +51,7 @@ def rows_of(frame: pd.DataFrame, instance: str) -> pd.DataFrame:
     the common case), without copying a million rows."""
     if not len(frame):
         return frame
-    mine = frame["instance"].to_numpy() == instance  # numpy: 4x faster than the Series comparison
+    mine = equal(frame["instance"], instance)  # labels.equal: no str object per row of a str column
     return frame if mine.all() else frame[mine]
 
 
@@ -99,8 +106,9 @@ def itl_events(tokens: pd.DataFrame) -> pd.DataFrame:
     keep = np.zeros(len(order), dtype=bool)
     keep[1:] = (rid[1:] == rid[:-1]) & (rid[1:] >= 0)
     pos = np.flatnonzero(keep)
-    return pd.DataFrame({"t_s": t[pos], "step": step[pos],
-                         "prev_t_s": t[pos - 1], "prev_step": step[pos - 1], "itl_s": t[pos] - t[pos - 1]})
+    # copy=False: fresh columns, not stacked into one block (a second copy of a million events)
+    return pd.DataFrame({"t_s": t[pos], "step": step[pos], "prev_t_s": t[pos - 1], "prev_step": step[pos - 1],
+                         "itl_s": t[pos] - t[pos - 1]}, copy=False)
 
 
 def itl_values(tokens: pd.DataFrame) -> np.ndarray:
@@ -116,6 +124,49 @@ def itl_values(tokens: pd.DataFrame) -> np.ndarray:
     k, t = key[order], tokens["t_s"].to_numpy(dtype="float64")[order]
     same = (k[1:] == k[:-1]) & (inst[order][1:] >= 0) & (rid[order][1:] >= 0)
     return (t[1:] - t[:-1])[same]
+
+
+def _count_at_most(ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(ids, x, side="right")``: how many of the sorted ``ids`` are <= each ``x``.
+
+    Step ids are integers numbered (nearly) densely, and a million token events look up a few hundred
+    thousand of them: a table holding the answer for every integer in the ids' range answers each look-up
+    with one read instead of a binary search (~5x faster at 1.6 M events). Exact: an integer id is <= x
+    exactly when it is <= floor(x). Other ids (not integers, unsorted, sparse) take the binary search."""
+    n = len(ids)
+    if n == 0 or len(x) < n or ids.dtype.kind not in "iuf" or x.dtype != np.float64 or bool(np.isnan(x).any()):
+        return np.searchsorted(ids, x, side="right")
+    lo, hi = ids[0], ids[-1]
+    if not (np.isfinite(lo) and np.isfinite(hi)) or hi - lo > 4 * n + 1024 or bool(np.any(ids[1:] < ids[:-1])) \
+            or (ids.dtype.kind == "f" and not bool(np.all(ids == np.floor(ids)))):
+        return np.searchsorted(ids, x, side="right")
+    span = int(hi - lo) + 1
+    # the answer for each integer lo..hi, and before them 0 (below the first id), after them n (above the last)
+    table = np.concatenate(([0], np.searchsorted(ids, np.arange(int(lo), int(hi) + 1), side="right"), [n]))
+    rel = np.floor(x) - lo
+    np.clip(rel, -1, span, out=rel)
+    return table[rel.astype(np.intp) + 1]
+
+
+def gap_spans(steps: pd.DataFrame, itl: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``[lo, hi)`` in ``steps`` (one instance's step rows, sorted by step) of the steps each
+    inter-token gap of ``itl`` spans: by step id where the event and the previous one have one, else the
+    steps that ended within (previous event, this event], with 1 ms of slack for tokens stamped just
+    before the step's end was recorded."""
+    step_ids = steps["step"].to_numpy()
+    ends = steps["t_end_s"].to_numpy()
+    cur, prev = itl["step"].to_numpy(dtype="float64"), itl["prev_step"].to_numpy(dtype="float64")
+    have_step = ~(np.isnan(cur) | np.isnan(prev))
+    lo = np.empty(len(itl), dtype=np.int64)
+    hi = np.empty(len(itl), dtype=np.int64)
+    every = bool(have_step.all())  # the usual case: no mask copies of a million events
+    lo[have_step] = _count_at_most(step_ids, prev if every else prev[have_step])
+    hi[have_step] = _count_at_most(step_ids, cur if every else cur[have_step])
+    if not every:
+        tol = 1e-3
+        lo[~have_step] = np.searchsorted(ends, itl["prev_t_s"].to_numpy()[~have_step] + tol, side="right")
+        hi[~have_step] = np.searchsorted(ends, itl["t_s"].to_numpy()[~have_step] + tol, side="right")
+    return lo, hi
 
 
 def charge_itl(steps: pd.DataFrame, itl: pd.DataFrame) -> pd.DataFrame:
@@ -136,21 +187,7 @@ def charge_itl(steps: pd.DataFrame, itl: pd.DataFrame) -> pd.DataFrame:
     if n == 0 or len(itl) == 0:
         return pd.DataFrame({"itl_max_s": itl_max, "itl_events": events, "stall_max_s": stall_max},
                             index=steps.index)
-    step_ids = steps["step"].to_numpy()
-    ends = steps["t_end_s"].to_numpy()
-    cur, prev = itl["step"].to_numpy(dtype="float64"), itl["prev_step"].to_numpy(dtype="float64")
-    have_step = ~(np.isnan(cur) | np.isnan(prev))
-    # Positions of the covered step range [lo, hi) in the steps frame.
-    lo = np.empty(len(itl), dtype=np.int64)
-    hi = np.empty(len(itl), dtype=np.int64)
-    lo[have_step] = np.searchsorted(step_ids, prev[have_step], side="right")
-    hi[have_step] = np.searchsorted(step_ids, cur[have_step], side="right")
-    # Without step ids: the steps that ended within (previous event, this event], with 1 ms of
-    # slack for tokens stamped just before the step's end was recorded.
-    if not have_step.all():
-        tol = 1e-3
-        lo[~have_step] = np.searchsorted(ends, itl["prev_t_s"].to_numpy()[~have_step] + tol, side="right")
-        hi[~have_step] = np.searchsorted(ends, itl["t_s"].to_numpy()[~have_step] + tol, side="right")
+    lo, hi = gap_spans(steps, itl)
     vals = itl["itl_s"].to_numpy(dtype="float64")
     width = np.maximum(hi - lo, 0)
     # Every (gap, step) pair the gaps cover, flattened: almost all gaps cover one step, a request

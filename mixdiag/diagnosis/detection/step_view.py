@@ -160,8 +160,8 @@ def step_pipeline(inst: str, rows: pd.DataFrame, tokens: pd.DataFrame, quality: 
     # Decode steps in their usual graph mode set the baseline, so a stretch of graph fallback
     # stands out against it instead of becoming the norm.
     norm = decode_graph_norm(sig, cfg.signals.full_norm_share)
-    if norm != "unknown" and (ref & (sig["graph_mode"] == norm)).sum() >= cfg.spikes.min_periods:
-        ref &= sig["graph_mode"] == norm
+    if norm != "unknown" and (ref & equal(sig["graph_mode"], norm)).sum() >= cfg.spikes.min_periods:
+        ref &= equal(sig["graph_mode"], norm)
     # the regime stage reads its low-side reference from these rows too (regimes.latency_view)
     sig["reference_row"] = ref.to_numpy(dtype=bool)
     # A fault lasting longer than half the rolling window (an EP hotspot, a stall before every step for

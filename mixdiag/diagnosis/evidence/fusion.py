@@ -361,6 +361,8 @@ def faults_seen_by_intervals(timeline: Timeline, cfg: DiagnosisConfig) -> dict[s
     the intervals' median, a KV transfer, a preemption). They are kept out of the step view's
     baseline, so a fault window longer than half the baseline window still stands out."""
     steps = timeline.steps
+    if not len(steps) or equal(steps["instance"], steps["instance"].iloc[0]).all():
+        return {}  # one instance: no second view to pair it with (and no copy of its rows by the groupby)
     frames = [g.assign(instance=i) for i, g in steps.groupby("instance", sort=True)]
     key = engine_keys(frames, listed_servers(timeline.meta))
     by_eng: dict[str, dict] = {}

@@ -24,6 +24,8 @@ class Attribution:
 
 def num(v) -> float | None:
     """``v`` as a finite float, else None (missing, NaN, text)."""
+    if v is None:  # a column the row lacks (most of a spike's ~50 reads): no exception raised and caught
+        return None
     try:
         f = float(v)
     except (TypeError, ValueError):
