@@ -1,6 +1,7 @@
 """Host time on interval rows from the engine's own count of GPU idle time between forwards
 (``gpu_wait_s``: SGLang's GPU overlap-wait counter, collectors/prometheus/dialect_columns.py - a
-``GapTimer`` on the forward stream: the time the GPU waited for the host to launch the next forward).
+``GapTimer`` on the forward stream: the time the GPU waited for the host to launch the next forward, from the
+end of one forward to the start of the next; a gap the server spent idle is discarded, ``GapTimer.cancel``).
 
 With the overlap scheduler the host's work hides behind the previous forward, so the GPU waits only
 briefly between forwards; the instance's **usual rate** of waiting is the median of ``gpu_wait_s / dt``
