@@ -64,3 +64,15 @@ def test_interval_with_an_eager_batch(running, prefill_work, chunk, cause):
                  graph_none_min_tokens=37.0) for i in range(30)]
     got = diagnose(Timeline(pd.DataFrame(rows), None, meta={})).spikes.set_index("step")
     assert got.at[25, "cause"] == cause
+
+
+def test_the_batch_at_the_intervals_start_counts_too():
+    """The gauge of the previous scrape is the batch the interval's first steps ran: a burst that ended
+    inside the interval (40 running at its start, 20 at its end) still decoded eager there."""
+    rows = [dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval", kind="unknown",
+                 prefill_work_tokens=1000.0 + 10 * (i % 3), running_reqs=40.0 if i == 24 else 20.0, itl_count=300.0,
+                 itl_p50_s=0.02, itl_mean_s=0.022, itl_p99_s=0.2 if i == 25 else 0.03, prompt_chunk_ahead_tokens=50.0,
+                 graph_none_min_tokens=37.0) for i in range(30)]
+    got = diagnose(Timeline(pd.DataFrame(rows), None, meta={})).spikes.set_index("step")
+    assert got.at[25, "cause"] == "graph_fallback"
+    assert got.at[25, "evidence"]["running_reqs"] == 40.0

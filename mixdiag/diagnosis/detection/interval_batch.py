@@ -77,9 +77,12 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     # stall, a fault the baseline must not absorb either
     faulty = faulty | pd.Series(wait_stands_out(sig, cfg.attribution), index=sig.index)
     if "graph_none_min_tokens" in sig.columns and "running_reqs" in sig.columns:
-        # a batch the engine's own CUDA-graph table counted run without a graph: eager decode, a
-        # fault the baseline must not absorb (as for the gauges above)
-        faulty = faulty | (sig["running_reqs"] >= sig["graph_none_min_tokens"]).fillna(False)
+        # the running gauge at the interval's start (the previous scrape): the batch its first steps ran
+        sig["running_reqs_start"] = gw.shift(pd.to_numeric(sig["running_reqs"], errors="coerce"), 1, np.nan, groups)
+        batch = np.fmax(sig["running_reqs"].to_numpy(dtype=float), sig["running_reqs_start"].to_numpy(dtype=float))
+        # a batch the engine runs without a graph (its CUDA-graph table, or above its largest capture size) at
+        # either end of the interval: eager decode, a fault the baseline must not absorb (as for the gauges above)
+        faulty = faulty | pd.Series(batch >= sig["graph_none_min_tokens"].to_numpy(dtype=float), index=sig.index)
     if "graph_off_decode_steps" in sig.columns:
         # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward pass
         # counter, its decode_none mode; log_windows.graph_off_decode_column): eager decode, measured, a

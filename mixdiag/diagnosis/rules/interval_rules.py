@@ -113,7 +113,10 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
               "prefill_itl_p_value": None if p is None else round(p, 4), "relation_confidence": round(bonus, 3)}
     chunk = num(row.get("prompt_chunk_ahead_tokens"))
     short = level != "out" or (chunk is not None and chunk < cfg.chunk_min_tokens)
-    umin, batch = num(row.get("graph_none_min_tokens")), num(row.get("running_reqs"))
+    # the running batch at either end of the interval (the gauge at the previous scrape and at this one): at
+    # the start, the interval's first steps ran that batch; at the end, its last ones
+    ends = [v for v in (num(row.get("running_reqs")), num(row.get("running_reqs_start"))) if v is not None]
+    umin, batch = num(row.get("graph_none_min_tokens")), (max(ends) if ends else None)
     if umin is not None and batch is not None and batch >= umin and short and not pos("mixed_steps"):
         # vLLM dispatches NONE above the largest capture size, so a running batch at least as large as
         # the smallest one run without a graph - counted by the engine's own table in this window, or
