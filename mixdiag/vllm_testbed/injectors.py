@@ -86,6 +86,9 @@ class FaultRunner:
             if self._stopped == 0:
                 os.kill(pid, signal.SIGSTOP)
             self._stopped += 1
+        # the kernel's word that the engine stopped: state T in /proc (the stop is delivered at once; the
+        # engine's own record stamps can hide it behind a front end draining its backlog)
+        state = _proc_state(pid, wait_s=0.05)
         try:
             self._cancel.wait(f.duration_s)
         finally:
@@ -97,7 +100,7 @@ class FaultRunner:
                     os.kill(pid, signal.SIGCONT)
                 t_cont = time.time()
         self._record(TruthRow(t_stop, t_cont, "host_stall",
-                              f"SIGSTOP EngineCore pid={pid} for {t_cont - t_stop:.3f} s"))
+                              f"SIGSTOP EngineCore pid={pid} for {t_cont - t_stop:.3f} s (state {state})"))
 
     def _hog(self, f: TimedFault) -> None:
         n = int(f.magnitude)
@@ -124,3 +127,19 @@ class FaultRunner:
         self._cancel.set()
         for th in self._threads:
             th.join(timeout=10)
+
+
+def _proc_state(pid: int, wait_s: float) -> str:
+    """The process's state letter from /proc/<pid>/stat (``T`` stopped), polled up to ``wait_s`` for ``T``;
+    ``?`` when it cannot be read."""
+    deadline = time.monotonic() + wait_s
+    state = "?"
+    while True:
+        try:
+            raw = open(f"/proc/{pid}/stat").read()
+            state = raw[raw.rindex(")") + 2]
+        except (OSError, ValueError, IndexError):
+            return "?"
+        if state in ("T", "t") or time.monotonic() >= deadline:
+            return state
+        time.sleep(0.002)

@@ -215,29 +215,35 @@ def test_sigstop_stalls_are_real_and_judged(stall_run):
     stalls = [f for f in truth.read_faults(d / "truth" / "faults.csv") if f.cause == "host_stall"]
     assert len(stalls) >= 2
     stamps = [it.t_s for it in its]
+    # truth of the truth: the kernel put the EngineCore in state T (stopped) - read from /proc by the
+    # injector right after the SIGSTOP
+    assert all(s.detail.endswith("(state T)") for s in stalls), [s.detail for s in stalls]
+    visible = []
     for s in stalls:
-        # truth of the truth: no step ran while the EngineCore was stopped, so the engine's own
-        # records show a gap in their stamps. The records are stamped when the API server logs them,
-        # which trails the steps (measured: by up to ~0.5 s when the front end is starved of CPU), so
-        # the gap is looked for from just before the stall to 2 s after, and a front end draining its
-        # backlog of earlier records into the stall shortens it: beside two busy loops on the 2 cores a
-        # 0.683 s stall left a 0.468 s gap (0.69x). Half the stall is what the stamps reliably show.
+        # The engine's own records are stamped when the API server logs them, which trails the steps (by up to
+        # ~0.5 s when the front end is starved of CPU), so a stall shows as a gap in their stamps only where
+        # the front end had no backlog to drain into it: beside two busy loops a 0.683 s stall left a 0.468 s
+        # gap, and on a fresh clone's run a 0.457 s stall left 0.027 s. A stall the front end hid from its own
+        # log it also hid from the clients (they get what it streams), so the client view is held only to
+        # the stalls the records show.
         near = [t for t in stamps if s.t_start_s - 0.2 <= t <= s.t_end_s + 2.0]
         gap = max((b - a for a, b in zip(near, near[1:])), default=0.0)
-        assert gap >= 0.5 * (s.t_end_s - s.t_start_s), (s, gap)
+        if gap >= 0.5 * (s.t_end_s - s.t_start_s):
+            visible.append(s)
     times = scrape_times(d)
     report = analyze(d / "client.jsonl")
     named = [s for s in report["spikes"] if s["cause"] == "host_stall"]
     seen = [s for s in stalls if any(s.t_start_s <= sp["t_s"] <= s.t_end_s + 0.5 for sp in report["spikes"])]
     hits = [s for s in stalls if any(s.t_start_s - 0.2 <= sp["t_s"] <= s.t_end_s + 0.5 for sp in named)]
-    print(f"stall: {len(stalls)} SIGSTOPs ({', '.join(f'{s.t_end_s - s.t_start_s:.2f}' for s in stalls)} s); "
+    print(f"stall: {len(stalls)} SIGSTOPs ({', '.join(f'{s.t_end_s - s.t_start_s:.2f}' for s in stalls)} s), "
+          f"{len(visible)} visible in the engine's record stamps; "
           f"client view: {len(report['spikes'])} spikes, {report['by_cause']}, stalls seen as spikes: "
           f"{len(seen)}, named host_stall: {len(hits)}")
-    # What holds today: every stall of >= 0.3 s shows up as a spike in the client view. None is
+    # What holds today: every stall of >= 0.3 s the engine's records show comes out as a spike in the client view. None is
     # named host_stall (measured: 0 of 4; the stalls' spikes come out unknown or mixing, since
     # every client-view step is judged by its prefill neighbourhood and no host-gap signal is
     # read from client records). When host_stall is named from client gaps, require it here.
-    long_stalls = [s for s in stalls if s.t_end_s - s.t_start_s >= 0.3]
+    long_stalls = [s for s in visible if s.t_end_s - s.t_start_s >= 0.3]
     assert all(s in seen for s in long_stalls), (long_stalls, seen)
     del times
 
