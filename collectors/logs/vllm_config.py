@@ -13,6 +13,7 @@ on an engine with graphs on, a decode batch larger than that ran eager: the same
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -59,13 +60,38 @@ def parse(body: str) -> GraphConfig:
     return GraphConfig(None if e is None else e.group(1) == "True", m.group(1) if m else None, top)
 
 
-def capped(cfg: GraphConfig | None, body: str) -> GraphConfig | None:
-    """``cfg`` with the capture limit a ``Capping cudagraph capture sizes`` line set (None: not such a line)."""
+def read_line(body: str, key: str, t: float | None, configs: dict) -> bool:
+    """Fold a start-up config line or a capping warning of engine ``key`` into ``configs`` (key -> (time of
+    the start-up line, GraphConfig)); False when ``body`` is neither."""
+    if INIT.search(body):
+        configs[key] = (t, parse(body))
+        return True
     m = CAP.search(body)
     if m is None:
-        return None
-    base = cfg or GraphConfig(None, None, None)
-    return GraphConfig(base.enforce_eager, base.cudagraph_mode, int(m.group(2)))
+        return False
+    t0, cfg = configs.get(key, (t, GraphConfig(None, None, None)))
+    configs[key] = (t0, dataclasses.replace(cfg, max_capture_tokens=int(m.group(2))))
+    return True
+
+
+def interval_graph_limit(df: pd.DataFrame, configs: dict) -> None:
+    """Interval rows of an engine whose start-up line has graphs on and a largest capture size N, from that
+    line's time on: every batch of more than N tokens ran without a graph, so ``graph_none_min_tokens`` is at
+    most N + 1 - the column the ``--cudagraph-metrics`` table fills; the smaller of the two is kept (in place)."""
+    if not len(df) or "granularity" not in df:
+        return
+    for key, (t, cfg) in configs.items():
+        top = cfg.eager_above
+        if top is None:
+            continue
+        rows = (df["instance"].to_numpy(dtype=object) == key) & (df["granularity"] == "interval").to_numpy(dtype=bool)
+        if t is not None:
+            rows &= df["t_end_s"].to_numpy(dtype=float) >= t
+        if rows.any():
+            cur = df["graph_none_min_tokens"].to_numpy(dtype=float, copy=True) if "graph_none_min_tokens" in df \
+                else np.full(len(df), np.nan)
+            cur[rows] = np.fmin(cur[rows], float(top + 1))
+            df["graph_none_min_tokens"] = cur
 
 
 #: decode-only batches within the capture sizes replay this graph under each mode (CudagraphDispatcher:

@@ -25,6 +25,7 @@ line times of both come from vllm_clock.py, and the rows stay a frame (step_fram
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import re
@@ -126,7 +127,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         # graphs off (enforce-eager): every batch runs NONE, which says nothing about a fallback
         events = [e for e in events if e[2] != "graph_none_min_tokens"]
     orphans = attach_events_frame(steps, events)
-    _config_graph_limit(steps, w.graph_configs)
+    vllm_config.interval_graph_limit(steps, w.graph_configs)
     if orphans and not len(steps):
         st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
     elif orphans:
@@ -136,10 +137,8 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     steps = _name_instances(steps, out, base)
     if w.cg_settings:
         out.meta["cudagraph_config"] = w.cg_settings
-    for key, (_, cfg) in w.graph_configs.items():
-        out.meta.setdefault("engine_graph_config", {})[key] = {
-            "enforce_eager": cfg.enforce_eager, "cudagraph_mode": cfg.cudagraph_mode,
-            "max_capture_tokens": cfg.max_capture_tokens}
+    if w.graph_configs:
+        out.meta["engine_graph_config"] = {k: dataclasses.asdict(cfg) for k, (_, cfg) in w.graph_configs.items()}
     if times.first_year is not None and year is None:
         out.meta["year_assumed"] = times.first_year  # fusion may re-read with year= from unix-clock sources
     untimed = 0
@@ -211,15 +210,6 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
             st.parsed()
             table = {"t": t_row, "key": key, "cols": None, "rows": 0, "events": w.events}
             continue
-        if vllm_config.INIT.search(body):
-            w.graph_configs[key] = (t_row, vllm_config.parse(body))
-            st.parsed()
-            continue
-        cap = vllm_config.capped(w.graph_configs.get(key, (None, None))[1], body)
-        if cap is not None:
-            w.graph_configs[key] = (w.graph_configs.get(key, (t_row, None))[0], cap)
-            st.parsed()
-            continue
         sm = _CG_SETTING.match(body)
         if sm:
             w.cg_settings[sm.group(1)] = sm.group(2).strip()
@@ -268,7 +258,11 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
                 series_line(name, m.group(1), key, t_row, out, raw, w.events)
                 break
         else:
-            st.ignored()
+            # the start-up config line and a later capping warning, once per engine: looked for last
+            if vllm_config.read_line(body, key, t_row, w.graph_configs):
+                st.parsed()
+            else:
+                st.ignored()
     if year_note is not None:
         st.note(year_note)
     for (key, t), reqs in remote_waits.items():
@@ -304,28 +298,6 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
     for c in ("instance", "kind", "granularity"):  # few shared labels: built by code, not str by str
         df[c] = str_column(df[c])
     return pd.DataFrame(df)
-
-
-def _config_graph_limit(df: pd.DataFrame, configs: dict[str, tuple]) -> None:
-    """Interval rows of an engine whose start-up line has graphs on and a largest capture size N (from that
-    line's time on): every batch of more than N tokens ran without a graph (vllm_config), so
-    ``graph_none_min_tokens`` is at most N + 1 - the same column the ``--cudagraph-metrics`` table fills,
-    the smaller of the two kept."""
-    if not len(df) or "granularity" not in df:
-        return
-    for key, (t, cfg) in configs.items():
-        top = cfg.eager_above
-        if top is None:
-            continue
-        rows = (df["instance"].to_numpy(dtype=object) == key) & (df["granularity"] == "interval").to_numpy(dtype=bool)
-        if t is not None:
-            rows &= df["t_end_s"].to_numpy(dtype=float) >= t
-        if not rows.any():
-            continue
-        cur = df["graph_none_min_tokens"].to_numpy(dtype=float, copy=True) if "graph_none_min_tokens" in df \
-            else np.full(len(df), np.nan)
-        cur[rows] = np.fmin(cur[rows], float(top + 1))
-        df["graph_none_min_tokens"] = cur
 
 
 def _qualities(df: pd.DataFrame, out: LogRows, events: list) -> None:
