@@ -52,3 +52,24 @@ def test_too_few_first_tokens_decide_nothing():
     steps, tok2, _ = client_steps(tok, "c", cluster_s=0.003)
     last = tok2[(tok2.request_id == f"new{MIXES_MIN - 2}") & (tok2.is_first == 1)]["step"].iloc[0]
     assert steps.loc[steps.step == int(last), "kind"].iloc[0] == "prefill"
+
+
+def test_burst_in_the_last_read_counts_every_step():
+    """Regression (real vLLM client capture, fresh-clone CI of fbf5c94): in the last read stream ``a``
+    got two chunks (two engine steps coalesced) and stream ``b``'s one chunk came last in time. ``b``'s
+    chunk goes to the read's first sub-step, ``a``'s second chunk to the second: the step count is the
+    number of sub-steps, not the time-last token's step + 1 (that raised IndexError)."""
+    rows = []
+    for k in range(1, 30):
+        t = k * STEP
+        rows += [("a", t, int(k == 1), 1, t - 0.05 if k == 1 else np.nan, 64.0 if k == 1 else np.nan),
+                 ("b", t + 0.0001, int(k == 1), 1, t - 0.05 if k == 1 else np.nan, 64.0 if k == 1 else np.nan)]
+    t = 30 * STEP
+    rows += [("a", t, 0, 1, np.nan, np.nan), ("a", t + 0.0002, 0, 1, np.nan, np.nan),
+             ("b", t + 0.0004, 0, 1, np.nan, np.nan)]
+    tok = pd.DataFrame(rows, columns=["request_id", "t_s", "is_first", "n_tokens", "arrival_s", "prompt_tokens"])
+    steps, tok2, _ = client_steps(tok, "c", cluster_s=0.003)
+    assert len(steps) == 31                       # 29 reads of one step each + one read of two steps
+    assert int(tok2["step"].max()) == len(steps) - 1
+    assert steps["t_end_s"].is_monotonic_increasing
+    assert steps["output_tokens"].sum() == len(tok)
