@@ -58,6 +58,13 @@ def median(s: pd.Series, groups: np.ndarray | None) -> pd.Series:
     return s.groupby(groups, sort=False).transform("median")
 
 
+def quantile(s: pd.Series, q: float, groups: np.ndarray | None) -> pd.Series:
+    """Per row: the ``q`` quantile of its group's non-missing values (``s.quantile(q)`` broadcast)."""
+    if groups is None:
+        return pd.Series(float(s.quantile(q)), index=s.index)
+    return s.groupby(groups, sort=False).transform(lambda g: g.quantile(q))
+
+
 def per_group(values: np.ndarray, groups: np.ndarray, ufunc) -> np.ndarray:
     """``ufunc.reduce`` of ``values`` over each group; groups are numbered 0, 1, ... in row order."""
     return ufunc.reduceat(values, bounds(groups)[:-1]) if len(groups) else values[:0]

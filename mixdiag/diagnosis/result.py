@@ -276,7 +276,10 @@ def itl_summary(tl: Timeline, steps: pd.DataFrame, part: Part | None = None) -> 
     else:
         st = steps[equal(steps["granularity"], "step")]
         if "latency_s" in st.columns and len(st):
-            v = st.loc[st["has_decode"], "latency_s"].dropna().to_numpy()
+            # a zero-length row measured no latency (a log line's stamp alone: SGLang's Prefill line)
+            st = st[pd.to_numeric(st["latency_s"], errors="coerce") > 0]
+        if "latency_s" in st.columns and len(st):
+            v = st.loc[st["has_decode"].astype(bool), "latency_s"].dropna().to_numpy()
             if not len(v):  # no decode rows known (a trace without token counts): every step's latency
                 v = st["latency_s"].dropna().to_numpy()
             src = "step_latency"
@@ -344,36 +347,50 @@ def with_sources(instances: dict, listing: dict) -> dict:
 
 
 def counted_once(steps: pd.DataFrame, frames: list, meta: dict) -> pd.DataFrame:
-    """The rows of ``steps`` whose latency is counted (budget, regimes): all but the interval rows of a
-    server's interval view (scrapes) that lie within the time its step view with per-step latency covers
-    (client records, a log, a trace): their midpoint inside it. Both views measured the same token gaps
-    there - the step view finer - so counting both would add one server's excess twice. Interval rows
-    outside that span still count (scrapes that ran longer than the log)."""
+    """The rows of ``steps`` whose latency is counted (budget, regimes): where a server has a step view
+    with per-step latency (client records, a log, a trace) and an interval view (scrapes), both measured
+    the same token gaps over the time both cover, and counting both would add one server's excess twice.
+    The finer view counts there: the step view's rows when they are shorter than half a scrape interval
+    (per step), else the interval rows - a log's window rows (SGLang's Decode line every 40 forwards)
+    average as many gaps as a scrape does, with fewer rows and no histogram. The other view's rows whose
+    midpoint lies in that common span are left out; rows outside it still count (scrapes that ran longer
+    than the log)."""
     if len(frames) < 2 or "latency_s" not in steps.columns:  # one view (frame): nothing counted twice
         return steps
     key = engine_keys(frames, listed_servers(meta))
     span: dict = {}
+    row_s: dict = {}
     for f in frames:
         if not len(f) or not (f["granularity"] == "step").any():
             continue
-        st = f[(f["granularity"] == "step") & f["latency_s"].notna()]
+        st = f[(f["granularity"] == "step") & (pd.to_numeric(f["latency_s"], errors="coerce") > 0)]
         if len(st) >= 3:
             eng = key(str(f["instance"].iloc[0]))
             lo, hi = float(st["t_start_s"].min()), float(st["t_end_s"].max())
             span[eng] = (min(lo, span.get(eng, (lo, hi))[0]), max(hi, span.get(eng, (lo, hi))[1]))
+            dur = st["t_end_s"] - st["t_start_s"]
+            if "window_start_s" in st.columns:  # a window row: a stamp that stands for the time since the last
+                dur = np.fmax(dur, pd.to_numeric(st["window_end_s"], errors="coerce")
+                              - pd.to_numeric(st["window_start_s"], errors="coerce"))
+            row_s[eng] = float(dur.median())
     iv = (steps["granularity"] == "interval").to_numpy()
     if not span or not iv.any():
         return steps
     names = steps["instance"].astype(str).to_numpy()
+    engines = np.array([key(n) for n in names]) if len(names) else names
     drop = np.zeros(len(steps), dtype=bool)
     t0, t1 = steps["t_start_s"].to_numpy(dtype="float64"), steps["t_end_s"].to_numpy(dtype="float64")
+    mid = 0.5 * (t0 + t1)  # a row straddling the span's edge goes with the side holding most of it
     for inst in np.unique(names[iv]):
         eng = key(inst)
         if eng not in span:
             continue
         lo, hi = span[eng]
-        mid = 0.5 * (t0 + t1)  # an interval straddling the span's edge goes with the side holding most of it
-        drop |= iv & (names == inst) & (mid >= lo) & (mid <= hi)
+        mine = iv & (names == inst)
+        if row_s[eng] >= 0.5 * float(np.nanmedian(t1[mine] - t0[mine])):  # the step view is no finer
+            drop |= ~iv & (engines == eng) & (mid >= lo) & (mid <= hi)
+        else:
+            drop |= mine & (mid >= lo) & (mid <= hi)
     return steps[~drop] if drop.any() else steps
 
 

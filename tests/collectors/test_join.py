@@ -241,3 +241,18 @@ def test_model_hints_of_a_config_line(tmp_path, line, want):
     p = tmp_path / "v.log"
     p.write_text(f"INFO 12-01 00:00:00 [core.py:75] Initializing a V1 LLM engine (v0.32.0) with config: {line}\n")
     assert join.hints(str(p), "vllm-log")[0] == frozenset(want)
+
+
+def test_a_window_log_and_scrapes_count_the_scrapes(tmp_path):
+    """SGLang's operator log prints a Decode line every 40 forwards: its rows are windows as long as a
+    scrape interval, and its Prefill lines are stamps without a latency. Joined with the scrapes of the
+    same server, the scrapes' ITL histogram is the finer count: budget, regimes and episodes are the
+    scrapes' own, and no zero-length row reads as an ITL of 0 (independent generator, tests/helpers)."""
+    from helpers.metrics_gen import GenConfig, generate  # tests/ is on the path (conftest.py)
+    cap = generate(GenConfig("sglang", 1, 600), tmp_path / "cap")
+    alone = diagnose(load(str(cap.scrapes)))
+    d = diagnose(load([str(cap.scrapes), str(cap.log)]))
+    assert len(alone.regimes.episodes) >= 1
+    assert list(d.regimes.episodes["cause"]) == list(alone.regimes.episodes["cause"])
+    assert d.budget.to_json()["total"]["excess_s"] == pytest.approx(alone.budget.to_json()["total"]["excess_s"])
+    assert d.headline.itl_p50_s > 0

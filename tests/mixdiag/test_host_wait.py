@@ -62,3 +62,33 @@ def test_sglang_scrapes_give_the_interval_wait():
     tl = read_scrapes([_scrape(100.0, 1.0, 2.0, 100), _scrape(101.0, 1.25, 4.0, 200)], instance="sg")
     iv = tl.steps[tl.steps["granularity"] == "interval"]
     assert iv["gpu_wait_s"].tolist() == pytest.approx([0.25])
+
+
+def _iv(waits, passes) -> pd.DataFrame:
+    n = len(waits)
+    return pd.DataFrame({"t_start_s": np.arange(n, dtype=float), "t_end_s": np.arange(1, n + 1, dtype=float),
+                         "gpu_wait_s": waits, "graph_full_steps": passes, "graph_none_steps": [0.0] * n,
+                         "running_reqs": [8.0] * n})
+
+
+def test_wait_is_usual_per_forward_not_per_second():
+    """Intervals of slow forwards (an EP hotspot: 12 passes a second) wait less per second than those of
+    fast decodes (40 a second) at the same 1 ms per forward; per second, the fast ones read as excess."""
+    rng = np.random.default_rng(1)
+    passes = np.array([12.0] * 20 + [40.0] * 10)
+    waits = passes * 0.001 * (1 + rng.normal(0, 0.02, 30))
+    ex, sigma = wait_excess(_iv(waits, passes), None)
+    assert not ((ex > 0) & (ex >= 3 * sigma)).any()
+    per_second, _ = wait_excess(_iv(waits, passes).drop(columns=["graph_full_steps", "graph_none_steps"]), None)
+    assert per_second[20:].min() > 0.02        # without pass counts, per second: the reading that misled
+
+
+def test_a_stall_over_most_of_the_capture_still_stands_out():
+    """A stall covering 60 % of the intervals: the usual wait and its noise are read on the low side."""
+    rng = np.random.default_rng(2)
+    passes = np.full(30, 30.0)
+    waits = passes * 0.001 * (1 + rng.normal(0, 0.05, 30))
+    waits[6:24] += 0.35                                             # 18 of 30 intervals stalled
+    ex, sigma = wait_excess(_iv(waits, passes), None)
+    stands = ex >= 3 * sigma
+    assert stands[6:24].all() and not stands[:6].any() and not stands[24:].any()

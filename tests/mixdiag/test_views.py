@@ -239,6 +239,11 @@ def _step_row(**kw):
     ({"fused_interval_kv_transfer_bytes": 1e6, "fused_pd_install": 1.0}, "unknown"),  # its install step's
     ({"fused_interval_preempted_reqs": 1.0}, "kv_pressure"),
     ({"fused_interval": np.nan, "fused_interval_preempted_reqs": 1.0}, "unknown"),  # no interval holds it
+    # the engine's count of GPU wait on the host, per forward beyond the usual, against the step's
+    # excess of 0.02 s (latency 0.05, baseline 0.03): most of it -> measured host stall; a little -> nothing
+    ({"fused_interval_host_wait_per_pass_s": 0.015, "latency_s": 0.05, "baseline_s": 0.03}, "host_stall"),
+    ({"fused_interval_host_wait_per_pass_s": 0.004, "latency_s": 0.05, "baseline_s": 0.03}, "unknown"),
+    ({"fused_interval_host_wait_per_pass_s": 0.0, "latency_s": 0.05, "baseline_s": 0.03}, "unknown"),
 ])
 def test_attribution_turns_fused_interval_evidence_into_a_cause(fused, expect):
     """Fusion only writes fused_* columns; attribution alone decides the cause and its confidence."""
@@ -263,3 +268,17 @@ def test_fusion_writes_evidence_columns_not_causes():
                                           *sorted(root.glob("rules/*.py"))])
     for name in ("mixdiag_engine", "vllm:", "sglang:", ":increase", "_total"):
         assert name not in src  # source names stop at the collectors
+
+
+def test_host_wait_reaches_the_log_steps_it_was_measured_under():
+    """A log window row gets the interval's wait per forward beyond the usual only where the wait stood out
+    in every interval its span overlaps; one that straddles a clean interval gets 0, one past the last
+    scrape nothing (fusion._fuse_host_wait)."""
+    from mixdiag.diagnosis.evidence.fusion import _fuse_host_wait
+    iv = pd.DataFrame({"t_start_s": [0.0, 1.0, 2.0], "t_end_s": [1.0, 2.0, 3.0], "gap_excess_s": [0.0, 0.30, 0.32],
+                       "gap_excess_sigma_s": [0.01, 0.01, 0.01], "graph_full_steps": [40.0, 20.0, 20.0]})
+    f = pd.DataFrame({"t_start_s": [1.1, 0.5, 2.5], "t_end_s": [2.9, 1.5, 3.5], "granularity": "step",
+                      "fused_interval_host_wait_per_pass_s": np.nan})
+    _fuse_host_wait(f, f["granularity"] == "step", iv, 3.0)
+    got = f["fused_interval_host_wait_per_pass_s"].tolist()
+    assert got[0] == pytest.approx(0.015) and got[1] == 0.0 and np.isnan(got[2])

@@ -232,7 +232,8 @@ def latency_view(rows: pd.DataFrame | RowArrays) -> LatencyView | None:
     rows = as_rows(rows)
     gran = rows.raw("granularity")
     lat_steps = rows.num("latency_s")
-    steps = (gran == "step") & np.isfinite(lat_steps)
+    # a step row of zero length has no measured latency (a log line's stamp alone: SGLang's Prefill line)
+    steps = (gran == "step") & np.isfinite(lat_steps) & (lat_steps > 0)
     if steps.sum() >= 3:
         pos = np.flatnonzero(steps)
         sub = rows.take(pos)

@@ -83,7 +83,8 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
             cause, conf = "pd_transfer", 0.75
         elif ev.get("preempted_reqs", 0):
             cause, conf = "kv_pressure", 0.75
-        elif a.cause in ("ep_hotspot", "graph_fallback") or a.evidence.get("starved_interval"):
+        elif a.cause in ("ep_hotspot", "graph_fallback") or a.evidence.get("starved_interval") \
+                or (a.cause == "host_stall" and "interval_host_wait_excess_s" in a.evidence):
             return a  # the interval's own gauges/counters named it; the log's lines say nothing against it
         elif (prefill := _prefill_in_log(row, a)) is not None:
             return prefill
@@ -136,9 +137,21 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
         cause, ev["interval_kv_transfer_bytes"] = "pd_transfer", xfer
     elif _pos(row.get("fused_interval_preempted_reqs")):
         cause, ev["interval_preempted_reqs"] = "kv_pressure", num(row.get("fused_interval_preempted_reqs"))
+    elif _host_wait_holds(row, cfg):
+        # measured, not by elimination: the engine counted its GPU waiting on the host, per forward, this
+        # much beyond the usual throughout the step's span - most of the step's excess
+        cause, ev["interval_host_wait_per_pass_s"] = "host_stall", num(row.get("fused_interval_host_wait_per_pass_s"))
     else:
         return a
     return Attribution(cause, conf, ev)
+
+
+def _host_wait_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
+    """The interval's measured host wait per forward beyond the usual (fusion._fuse_host_wait) is at least
+    ``host_gap_share`` of the step's latency excess - the interval rule's test, per forward."""
+    per, lat, base = (num(row.get(c)) for c in ("fused_interval_host_wait_per_pass_s", "latency_s", "baseline_s"))
+    return _pos(per) and lat is not None and base is not None and lat > base \
+        and per >= cfg.host_gap_share * (lat - base)
 
 
 def attribute_between_steps(row: pd.Series, cfg: AttributionConfig = AttributionConfig()) -> Attribution | None:

@@ -69,17 +69,20 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     scrape_times = np.arange(t0 - 0.5, steps[-1].t_end + cfg.scrape_interval_s, cfg.scrape_interval_s)
     # the scraper's own jitter; rounded to the file name's millisecond so name and content agree
     scrape_times = np.round(scrape_times + rng.uniform(0.0, 0.01, len(scrape_times)), 3)
+    # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 on half the SGLang captures; a stream of its own, so the
+    # captures drawn before it existed stay the same
+    timer = cfg.dialect == "sglang" and bool(np.random.default_rng([_key(cfg), 0x71E]).random() < 0.5)
     if cfg.dialect == "vllm":
         op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table)
     else:
-        op, det, ltruth = _sglang(cfg, params, steps, scrape_times, out)
+        op, det, ltruth = _sglang(cfg, params, steps, scrape_times, out, timer)
     sf = steps_frame(steps)
     sf.to_csv(out / "truth" / "steps.csv", index=False)
     units(sf, scrape_times).to_csv(out / "truth" / "intervals.csv", index=False)
     pd.DataFrame(ltruth).to_csv(out / "truth" / "log_lines.csv", index=False)
     pd.DataFrame([asdict(e) for e in sched], columns=["cause", "start", "end", "magnitude"]).to_csv(
         out / "truth" / "schedule.csv", index=False)
-    (out / "truth" / "params.json").write_text(json.dumps({**asdict(params), **asdict(cfg), "t0_unix": t0}, indent=1))
+    (out / "truth" / "params.json").write_text(json.dumps({**asdict(params), **asdict(cfg), "t0_unix": t0, "device_timer": timer}, indent=1))
     return Capture(out, out / "scrapes", op, det, sf, sched)
 
 
@@ -158,8 +161,8 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_
         dict(x, log="details") for x in lt_det]
 
 
-def _sglang(cfg, params, steps, scrape_times, out):
-    reg = sglang_text.registry()
+def _sglang(cfg, params, steps, scrape_times, out, device_timer=False):
+    reg = sglang_text.registry(device_timer)
     created = steps[0].t_start - 30.0
     op = [sglang_text.server_args_line(created, params, cfg.decode_log_interval)]
     det = [sglang_text.server_args_line(created, params, 1)]

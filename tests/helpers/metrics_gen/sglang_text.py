@@ -7,7 +7,10 @@ log_decode_stats, ``observability/collector.py``): the 2026 line shapes (``batch
 Decode lines every ``--decode-log-interval`` decode forwards (default 40), scheduler gauges updated
 only when a line is logged, ``cuda_graph_passes_total{mode}``, ``num_retracted_requests_total``,
 ``kv_transfer_latency_ms`` (histogram), ``eplb_balancedness`` (summary), the retraction line and
-the ``[Expert Balancedness]`` line. Mixed chunk is on (``--enable-mixed-chunk``): a prompt chunk
+the ``[Expert Balancedness]`` line. With the device timer on (``SGLANG_ENABLE_METRICS_DEVICE_TIMER=1``,
+drawn per capture): ``gpu_execution_seconds_total{category}`` (forward time by forward mode) and
+``gpu_overlap_wait_seconds_total{category}`` (SGLang PR #19982 ``GapTimer``: the forward stream's idle time
+before a forward, while it waited on the host), charged to the forward that follows the wait. Mixed chunk is on (``--enable-mixed-chunk``): a prompt chunk
 runs with the decodes (extend path, no decode graph).
 """
 from __future__ import annotations
@@ -26,7 +29,10 @@ SCHED_LABELS = {"model_name": "gen-model", "engine_type": "decode", "tp_rank": "
                 "moe_ep_rank": "0"}
 
 
-def registry() -> Registry:
+DEVICE_TIMER = ("sglang:gpu_execution_seconds_total", "sglang:gpu_overlap_wait_seconds_total")
+
+
+def registry(device_timer: bool = False) -> Registry:
     r = Registry()
     r.add("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.")
     r.add("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.")
@@ -42,10 +48,14 @@ def registry() -> Registry:
     r.add("sglang:realtime_tokens_total", "counter", "Number of tokens processed, by mode.")
     r.add("sglang:kv_transfer_latency_ms", "histogram", "The transfer latency of the KV cache in ms.", XFER_MS_BUCKETS)
     r.add("sglang:eplb_balancedness", "summary", "Balancedness of MoE in expert parallelism.")
+    if device_timer:
+        r.add(DEVICE_TIMER[0], "counter", "GPU execution time of forward passes, by forward mode.")
+        r.add(DEVICE_TIMER[1], "counter", "GPU idle time between forward passes waiting on the CPU, by forward mode.")
     for name, f in r.families.items():   # children exist from start-up
         if name.startswith(("sglang:prompt", "sglang:generation", "sglang:inter", "sglang:time_to", "sglang:e2e")):
             f.touch(**REQ_LABELS)
-        elif name not in ("sglang:cuda_graph_passes_total", "sglang:realtime_tokens_total", "sglang:eplb_balancedness"):
+        elif name not in ("sglang:cuda_graph_passes_total", "sglang:realtime_tokens_total", "sglang:eplb_balancedness",
+                          *DEVICE_TIMER):
             f.touch(**SCHED_LABELS)
     for mode in ("decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none"):
         r["sglang:cuda_graph_passes_total"].inc(0.0, **SCHED_LABELS, mode=mode)
@@ -76,6 +86,10 @@ def apply_step(r: Registry, st) -> None:
     for sec, _ in st.kv_xfer:
         r["sglang:kv_transfer_latency_ms"].observe(1000 * sec, **SCHED_LABELS)
     r["sglang:eplb_balancedness"].observe(st.ep_balancedness, **SCHED_LABELS, forward_mode="decode")
+    if DEVICE_TIMER[0] in r.families:
+        category = "forward_extend" if st.ctx_tokens else "forward_decode"
+        r[DEVICE_TIMER[0]].inc(st.t_end - st.t_start, **SCHED_LABELS, category=category)
+        r[DEVICE_TIMER[1]].inc(st.gap_s, **SCHED_LABELS, category=category)
 
 
 def set_gauges(r: Registry, st, gen_tps: float) -> None:
