@@ -188,6 +188,10 @@ class RegimeConfig:
 
     #: rows a stratum needs before it gets a reference of its own (fewer: the capture-wide one)
     min_stratum_rows: int = 30
+    #: a stratum's reference is at most the next smaller stratum's x (their median batch ratio) x this:
+    #: a healthy decode step grows at most linearly with its batch (regimes.reference); the margin allows
+    #: the longer contexts a larger batch may carry
+    stratum_growth_margin: float = 1.5
     #: centred rolling-median width: isolated spikes cannot lift it; a regime covering >= half does
     smooth_rows: int = 9
     #: an episode lasts at least this many rows; shorter elevated stretches are spikes
@@ -206,6 +210,8 @@ class RegimeConfig:
     def __post_init__(self):
         if self.smooth_rows < 1 or self.min_rows < 1 or self.merge_gap_rows < 0 or self.min_stratum_rows < 5:
             raise ValueError("RegimeConfig: row counts must be positive (min_stratum_rows >= 5)")
+        if not self.stratum_growth_margin >= 1:
+            raise ValueError("RegimeConfig: stratum_growth_margin must be >= 1")
         if not self.ratio > 1 or self.sigma_k < 0:
             raise ValueError("RegimeConfig: ratio must be > 1 and sigma_k >= 0")
 

@@ -63,6 +63,24 @@ def test_strata_get_their_own_reference():
     assert centre[0] == pytest.approx(0.010, rel=0.02) and centre[-1] == pytest.approx(0.030, rel=0.02)
 
 
+@pytest.mark.parametrize("big_batch_s, capped", [
+    (0.030, False),   # 15 -> 33 running, 10 -> 30 ms: within what the batch explains (x2.2 x 1.5 margin)
+    (0.150, True),    # 15 -> 33 running, 10 -> 150 ms: a fault as long as the stratum (a long-prompt stream)
+])
+def test_a_stratum_reference_grows_at_most_with_its_batch(big_batch_s, capped):
+    """A healthy decode step reads the weights once per batch and each row's KV: its time grows at most
+    linearly with the batch. A larger-batch stratum whose every row is slower than that is no reference."""
+    lat = np.r_[np.full(100, 0.010), np.full(100, big_batch_s)] + np.tile([0, 1e-4], 100)
+    batch = np.r_[np.full(100, 15.0), np.full(100, 33.0)]
+    strata = np.floor(np.log2(batch)).astype(int)
+    centre, _ = reference(lat, strata, cfg=RegimeConfig(min_stratum_rows=30), batch=batch)
+    assert centre[0] == pytest.approx(0.010, rel=0.02)
+    bound = 0.010 * 33 / 15 * RegimeConfig().stratum_growth_margin
+    assert centre[-1] == pytest.approx(bound if capped else big_batch_s, rel=0.02)
+    no_batch, _ = reference(lat, strata, cfg=RegimeConfig(min_stratum_rows=30))   # without the batch: its own
+    assert no_batch[-1] == pytest.approx(big_batch_s, rel=0.02)
+
+
 def test_episode_excess_is_weighted_token_time():
     lat = np.r_[np.full(50, 0.01), np.full(20, 0.03), np.full(50, 0.01)]
     ep = find_episodes("e", np.arange(120.0), lat, np.full(120, 0.01), np.full(120, 1e-4), weight=np.full(120, 4.0))

@@ -113,7 +113,7 @@ def _unsustained(ref: pd.Series, p50: pd.Series, running: pd.Series, spikes: Spi
         part = slice(b[g], b[g + 1])
         if r[part].sum() < spikes.min_periods:
             continue
-        held = sustained_rows(v[part], _log2_bins(run[part]), r[part], regimes)
+        held = sustained_rows(v[part], _log2_bins(run[part]), r[part], regimes, run[part])
         if held.any() and (r[part] & ~held).sum() >= spikes.min_periods:
             out[part] = r[part] & ~held
     return pd.Series(out, index=ref.index)

@@ -12,7 +12,13 @@ Here the reference is read from the *whole* capture, and only from its low side:
   quantiles at 0.05 and 0.25), which hold no faulty row until faults cover three quarters of the rows,
   then refined by the median and MAD of the rows within centre + 3 sigma (the healthy ones);
 * rows are compared with rows of comparable work: strata (e.g. decode batch-size bins), each with
-  its own reference where it holds enough rows, the capture-wide one otherwise.
+  its own reference where it holds enough rows, the capture-wide one otherwise - on interval rows never
+  above the next smaller stratum's reference scaled by their batch ratio (x a margin): a healthy decode
+  step reads the weights once for the whole batch and each row's KV, so its time grows at most linearly
+  with the batch. A sustained fault that also grows the batch (a stream of long prompts queues requests:
+  15 -> 33 running on a tier (e2) capture, ITL 22 -> 150 ms) would otherwise be its own stratum's
+  reference. Not on step rows: a client's smallest "steps" are single-stream reads split into sub-steps
+  (0.2 ms on the real-vLLM testbed), no bound on anything.
 
 An episode is a run of rows whose *centred rolling median* (``smooth_rows`` wide) is elevated: an
 isolated spike cannot lift a median of 9 rows, a fault covering most of them does. Runs closer than
@@ -78,9 +84,11 @@ def low_side_reference(values: np.ndarray, rounds: int = 3) -> tuple[float, floa
 
 
 def reference(latency: np.ndarray, strata: np.ndarray | None = None, use: np.ndarray | None = None,
-              cfg: RegimeConfig = RegimeConfig()) -> tuple[np.ndarray, np.ndarray]:
+              cfg: RegimeConfig = RegimeConfig(), batch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per-row healthy reference (centre, sigma): from the rows ``use`` marks (default all finite), in
-    the row's stratum when that holds ``min_stratum_rows`` such rows, capture-wide otherwise."""
+    the row's stratum when that holds ``min_stratum_rows`` such rows, capture-wide otherwise. ``batch``
+    (the rows' decode batch, the strata's measure): a stratum's own reference is capped at the next
+    smaller one's scaled by their median batches (module doc)."""
     lat = np.asarray(latency, dtype=float)
     use = np.isfinite(lat) if use is None else (np.asarray(use, dtype=bool) & np.isfinite(lat))
     c0, s0 = low_side_reference(lat[use])
@@ -93,13 +101,27 @@ def reference(latency: np.ndarray, strata: np.ndarray | None = None, use: np.nda
         else:
             codes, uniq = pd.factorize(pd.Series(strata), sort=True)
         n_use = int(use.sum())
-        for k in range(len(uniq)):
+        b = None if batch is None else np.asarray(batch, dtype=float)
+        below = None  # (centre, sigma, median batch) of the last stratum with a reference of its own ...
+        if b is not None:  # ... first the capture-wide one, at the batch of the rows its low side holds
+            low = use & (lat <= c0 + 3.0 * s0) & np.isfinite(b)
+            if low.any():
+                below = (c0, s0, float(np.median(b[low])))
+        for k in range(len(uniq)):  # ascending: integer bins sort by batch
             mine = codes == k
             pick = mine & use
             n_pick = int(pick.sum())
             if n_pick >= cfg.min_stratum_rows:
                 # a stratum holding every used row (one decode batch size) has the capture-wide sample itself
-                centre[mine], sigma[mine] = (c0, s0) if n_pick == n_use else low_side_reference(lat[pick])
+                c, sg = (c0, s0) if n_pick == n_use else low_side_reference(lat[pick])
+                size = float(np.nanmedian(b[pick])) if b is not None and np.isfinite(b[pick]).any() else np.nan
+                if below is not None and np.isfinite(size) and np.isfinite(below[2]) and below[2] > 0:
+                    cap = below[0] * max(1.0, size / below[2]) * cfg.stratum_growth_margin
+                    if c > cap:  # more than the batch explains: a fault as long as the stratum
+                        sg, c = below[1] * cap / below[0] if below[0] > 0 else sg, cap
+                centre[mine], sigma[mine] = c, sg
+                if np.isfinite(size):
+                    below = (c, sg, size)
     return centre, sigma
 
 
@@ -159,11 +181,11 @@ def episode_runs(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray,
 
 
 def sustained_rows(latency: np.ndarray, strata: np.ndarray | None, use: np.ndarray,
-                   cfg: RegimeConfig = RegimeConfig()) -> np.ndarray:
+                   cfg: RegimeConfig = RegimeConfig(), batch: np.ndarray | None = None) -> np.ndarray:
     """Rows inside an episode against the low-side reference of the ``use`` rows (per stratum): the rows a
     rolling baseline must not learn from, or a fault lasting longer than half its window becomes its own norm."""
     lat = np.asarray(latency, dtype=float)
-    centre, sigma = reference(lat, strata, use, cfg)
+    centre, sigma = reference(lat, strata, use, cfg, batch)
     out = np.zeros(len(lat), dtype=bool)
     for a, b in episode_runs(lat, centre, sigma, cfg):
         out[a:b + 1] = True
@@ -216,6 +238,7 @@ class LatencyView:
     weight: np.ndarray
     use: np.ndarray
     strata: np.ndarray
+    batch: np.ndarray | None = None  # interval rows: the running batch the strata bin (reference()'s cap)
 
 
 def _log2_bins(v: np.ndarray) -> np.ndarray:
@@ -247,6 +270,9 @@ def latency_view(rows: pd.DataFrame | RowArrays) -> LatencyView | None:
             use = sub.flag("reference_row")
         if use.sum() < 3:
             use = np.ones(len(sub), bool)
+        # no batch for the cap (reference()): a step view's smallest batches may be no steps at all (a client's
+        # single-stream reads split into sub-steps: 0.2 ms "steps" on the real-vLLM testbed), so a stratum
+        # below is no bound on one above
         return LatencyView("step", pos, sub.num("t_end_s"), lat_steps[pos], weight, use, _log2_bins(dec))
     count = rows.num("itl_count")
     mean = rows.num("itl_mean_s")
@@ -254,8 +280,9 @@ def latency_view(rows: pd.DataFrame | RowArrays) -> LatencyView | None:
     if ivl.sum() >= 3:
         pos = np.flatnonzero(ivl)
         sub = rows.take(pos)
+        run = sub.num("running_reqs")
         return LatencyView("interval", pos, sub.num("t_end_s"), mean[pos], count[pos], np.ones(len(pos), bool),
-                           _log2_bins(sub.num("running_reqs")))
+                           _log2_bins(run), run)
     return None
 
 

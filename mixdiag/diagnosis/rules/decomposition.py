@@ -291,7 +291,7 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
         if view is None:
             continue
         sub = rows.take(view.positions)
-        centre, sigma = reference(view.latency_s, view.strata, view.use, cfg)
+        centre, sigma = reference(view.latency_s, view.strata, view.use, cfg, view.batch)
         # after the last instance nothing reads the converted columns: they are freed before the split's
         # arrays exist (~200 MB a million rows); an instance after this one would convert them again
         parts = split(view.latency_s, centre, view.weight,
