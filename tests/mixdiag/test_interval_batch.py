@@ -135,3 +135,17 @@ def test_graph_mode_column_only_on_later_instances_runs_per_instance():
     assert interval_batch.interval_views(tl, DiagnosisConfig(), tl.instances) is None
     d = diagnose(tl)
     assert d.steps.columns[-1] == "graph_off_decode_steps" and len(d.instances) == 14
+
+
+def test_groupwise_quantile_is_each_groups_own():
+    """gw.quantile broadcasts each group's quantile of its non-missing values (a group with none: NaN),
+    as a per-group ``Series.quantile`` would."""
+    rng = np.random.default_rng(0)
+    g = np.repeat(np.arange(30), 12)
+    s = pd.Series(rng.normal(size=len(g)))
+    s[rng.random(len(g)) < 0.2] = np.nan
+    s[g == 7] = np.nan
+    got = gw.quantile(s, 0.25, g).to_numpy()
+    want = np.array([s[g == k].quantile(0.25) for k in g])
+    assert np.allclose(got, want, equal_nan=True) and np.isnan(got[g == 7]).all()
+    assert gw.quantile(s, 0.25, None).iloc[0] == s.quantile(0.25)
