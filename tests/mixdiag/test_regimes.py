@@ -203,3 +203,20 @@ def test_a_sustained_fallback_at_a_batch_size_no_healthy_step_ran_is_a_fallback_
     ep = d.regimes.episodes
     assert len(ep) == 1 and ep.iloc[0]["cause"] == "graph_fallback", ep
     assert abs(ep.iloc[0]["step_start"] - 200) <= 3 and abs(ep.iloc[0]["step_end"] - 349) <= 3
+
+
+def test_interval_reference_skips_intervals_with_a_measured_fault():
+    """Intervals where a counter measured a fault (here a KV transfer) are no healthy reference for the
+    regime stage either: with transfers in 80 % of the intervals, the low side of all intervals would be
+    the transfer level and the transfer stretch no episode."""
+    rows = []
+    for i in range(100):
+        xfer = 10 <= i < 90
+        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval",
+                         kind="unknown", running_reqs=16.0, itl_count=400.0, itl_mean_s=0.05 if xfer else 0.02,
+                         itl_p50_s=0.05 if xfer else 0.02, itl_p99_s=0.06 if xfer else 0.025,
+                         kv_transfer_bytes=4e6 if xfer else 0.0, kv_transfer_s=0.03 if xfer else 0.0))
+    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    assert d.regimes.reference["srv"]["reference_s"] == pytest.approx(0.02, rel=0.05)
+    eps = d.regimes.episodes
+    assert len(eps) == 1 and eps.iloc[0]["rows"] >= 70 and eps.iloc[0]["cause"] == "pd_transfer"

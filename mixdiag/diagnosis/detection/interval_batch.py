@@ -88,6 +88,10 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         # counter, its decode_none mode; log_windows.graph_off_decode_column): eager decode, measured, a
         # fault the baseline must not absorb either
         faulty = faulty | (pd.to_numeric(sig["graph_off_decode_steps"], errors="coerce") > 0).fillna(False)
+    # the regime stage reads its healthy reference from the intervals no counter or gauge measured a fault in
+    # (regimes.latency_view), as the spike baseline does: a capture whose faults (PD, EP, a host stall) cover
+    # three quarters of its intervals has no healthy low side otherwise
+    sig["reference_row"] = ~faulty.fillna(False).astype(bool).to_numpy()
     felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups, regimes=cfg.regimes)
     lat, base = felt.latency_s, felt.baseline_s
     has_itl = felt.has_itl | felt.starved  # a starved interval's wait is measured on resuming

@@ -281,8 +281,10 @@ def latency_view(rows: pd.DataFrame | RowArrays) -> LatencyView | None:
         pos = np.flatnonzero(ivl)
         sub = rows.take(pos)
         run = sub.num("running_reqs")
-        return LatencyView("interval", pos, sub.num("t_end_s"), mean[pos], count[pos], np.ones(len(pos), bool),
-                           _log2_bins(run), run)
+        use = np.ones(len(pos), bool)
+        if sub.has("reference_row") and sub.flag("reference_row").sum() >= 3:
+            use = sub.flag("reference_row")  # no measured fault (interval_batch.interval_signals)
+        return LatencyView("interval", pos, sub.num("t_end_s"), mean[pos], count[pos], use, _log2_bins(run), run)
     return None
 
 
