@@ -24,8 +24,9 @@ Which inputs are one server (:func:`plan`), in this order:
    ``--instance`` (or different model names / labels) separates the rare opposite case.
 
 How one server's inputs become rows (:func:`join_server`): step rows of all its inputs are merged
-into one step view, named NAME, aligned by time: the input with the finest clock is the spine (a
-client's per-token clock before a log's whole-second stamps) and the others fill the spine rows'
+into one step view, named NAME, aligned by time: the spine is an input whose clock resolves its steps (a
+client's per-token clock before a log's whole-second stamps), the engine's own step records (a trace, per-step
+log lines on a fine clock) before steps rebuilt from a client's reads, and the others fill the spine rows'
 empty columns from the step that ended nearest in time, only where their clock resolution allows
 it (within half the spine's median step); interval rows (scrapes, a log's stats lines) likewise
 into one interval view, named NAME@intervals (the diagnosis fuses NAME and NAME@... as views of
@@ -271,14 +272,32 @@ def _fill_window(spine: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
 
 
 def _spine_first(parts: list[tuple[Input, pd.DataFrame]], tokens_first: bool) -> list[tuple[Input, pd.DataFrame]]:
-    """Step parts finest clock first (ties: the one with token events); interval parts with an ITL
+    """Step parts in spine order (:func:`_step_spine_key`); interval parts with an ITL
     histogram first, then the shortest intervals. A client's clock is that of its reads: the ends of its
     rebuilt steps are finer only where one read was split evenly into the steps it held
     (collectors/clients/client_steps.py), which is no finer measurement."""
     if tokens_first:
-        return sorted(parts, key=lambda p: (_clock_step(p), -len(p[0].timeline.tokens)))
+        return sorted(parts, key=_step_spine_key)
     return sorted(parts, key=lambda p: (p[1]["itl_count"].isna().all(),
                                         float((p[1]["t_end_s"] - p[1]["t_start_s"]).median())))
+
+
+#: a part's clock resolves its steps when at least this share of its rows end at a time of their own (a
+#: whole-second log stamps tens of steps alike)
+RESOLVES_STEPS = 0.9
+
+
+def _step_spine_key(part: tuple[Input, pd.DataFrame]) -> tuple:
+    """Sort key of a step part for the spine: clocks that resolve their steps first; among those, the
+    engine's own step records (log iteration lines on a fine clock, a trace) before steps rebuilt from a
+    client's reads - the engine's list of steps is the record, the client's a reconstruction; then the
+    finer clock, then the part with token events. Comparing fine clocks alone (a client's microseconds
+    against an engine's stamped microseconds) picked the spine by noise: two runs of one traffic flipped."""
+    inp, rows = part
+    ends = rows["t_end_s"].dropna()
+    resolves = len(ends) > 0 and ends.nunique() >= RESOLVES_STEPS * len(ends)
+    client = "step_source" in rows and len(rows) > 0 and bool((rows["step_source"] == "client").all())
+    return (not resolves, client and resolves, _clock_step(part), -len(inp.timeline.tokens))
 
 
 def _clock_step(part: tuple[Input, pd.DataFrame]) -> float:

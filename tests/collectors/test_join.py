@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -256,3 +257,26 @@ def test_a_window_log_and_scrapes_count_the_scrapes(tmp_path):
     assert list(d.regimes.episodes["cause"]) == list(alone.regimes.episodes["cause"])
     assert d.budget.to_json()["total"]["excess_s"] == pytest.approx(alone.budget.to_json()["total"]["excess_s"])
     assert d.headline.itl_p50_s > 0
+
+
+def _part(source: str, ends, tokens: int = 0):
+    from types import SimpleNamespace
+
+    from mixdiag.collectors.join import Input
+    rows = pd.DataFrame({"t_start_s": np.r_[ends[0] - 0.01, ends[:-1]], "t_end_s": ends, "step_source": source})
+    tok = pd.DataFrame({"t_s": ends[:tokens]}) if tokens else pd.DataFrame({"t_s": []})
+    return Input(source, source, source, SimpleNamespace(tokens=tok)), rows  # the key reads tokens alone
+
+
+@pytest.mark.parametrize("engine_clock, first", [
+    (2e-6, "trace"),     # both resolve 10 ms steps: the engine's own records, whichever clock is finer
+    (5e-7, "trace"),
+    (1.0, "client"),     # whole-second stamps resolve nothing: the client's reads
+])
+def test_the_step_spine_is_the_engines_records_where_their_clock_resolves_steps(engine_clock, first):
+    from mixdiag.collectors.join import _spine_first
+    base = 1.79e9 + np.arange(200) * 0.01
+    client = _part("client", base + 1e-6 * np.arange(200) % 7e-6, tokens=200)
+    engine = _part("trace", np.round(base / engine_clock) * engine_clock)
+    for parts in ([client, engine], [engine, client]):
+        assert _spine_first(parts, True)[0][0].given == first
