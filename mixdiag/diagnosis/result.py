@@ -381,6 +381,7 @@ def counted_once(steps: pd.DataFrame, frames: list, meta: dict) -> pd.DataFrame:
     drop = np.zeros(len(steps), dtype=bool)
     t0, t1 = steps["t_start_s"].to_numpy(dtype="float64"), steps["t_end_s"].to_numpy(dtype="float64")
     mid = 0.5 * (t0 + t1)  # a row straddling the span's edge goes with the side holding most of it
+    lat = pd.to_numeric(steps["latency_s"], errors="coerce").to_numpy(dtype="float64")
     for inst in np.unique(names[iv]):
         eng = key(inst)
         if eng not in span:
@@ -389,6 +390,8 @@ def counted_once(steps: pd.DataFrame, frames: list, meta: dict) -> pd.DataFrame:
         mine = iv & (names == inst)
         if row_s[eng] >= 0.5 * float(np.nanmedian(t1[mine] - t0[mine])):  # the step view is no finer
             drop |= ~iv & (engines == eng) & (mid >= lo) & (mid <= hi)
+            # ... and its rows that measured no latency (a log line's stamp alone) count nowhere
+            drop |= ~iv & (engines == eng) & ~(lat > 0)
         else:
             drop |= mine & (mid >= lo) & (mid <= hi)
     return steps[~drop] if drop.any() else steps
@@ -401,7 +404,8 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
     steps = _frames_or_empty(timeline, part.frames)
     sp = spike_frame(part.spikes)
     by_cause = count_by_cause(sp["cause"])
-    itl = itl_summary(timeline, steps, part)
+    once = counted_once(steps, part.frames, timeline.meta)  # one server's views: its latency counted once
+    itl = itl_summary(timeline, once, part)  # from the finer view (a log's 40-forward windows hide the tail)
     n_step = int(equal(steps["granularity"], "step").sum()) if len(steps) else 0
     unit = f"{n_step} steps" if n_step else f"{len(steps)} intervals"
     verdict = _verdict(by_cause, len(sp), int(len(steps)), itl, unit)
@@ -414,7 +418,6 @@ def finish(timeline: Timeline, cfg: DiagnosisConfig, part: Part, budget=None) ->
                    f"{cap}. {verdict}")
     elif not_llm:
         verdict += f" {', '.join(not_llm)} do(es) not look like LLM serving (confidence <= {cap})."
-    once = counted_once(steps, part.frames, timeline.meta)  # one server's views: its latency counted once
     regimes = regimes_of(once, cfg.regimes)
     said = regime_sentence(regimes)
     if said:  # saturation leads: it is the level every spike stands on

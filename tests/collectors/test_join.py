@@ -247,8 +247,9 @@ def test_model_hints_of_a_config_line(tmp_path, line, want):
 def test_a_window_log_and_scrapes_count_the_scrapes(tmp_path):
     """SGLang's operator log prints a Decode line every 40 forwards: its rows are windows as long as a
     scrape interval, and its Prefill lines are stamps without a latency. Joined with the scrapes of the
-    same server, the scrapes' ITL histogram is the finer count: budget, regimes and episodes are the
-    scrapes' own, and no zero-length row reads as an ITL of 0 (independent generator, tests/helpers)."""
+    same server, the scrapes' ITL histogram is the finer count: budget, regimes, episodes and the headline
+    ITL are the scrapes' own, and no zero-length row reads as an ITL of 0 (independent generator,
+    tests/helpers)."""
     from helpers.metrics_gen import GenConfig, generate  # tests/ is on the path (conftest.py)
     cap = generate(GenConfig("sglang", 1, 600), tmp_path / "cap")
     alone = diagnose(load(str(cap.scrapes)))
@@ -257,6 +258,10 @@ def test_a_window_log_and_scrapes_count_the_scrapes(tmp_path):
     assert list(d.regimes.episodes["cause"]) == list(alone.regimes.episodes["cause"])
     assert d.budget.to_json()["total"]["excess_s"] == pytest.approx(alone.budget.to_json()["total"]["excess_s"])
     assert d.headline.itl_p50_s > 0
+    # the headline ITL is the scrapes' too (the windows' means would hide the tail), and no budget section
+    # is made of the log's stamp rows
+    assert (d.headline.itl_source, d.headline.itl_p99_s) == (alone.headline.itl_source, alone.headline.itl_p99_s)
+    assert list(d.budget.to_json()["instances"]) == [f"{d.headline.instances[0]}@intervals"]
 
 
 def _part(source: str, ends, tokens: int = 0):
