@@ -377,7 +377,8 @@ def counted_once(steps: pd.DataFrame, frames: list, meta: dict) -> pd.DataFrame:
     if not span or not iv.any():
         return steps
     names = steps["instance"].astype(str).to_numpy()
-    engines = np.array([key(n) for n in names]) if len(names) else names
+    uniq, inv = np.unique(names, return_inverse=True)  # one key() per instance, not per row (200 k rows)
+    engines = np.array([key(u) for u in uniq], dtype=object)[inv] if len(names) else names
     drop = np.zeros(len(steps), dtype=bool)
     t0, t1 = steps["t_start_s"].to_numpy(dtype="float64"), steps["t_end_s"].to_numpy(dtype="float64")
     mid = 0.5 * (t0 + t1)  # a row straddling the span's edge goes with the side holding most of it
