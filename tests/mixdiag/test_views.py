@@ -282,3 +282,17 @@ def test_host_wait_reaches_the_log_steps_it_was_measured_under():
     _fuse_host_wait(f, f["granularity"] == "step", iv, 3.0)
     got = f["fused_interval_host_wait_per_pass_s"].tolist()
     assert got[0] == pytest.approx(0.015) and got[1] == 0.0 and np.isnan(got[2])
+
+
+def test_a_whole_second_stamp_lands_in_one_scrape_interval():
+    """A line stamped 15 s (printed within [15, 16)) between 1 s scrapes ending at 15.4 and 16.4 s is evidence
+    of the interval holding most of its second - the later one - not of both (fusion._time_or_count_window)."""
+    from types import SimpleNamespace
+
+    from mixdiag.diagnosis.evidence.fusion import _time_or_count_window
+    st = pd.DataFrame({"t_end_s": [15.0, 17.0], "stamp_resolution_s": [1.0, 1.0]})
+    before, after = SimpleNamespace(t_start_s=14.4, t_end_s=15.4), SimpleNamespace(t_start_s=15.4, t_end_s=16.4)
+    assert len(_time_or_count_window(st, None, before)) == 0
+    assert _time_or_count_window(st, None, after)["t_end_s"].tolist() == [15.0]
+    fine = st.assign(stamp_resolution_s=0.0, t_end_s=[15.2, 17.0])  # a fine clock is placed as stamped
+    assert _time_or_count_window(fine, None, before)["t_end_s"].tolist() == [15.2]

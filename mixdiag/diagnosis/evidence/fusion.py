@@ -174,11 +174,17 @@ STEP_EVIDENCE = ("fused_interval", "fused_interval_expert_imbalance", "fused_int
 
 def _time_or_count_window(st: pd.DataFrame, ab, r) -> pd.DataFrame:
     """The step rows an interval row covers: by the step counters (plus the step before: the
-    interval's first ITL spans it), else by time with 1 s of slack (whole-second log stamps)."""
+    interval's first ITL spans it), else by time. A stamp truncated to a grid (whole-second log
+    stamps) says the line was printed within [stamp, stamp + grid): it is placed at that span's
+    middle, so a line lands in the one interval that holds most of its second - with 1 s of slack
+    instead, a mixed Prefill line stamped in the second two 1 s scrapes share was the evidence of
+    both (tier (e2): graph-fallback intervals named mixing by the line of the interval before)."""
     if ab is not None:
         return st.iloc[max(ab[0] - 1, 0):ab[1]]
     t = st["t_end_s"]
-    return st[(t >= r.t_start_s - 1.0) & (t <= r.t_end_s)]
+    if "stamp_resolution_s" in st.columns:
+        t = t + 0.5 * pd.to_numeric(st["stamp_resolution_s"], errors="coerce").fillna(0.0)
+    return st[(t > r.t_start_s) & (t <= r.t_end_s)]
 
 
 def fuse_evidence(frames: list[pd.DataFrame], cfg: DiagnosisConfig, listed: dict[str, str] | None = None) -> bool:
