@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mixdiag.collectors.join_spine import resolution, spine_first
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -214,14 +215,6 @@ def _name_of(srv: Server) -> str | None:
     return srv.members[0].timeline.instances[0]
 
 
-def resolution(t: pd.Series) -> float:
-    """The clock step of a time column: the smallest positive difference between its distinct values."""
-    u = np.unique(t.dropna().to_numpy(dtype=float))
-    d = np.diff(u)
-    d = d[d > 0]
-    return float(d.min()) if len(d) else np.inf
-
-
 def _empty_cells(df: pd.DataFrame, col: str) -> pd.Series:
     s = df[col]
     if s.dtype == object or pd.api.types.is_string_dtype(s):
@@ -271,48 +264,9 @@ def _fill_window(spine: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _spine_first(parts: list[tuple[Input, pd.DataFrame]], tokens_first: bool) -> list[tuple[Input, pd.DataFrame]]:
-    """Step parts in spine order (:func:`_step_spine_key`); interval parts with an ITL
-    histogram first, then the shortest intervals. A client's clock is that of its reads: the ends of its
-    rebuilt steps are finer only where one read was split evenly into the steps it held
-    (collectors/clients/client_steps.py), which is no finer measurement."""
-    if tokens_first:
-        return sorted(parts, key=_step_spine_key)
-    return sorted(parts, key=lambda p: (p[1]["itl_count"].isna().all(),
-                                        float((p[1]["t_end_s"] - p[1]["t_start_s"]).median())))
-
-
-#: a part's clock resolves its steps when at least this share of its rows end at a time of their own (a
-#: whole-second log stamps tens of steps alike)
-RESOLVES_STEPS = 0.9
-
-
-def _step_spine_key(part: tuple[Input, pd.DataFrame]) -> tuple:
-    """Sort key of a step part for the spine: clocks that resolve their steps first; among those, the
-    engine's own step records (log iteration lines on a fine clock, a trace) before steps rebuilt from a
-    client's reads - the engine's list of steps is the record, the client's a reconstruction; then the
-    finer clock, then the part with token events. Comparing fine clocks alone (a client's microseconds
-    against an engine's stamped microseconds) picked the spine by noise: two runs of one traffic flipped."""
-    inp, rows = part
-    ends = rows["t_end_s"].dropna()
-    resolves = len(ends) > 0 and ends.nunique() >= RESOLVES_STEPS * len(ends)
-    client = "step_source" in rows and len(rows) > 0 and bool((rows["step_source"] == "client").all())
-    return (not resolves, client and resolves, _clock_step(part), -len(inp.timeline.tokens))
-
-
-def _clock_step(part: tuple[Input, pd.DataFrame]) -> float:
-    """The clock step of a step part's ends; for steps rebuilt from client reads, of the reads alone
-    (the ends that are token arrivals), not of the even split of a read into its steps."""
-    inp, rows = part
-    ends = rows["t_end_s"]
-    if len(inp.timeline.tokens) and bool((rows["step_source"] == "client").all()):
-        ends = ends[ends.isin(inp.timeline.tokens["t_s"])]
-    return resolution(ends)
-
-
 def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: list[str]) -> pd.DataFrame:
     """One view's rows from several inputs' rows (module doc)."""
-    parts = _spine_first(parts, steps)
+    parts = spine_first(parts, steps)
     spine_inp, spine = parts[0]
     length = float((spine["t_end_s"] - spine["t_start_s"]).median()) if len(spine) else np.nan
     gaps = spine["t_end_s"].sort_values().diff().median() if len(spine) > 1 else np.nan
@@ -357,7 +311,7 @@ def join_server(srv: Server) -> Timeline:
     for gran, bucket in parts.items():
         if bucket:
             frames.append(_merge_view(bucket, gran == "step", notes).assign(instance=view_name[gran]))
-            spine[gran] = _spine_first(bucket, gran == "step")[0][0]
+            spine[gran] = spine_first(bucket, gran == "step")[0][0]
             members_of[view_name[gran]] = [inp for inp, _ in bucket]
     tokens, series, sources = [], [], []
     for inp in srv.members:

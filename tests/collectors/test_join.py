@@ -279,9 +279,9 @@ def _part(source: str, ends, tokens: int = 0):
     (1.0, "client"),     # whole-second stamps resolve nothing: the client's reads
 ])
 def test_the_step_spine_is_the_engines_records_where_their_clock_resolves_steps(engine_clock, first):
-    from mixdiag.collectors.join import _spine_first
+    from mixdiag.collectors.join_spine import spine_first
     base = 1.79e9 + np.arange(200) * 0.01
     client = _part("client", base + 1e-6 * np.arange(200) % 7e-6, tokens=200)
     engine = _part("trace", np.round(base / engine_clock) * engine_clock)
     for parts in ([client, engine], [engine, client]):
-        assert _spine_first(parts, True)[0][0].given == first
+        assert spine_first(parts, True)[0][0].given == first

@@ -273,13 +273,13 @@ def test_fusion_writes_evidence_columns_not_causes():
 def test_host_wait_reaches_the_log_steps_it_was_measured_under():
     """A log window row gets the interval's wait per forward beyond the usual only where the wait stood out
     in every interval its span overlaps; one that straddles a clean interval gets 0, one past the last
-    scrape nothing (fusion._fuse_host_wait)."""
-    from mixdiag.diagnosis.evidence.fusion import _fuse_host_wait
+    scrape nothing (evidence/host_wait_fusion.py)."""
+    from mixdiag.diagnosis.evidence.host_wait_fusion import fuse_host_wait
     iv = pd.DataFrame({"t_start_s": [0.0, 1.0, 2.0], "t_end_s": [1.0, 2.0, 3.0], "gap_excess_s": [0.0, 0.30, 0.32],
                        "gap_excess_sigma_s": [0.01, 0.01, 0.01], "graph_full_steps": [40.0, 20.0, 20.0]})
     f = pd.DataFrame({"t_start_s": [1.1, 0.5, 2.5], "t_end_s": [2.9, 1.5, 3.5], "granularity": "step",
                       "fused_interval_host_wait_per_pass_s": np.nan})
-    _fuse_host_wait(f, f["granularity"] == "step", iv, 3.0)
+    fuse_host_wait(f, f["granularity"] == "step", iv, 3.0)
     got = f["fused_interval_host_wait_per_pass_s"].tolist()
     assert got[0] == pytest.approx(0.015) and got[1] == 0.0 and np.isnan(got[2])
 

@@ -147,7 +147,7 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
 
 
 def _host_wait_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
-    """The interval's measured host wait per forward beyond the usual (fusion._fuse_host_wait) is at least
+    """The interval's measured host wait per forward beyond the usual (evidence/host_wait_fusion.py) is at least
     ``host_gap_share`` of the step's latency excess - the interval rule's test, per forward."""
     per, lat, base = (num(row.get(c)) for c in ("fused_interval_host_wait_per_pass_s", "latency_s", "baseline_s"))
     return _pos(per) and lat is not None and base is not None and lat > base \

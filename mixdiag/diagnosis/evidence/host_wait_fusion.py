@@ -1,0 +1,35 @@
+"""The GPU's measured wait on the host (detection/host_wait.py, interval rows) handed to the step rows of the
+same engine's log view, for the fused rules (rules/fused_rules.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: float) -> None:
+    """``fused_interval_host_wait_per_pass_s`` of step rows: the GPU's wait on the host per forward beyond
+    the usual (``gap_excess_s`` / forward passes, detection/host_wait.py) in the scrape intervals the
+    step's span overlaps, where it stood ``k`` sigmas out in every one of them - the smallest of them
+    (a log window row spans 40 forwards and may straddle a scrape; a wait measured in one part only is
+    not pinned on the whole row); 0 where one did not stand out; NaN where nothing counted the wait."""
+    if "gap_excess_s" not in iv.columns or not iv["gap_excess_s"].notna().any():
+        return
+    ivs = iv.sort_values("t_end_s")
+    cols = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in ivs.columns]
+    if not cols:
+        return
+    passes = ivs[cols].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=1).to_numpy(dtype=float)
+    gap = pd.to_numeric(ivs["gap_excess_s"], errors="coerce").to_numpy(dtype=float)
+    sigma = np.nan_to_num(pd.to_numeric(ivs["gap_excess_sigma_s"], errors="coerce").to_numpy(dtype=float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per = np.where(passes > 0, gap / passes, np.nan)
+        per = np.where(np.isfinite(per) & (gap > 0) & (gap >= k * sigma), per, np.where(np.isfinite(per), 0.0, np.nan))
+    ends = ivs["t_end_s"].to_numpy(dtype=float)
+    st = f[st_mask]
+    lo = np.searchsorted(ends, st["t_start_s"].to_numpy(dtype=float), side="left")
+    hi = np.searchsorted(ends, st["t_end_s"].to_numpy(dtype=float), side="left")
+    out = np.full(len(st), np.nan)
+    for i, (a, b) in enumerate(zip(lo, hi)):
+        if b < len(ends):
+            out[i] = np.min(per[min(a, b):b + 1])  # NaN in any part: not measured throughout
+    f.loc[st.index, "fused_interval_host_wait_per_pass_s"] = out
