@@ -2,13 +2,11 @@
 the order in which their rows are merged by time."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from mixdiag.collectors.join import Input
+#: a part: (the join's ``Input`` - not imported here, join imports this module - and its rows)
+Part = tuple
 
 
 def resolution(t: pd.Series) -> float:
@@ -19,7 +17,7 @@ def resolution(t: pd.Series) -> float:
     return float(d.min()) if len(d) else np.inf
 
 
-def spine_first(parts: list[tuple[Input, pd.DataFrame]], tokens_first: bool) -> list[tuple[Input, pd.DataFrame]]:
+def spine_first(parts: list[Part], tokens_first: bool) -> list[Part]:
     """Step parts in spine order (:func:`_step_spine_key`); interval parts with an ITL
     histogram first, then the shortest intervals. A client's clock is that of its reads: the ends of its
     rebuilt steps are finer only where one read was split evenly into the steps it held
@@ -35,7 +33,7 @@ def spine_first(parts: list[tuple[Input, pd.DataFrame]], tokens_first: bool) -> 
 RESOLVES_STEPS = 0.9
 
 
-def _step_spine_key(part: tuple[Input, pd.DataFrame]) -> tuple:
+def _step_spine_key(part: Part) -> tuple:
     """Sort key of a step part for the spine: clocks that resolve their steps first; among those, the
     engine's own step records (log iteration lines on a fine clock, a trace) before steps rebuilt from a
     client's reads - the engine's list of steps is the record, the client's a reconstruction; then the
@@ -48,7 +46,7 @@ def _step_spine_key(part: tuple[Input, pd.DataFrame]) -> tuple:
     return (not resolves, client and resolves, _clock_step(part), -len(inp.timeline.tokens))
 
 
-def _clock_step(part: tuple[Input, pd.DataFrame]) -> float:
+def _clock_step(part: Part) -> float:
     """The clock step of a step part's ends; for steps rebuilt from client reads, of the reads alone
     (the ends that are token arrivals), not of the even split of a read into its steps."""
     inp, rows = part
