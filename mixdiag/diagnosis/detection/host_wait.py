@@ -34,7 +34,7 @@ def _running(sig: pd.DataFrame) -> np.ndarray:
     return run
 
 
-def _passes(sig: pd.DataFrame) -> np.ndarray:
+def forward_passes(sig: pd.DataFrame) -> np.ndarray:
     """Forward passes per interval (the engine's per-mode pass counts summed); NaN where none counted."""
     cols = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in sig.columns]
     if not cols:
@@ -54,7 +54,7 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
     if not ok.any():
         return nan, nan.copy()
     unit = dt
-    passes = _passes(sig)
+    passes = forward_passes(sig)
     if np.isfinite(passes[ok]).mean() >= 0.5:
         unit = passes
         ok = ok & (passes > 0)
@@ -72,3 +72,12 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
     sigma = np.fmax(spread, 0.1 * usual) * unit
     excess = np.where(ok, np.clip(wait - usual * unit, 0.0, None), np.nan)
     return excess, np.where(ok, sigma, np.nan)
+
+
+def stands_out(excess, sigma, k: float) -> np.ndarray:
+    """Where a wait beyond the usual (``gap_excess_s``) stands ``k`` of its robust sigmas out, and above
+    nothing: the test the interval rule, the baseline's fault mask and the log view's fusion share."""
+    ex = np.asarray(excess, dtype=float)
+    sg = np.nan_to_num(np.asarray(sigma, dtype=float))
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(ex) & (ex > 0) & (ex >= k * sg)

@@ -59,10 +59,7 @@ def interval_segments(sig: pd.DataFrame) -> pd.DataFrame:
 def wait_stands_out(sig: pd.DataFrame, acfg) -> np.ndarray:
     """Rows whose measured host wait beyond the usual (``gap_excess_s``) stands ``acfg.host_wait_k``
     robust sigmas above the instance's own spread of it, and above nothing (host_wait.py)."""
-    ex = sig["gap_excess_s"].to_numpy(dtype=float)
-    sigma = np.nan_to_num(sig["gap_excess_sigma_s"].to_numpy(dtype=float))
-    with np.errstate(invalid="ignore"):
-        return np.isfinite(ex) & (ex > 0) & (ex >= acfg.host_wait_k * sigma)
+    return host_wait.stands_out(sig["gap_excess_s"], sig["gap_excess_sigma_s"], acfg.host_wait_k)
 
 
 def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, groups: np.ndarray | None = None):

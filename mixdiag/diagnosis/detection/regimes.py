@@ -115,10 +115,11 @@ def reference(latency: np.ndarray, strata: np.ndarray | None = None, use: np.nda
                 # a stratum holding every used row (one decode batch size) has the capture-wide sample itself
                 c, sg = (c0, s0) if n_pick == n_use else low_side_reference(lat[pick])
                 size = float(np.nanmedian(b[pick])) if b is not None and np.isfinite(b[pick]).any() else np.nan
-                if below is not None and np.isfinite(size) and np.isfinite(below[2]) and below[2] > 0:
+                if below is not None and np.isfinite(size) and below[2] > 0:
                     cap = below[0] * max(1.0, size / below[2]) * cfg.stratum_growth_margin
                     if c > cap:  # more than the batch explains: a fault as long as the stratum
-                        sg, c = below[1] * cap / below[0] if below[0] > 0 else sg, cap
+                        sg = below[1] * cap / below[0] if below[0] > 0 else sg
+                        c = cap
                 centre[mine], sigma[mine] = c, sg
                 if np.isfinite(size):
                     below = (c, sg, size)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from mixdiag.diagnosis.detection.host_wait import forward_passes, stands_out
+
 
 def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: float) -> None:
     """``fused_interval_host_wait_per_pass_s`` of step rows: the GPU's wait on the host per forward beyond
@@ -15,15 +17,14 @@ def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: flo
     if "gap_excess_s" not in iv.columns or not iv["gap_excess_s"].notna().any():
         return
     ivs = iv.sort_values("t_end_s")
-    cols = [c for c in ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps") if c in ivs.columns]
-    if not cols:
+    passes = forward_passes(ivs)
+    if not np.isfinite(passes).any():
         return
-    passes = ivs[cols].apply(pd.to_numeric, errors="coerce").sum(axis=1, min_count=1).to_numpy(dtype=float)
     gap = pd.to_numeric(ivs["gap_excess_s"], errors="coerce").to_numpy(dtype=float)
-    sigma = np.nan_to_num(pd.to_numeric(ivs["gap_excess_sigma_s"], errors="coerce").to_numpy(dtype=float))
     with np.errstate(invalid="ignore", divide="ignore"):
         per = np.where(passes > 0, gap / passes, np.nan)
-        per = np.where(np.isfinite(per) & (gap > 0) & (gap >= k * sigma), per, np.where(np.isfinite(per), 0.0, np.nan))
+    per = np.where(stands_out(gap, pd.to_numeric(ivs["gap_excess_sigma_s"], errors="coerce"), k), per,
+                   np.where(np.isfinite(per), 0.0, np.nan))
     ends = ivs["t_end_s"].to_numpy(dtype=float)
     st = f[st_mask]
     lo = np.searchsorted(ends, st["t_start_s"].to_numpy(dtype=float), side="left")
