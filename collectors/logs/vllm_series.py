@@ -21,6 +21,7 @@ def stats_fields(body: str) -> tuple[dict[str, float], list[str]]:
     """
     out: dict[str, float] = {}
     bad: list[str] = []
+    body = _KV_FETCH.sub(_kv_fetch_fields, body)
     for part in body.strip().rstrip(".").split(", "):
         key, sep, val = part.partition(": ")
         m = VALUE_UNIT.match(val.strip().rstrip("."))
@@ -29,6 +30,40 @@ def stats_fields(body: str) -> tuple[dict[str, float], list[str]]:
             continue
         out[slug(key) + ("_pct" if m.group(2) == "%" else "")] = float(m.group(1))
     return out, bad
+
+
+# vLLM 0.32's stats line, when a KV connector fetches: "KV fetch: %d waiting to start, %d in progress,
+# %d completed waiting" (v1/metrics/loggers.py; the stages of num_requests_kv_fetch_by_stage). Its
+# inner ", " would split it into three parts of no known shape, so it is rewritten into three fields.
+_KV_FETCH = re.compile(r"KV fetch: (\d+) waiting to start, (\d+) in progress, (\d+) completed waiting")
+
+
+def _kv_fetch_fields(m: re.Match) -> str:
+    return (f"KV fetch waiting to start: {m.group(1)} reqs, KV fetch in progress: {m.group(2)} reqs, "
+            f"KV fetch completed waiting: {m.group(3)} reqs")
+
+
+# vLLM 0.32 (distributed/eplb/eplb_state.py): "EPLB step: %d for model %s: avg_tokens=%.2f,
+# max_tokens=%d, balancedness=%.4f, steps until the next rearrangement: %d"; older builds print the
+# key=value pairs alone. The model name may hold ":" and "," (a path), so the prefix is cut first.
+_EPLB_HEAD = re.compile(r"^\s*(\d+) for model (.*?): (?=avg_tokens=|max_tokens=|balancedness=)")
+_EPLB_NEXT = re.compile(r",\s*steps until the next rearrangement:\s*(\d+)\s*$")
+
+
+def eplb_fields(body: str) -> dict[str, float]:
+    """An ``EPLB step:`` body in either shape -> {avg_tokens, max_tokens, balancedness, and, where
+    logged, step, steps_to_rearrangement}."""
+    out: dict[str, float] = {}
+    head = _EPLB_HEAD.match(body)
+    if head:
+        out["step"] = float(head.group(1))
+        body = body[head.end():]
+    nxt = _EPLB_NEXT.search(body)
+    if nxt:
+        out["steps_to_rearrangement"] = float(nxt.group(1))
+        body = body[:nxt.start()]
+    pairs = _kv_pairs(body)
+    return {**pairs, **out} if pairs else {}
 
 
 def _kv_pairs(body: str) -> dict[str, float]:
@@ -69,7 +104,7 @@ def series_line(name: str, body: str, key: str, t, out: LogRows, raw: str, event
         connector = re.match(r"KVConnectorType: ([^,]+), ", body)
         if connector:
             body = body[connector.end():]
-        vals = _kv_pairs(body)
+        vals = eplb_fields(body) if name == "eplb" else _kv_pairs(body)
         if not vals:
             out.stats.skipped(raw, f"{name} line without key=value pairs")
             return

@@ -122,6 +122,31 @@ def test_stats_field_in_an_unknown_shape_is_left_out_not_the_line():
     assert any("unknown shape" in n for n in src["notes"])
 
 
+# vLLM 0.32 shapes, formatted from its own format strings: distributed/eplb/eplb_state.py (the EPLB line,
+# with the step, the model - here a path holding ":" - and the steps to the next rearrangement) and
+# v1/metrics/loggers.py (the stats line's Deferred / KV fetch fields when a KV connector fetches)
+V032 = """\
+(APIServer pid=1) INFO 03-01 10:00:00 [loggers.py:259] Engine 000: Avg prompt throughput: 512.0 tokens/s, Avg generation throughput: 100.0 tokens/s, Running: 8 reqs, Waiting: 3 reqs, Deferred: 1 reqs, KV fetch: 1 waiting to start, 2 in progress, 0 completed waiting, Preemptions: 3, GPU KV cache usage: 45.0%, Prefix cache hit rate: 10.0%
+(EngineCore_DP0 pid=2) INFO 03-01 10:00:02 [eplb_state.py:634] EPLB step: 120 for model /m/a:b, c: avg_tokens=812.50, max_tokens=1400, balancedness=0.5804, steps until the next rearrangement: 2877
+(APIServer pid=1) INFO 03-01 10:00:10 [loggers.py:259] Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 100.0 tokens/s, Running: 8 reqs, Waiting: 0 reqs, GPU KV cache usage: 45.0%
+"""
+
+
+def test_vllm_032_eplb_and_kv_fetch_shapes():
+    tl = vllm_log.read(io.StringIO(V032), year=2025, instance="v")
+    src = tl.meta["sources"][0]
+    assert (src["lines_parsed"], src["lines_skipped"]) == (3, 0)
+    assert not any("unknown shape" in n for n in src["notes"])
+    ser = tl.series.set_index(["name", "labels"])["value"]
+    assert ser[("vllm_log:eplb_avg_tokens", "")] == 812.5 and ser[("vllm_log:eplb_balancedness", "")] == 0.5804
+    assert ser[("vllm_log:eplb_step", "")] == 120 and ser[("vllm_log:eplb_steps_to_rearrangement", "")] == 2877
+    assert ser[("vllm_log:kv_fetch_waiting_to_start", "")] == 1 and ser[("vllm_log:kv_fetch_in_progress", "")] == 2
+    rows = tl.steps
+    # the EPLB line (10:00:02) falls in the second stats interval (10:00:00, 10:00:10]
+    assert rows["expert_imbalance"].iloc[1] == pytest.approx(1400 / 812.5)
+    assert rows["waiting_reqs"].iloc[0] == 3 and rows["preempted_reqs"].iloc[0] == 3
+
+
 def test_stats_lines_out_of_time_order():
     # found by the fuzzer: intervals run between consecutive lines in time, whatever the line order
     lines = (FIX / "vllm_log_37307.txt").read_text().splitlines()[2:4]

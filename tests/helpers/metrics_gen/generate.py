@@ -72,8 +72,11 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     # SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 on half the SGLang captures; a stream of its own, so the
     # captures drawn before it existed stay the same
     timer = cfg.dialect == "sglang" and bool(np.random.default_rng([_key(cfg), 0x71E]).random() < 0.5)
+    # which EPLB line shape the "build" prints (vLLM 0.32 added the step and model): a stream of its own
+    eplb_form = int(np.random.default_rng([_key(cfg), 0xE91B]).integers(0, 2))
     if cfg.dialect == "vllm":
-        op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table)
+        op, det, ltruth = _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table,
+                                eplb_form)
     else:
         op, det, ltruth = _sglang(cfg, params, steps, scrape_times, out, timer)
     sf = steps_frame(steps)
@@ -82,7 +85,8 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     pd.DataFrame(ltruth).to_csv(out / "truth" / "log_lines.csv", index=False)
     pd.DataFrame([asdict(e) for e in sched], columns=["cause", "start", "end", "magnitude"]).to_csv(
         out / "truth" / "schedule.csv", index=False)
-    (out / "truth" / "params.json").write_text(json.dumps({**asdict(params), **asdict(cfg), "t0_unix": t0, "device_timer": timer}, indent=1))
+    (out / "truth" / "params.json").write_text(json.dumps({**asdict(params), **asdict(cfg), "t0_unix": t0, "device_timer": timer,
+                                                               "eplb_form": eplb_form}, indent=1))
     return Capture(out, out / "scrapes", op, det, sf, sched)
 
 
@@ -96,7 +100,7 @@ def _line_truth(lines, kind, t, st, w0, w1):
             "t1_s": w1, "causes": "" if st is None else ";".join(sorted(st.causes))}
 
 
-def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table):
+def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_table, eplb_form=0):
     reg = vllm_text.registry(with_nixl=True)
     created = t0 - 30.0
     op = vllm_text.startup_lines(t0 - 20.0, params)
@@ -150,7 +154,7 @@ def _vllm(cfg, params, steps, scrape_times, pd_windows, out, t0, form, eplb, cg_
         if eplb:
             for lines, lt in ((op, lt_op), (det, lt_det)):
                 lt.append(_line_truth(lines, "eplb", st.t_end, st, st.t_start, st.t_end))
-                lines.append(vllm_text.eplb_line(st.t_end, st))
+                lines.append(vllm_text.eplb_line(st.t_end, st, form=eplb_form))
     while si < len(scrape_times):
         _write_scrape(out, scrape_times[si], reg.render(created))
         si += 1

@@ -155,11 +155,17 @@ def iteration_line(t: float, st, form: int) -> str:
     return api(t, "loggers.py:281", f"Engine 000: {body}, GPU KV cache usage: {100 * st.kv_usage:.1f}%")
 
 
-def eplb_line(t: float, st, n_ranks: int = 8) -> str:
+def eplb_line(t: float, st, n_ranks: int = 8, form: int = 0, interval: int = 3000) -> str:
+    """``form`` 0: the older line (key=value pairs alone); 1: vLLM 0.32's, with the EPLB step, the
+    model and the steps until the next rearrangement (``eplb_state.py``)."""
     avg = 64.0 * max(st.gen_reqs, 1) / n_ranks * 8
     mx = avg / st.ep_balancedness
-    return core(t, "eplb_state.py:512", f"EPLB step: avg_tokens={avg:.2f}, max_tokens={int(round(mx))}, "
-                f"balancedness={st.ep_balancedness:.4f}")
+    pairs = f"avg_tokens={avg:.2f}, max_tokens={int(round(mx))}, balancedness={st.ep_balancedness:.4f}"
+    if form == 0:
+        return core(t, "eplb_state.py:512", f"EPLB step: {pairs}")
+    step = st.idx % interval
+    return core(t, "eplb_state.py:634", f"EPLB step: {step} for model /models/moe: {pairs}, "
+                f"steps until the next rearrangement: {interval - step}")
 
 
 def capture_sizes(max_capture: int) -> list[int]:
