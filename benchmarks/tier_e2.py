@@ -8,7 +8,7 @@ line every forward; read alone). Dialects: vllm, sglang. Seeds: ``tune`` (0-4) m
 ``heldout`` (2000-2004) is run ONCE by the integrator after the last rule change.
 
     .venv/bin/python benchmarks/tier_e2.py [--seeds tune|heldout|0,1] [--dialects vllm,sglang]
-        [--steps 2000] [--cache benchmarks/.cache] [--json-out FILE]
+        [--steps 2000] [--scrape-interval 1] [--cache benchmarks/.cache] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -36,12 +36,14 @@ VIEWS = ("scrapes", "scrapes+log", "details")
 TARGETS = {"macro_f1": 0.75, "host_stall": 0.5, "graph_fallback": 0.5, "mixing_fp_rate": 0.02}
 
 
-def ensure_capture(cache: Path, dialect: str, seed: int, n_steps: int) -> Path:
-    d = cache / "e2" / f"{dialect}__seed{seed}__steps{n_steps}"
+def ensure_capture(cache: Path, dialect: str, seed: int, n_steps: int, scrape_s: float = 1.0) -> Path:
+    # a scrape interval other than the default gets a directory of its own (older caches stay valid)
+    tag = "" if scrape_s == 1.0 else f"__scrape{scrape_s:g}s"
+    d = cache / "e2" / f"{dialect}__seed{seed}__steps{n_steps}{tag}"
     if not (d / "truth" / "params.json").exists():
         tmp = d.with_name(d.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
-        generate(GenConfig(dialect, seed, n_steps), tmp)
+        generate(GenConfig(dialect, seed, n_steps, scrape_interval_s=scrape_s), tmp)
         shutil.rmtree(d, ignore_errors=True)
         tmp.rename(d)
     return d
@@ -97,13 +99,13 @@ def run_case(cap: Path, dialect: str, view: str) -> tuple[pd.DataFrame, pd.DataF
     return judged, view_units(cap, view, steps), eps
 
 
-def evaluate(dialects, seeds, cache: Path, n_steps: int) -> dict:
+def evaluate(dialects, seeds, cache: Path, n_steps: int, scrape_s: float = 1.0) -> dict:
     res = {}
     for dialect in dialects:
         for view in VIEWS:
             js, us, ep = [], [], {}
             for seed in seeds:
-                cap = ensure_capture(cache, dialect, seed, n_steps)
+                cap = ensure_capture(cache, dialect, seed, n_steps, scrape_s)
                 j, u, e = run_case(cap, dialect, view)
                 js.append(j)
                 us.append(u)
@@ -142,14 +144,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dialects", default=",".join(DIALECTS))
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache"))
+    ap.add_argument("--scrape-interval", type=float, default=1.0,
+                    help="seconds between scrapes (1 s: the captures every table so far was measured on)")
     ap.add_argument("--json-out")
     a = ap.parse_args(argv)
     seeds = SEED_SETS.get(a.seeds) or tuple(int(x) for x in a.seeds.split(","))
     t0, r0 = time.time(), resource.getrusage(resource.RUSAGE_SELF)
-    res = evaluate([d for d in a.dialects.split(",") if d], seeds, Path(a.cache), a.steps)
+    res = evaluate([d for d in a.dialects.split(",") if d], seeds, Path(a.cache), a.steps, a.scrape_interval)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     print(render(res))
-    print(f"\nseeds {list(seeds)}, {a.steps} steps; wall {time.time() - t0:.1f} s, "
+    print(f"\nseeds {list(seeds)}, {a.steps} steps, scrapes every {a.scrape_interval:g} s; wall {time.time() - t0:.1f} s, "
           f"CPU {r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime:.1f} s (user+sys)")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"seeds": list(seeds), "steps": a.steps, "results": res}, indent=1))
