@@ -92,13 +92,21 @@ def load(path_or_paths, format: str = "auto", **options) -> Timeline:  # noqa: A
         inputs = [(src, fmt) for src, fmt in inputs if fmt not in SM_ACTIVITY_FORMATS]
     else:
         sm = []
+    zone = options.pop("log_zone_s", None)  # --log-zone: the zone a log's local clock ran in
     timelines = [_read(src, fmt, options) for src, fmt in inputs]
+    if zone is not None:
+        from mixdiag.collectors.logs.log_zone import apply_zone
+        timelines = apply_zone(timelines, int(zone))
     if ignored:  # files of a directory in no known format: say so, never drop them silently
         tl = timelines[0]
         timelines[0] = Timeline(tl.steps, tl.tokens, tl.series, {**tl.meta, "inputs_ignored": ignored}, tl.activity)
     if len(timelines) > 1:  # a year-less log (vLLM) takes its year from the unix-clock inputs beside it
         from mixdiag.collectors.logs.log_lines import align_assumed_years
         timelines = align_assumed_years(timelines, inputs, lambda s, f, **kw: _read(s, f, kw), options)
+        from mixdiag.collectors.logs.log_zone import align_naive_zones
+        from mixdiag.collectors.join import hints
+        if zone is None:  # a log in local time beside unix-clock inputs of the same server (same model, when named)
+            timelines = align_naive_zones(timelines, [hints(src, fmt)[0] for src, fmt in inputs])
     timelines, inputs = _join(timelines, given, explicit)
     tl = timelines[0] if len(timelines) == 1 else _combine(timelines, inputs)
     for src, fmt in sm:

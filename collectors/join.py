@@ -313,7 +313,7 @@ def join_server(srv: Server) -> Timeline:
             frames.append(_merge_view(bucket, gran == "step", notes).assign(instance=view_name[gran]))
             spine[gran] = spine_first(bucket, gran == "step")[0][0]
             members_of[view_name[gran]] = [inp for inp, _ in bucket]
-    tokens, series, sources = [], [], []
+    tokens, series, sources, clock_notes = [], [], [], []
     for inp in srv.members:
         tl = inp.timeline
         view = view_name["step"] if any(inp is p for p, _ in parts["step"]) else view_name["interval"]
@@ -327,6 +327,8 @@ def join_server(srv: Server) -> Timeline:
             series.append(tl.series.assign(instance=view))
         sources.append({"path": inp.given, "format": inp.fmt, "role": inp.role, "models": sorted(inp.models),
                         "view": view})
+        if tl.meta.get("clock_note"):  # a log's zone placed beside the others' unix clock (logs/log_zone.py)
+            clock_notes.append(f"{inp.given}: {tl.meta['clock_note']}")
     signals = {}
     for view, members in members_of.items():  # a view's signals: the best quality its inputs give
         merged = signals.setdefault(view, {})
@@ -347,7 +349,7 @@ def join_server(srv: Server) -> Timeline:
     meta["signals"] = signals
     activity = _spine_activity(srv, spine.get("step"), view_name["step"], notes)
     meta["instance_sources"] = {name: {"sources": sources, "views": list(members_of) or [name],
-                                       "joined_by": srv.rule, "notes": notes}}
+                                       "joined_by": srv.rule, "notes": notes, "clock_notes": clock_notes}}
     return Timeline(pd.concat(frames, ignore_index=True) if frames else None,
                     pd.concat(tokens, ignore_index=True) if tokens else None,
                     pd.concat(series, ignore_index=True) if series else None, meta, activity)
@@ -378,5 +380,6 @@ def sources_of(inp: Input) -> dict:
     return {inst: {"sources": [{"path": inp.given, "format": inp.fmt, "role": inp.role,
                                 "models": sorted(inp.models), "view": inst}],
                    "views": [inst], "joined_by": "labels" if len(inp.timeline.instances) > 1 else "single input",
-                   "notes": []}
+                   "notes": [], "clock_notes": [f"{inp.given}: {inp.timeline.meta['clock_note']}"]
+                   if inp.timeline.meta.get("clock_note") else []}
             for inst in inp.timeline.instances}

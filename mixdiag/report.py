@@ -233,6 +233,7 @@ def render(d, top: int = 10, warnings: list[str] | tuple = (), sections: list[st
         elif info.get("sources"):  # several inputs, this server from one of them: which one
             s = info["sources"][0]
             out.append(f"{inst}: one server from {s['path']} ({s['format']}; {info.get('joined_by')})")
+        out += [f"{inst}: {n}" for n in info.get("clock_notes") or ()]  # a log read in another zone
         if "signals" not in info:
             continue
         missing = [s for s, q in info["signals"].items() if q == "absent"]

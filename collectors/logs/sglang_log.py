@@ -113,6 +113,7 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
                f"({args.get('decode_log_interval', 40)}) forwards")
     last_t: float | None = None
     have_time = False
+    naive_lines = zoned_lines = 0  # SGLang prints local time ([YYYY-MM-DD hh:mm:ss]) without a zone
     pending: list[dict] = []  # rows seen before the first timestamp
     events: list[tuple] = []  # (instance, t, column, value, how): retractions, balancedness
     for raw in lines:
@@ -127,6 +128,9 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
             y, mo, d, hms, frac, tag = pm.groups()
             if t is None:
                 t = naive_to_unix(int(y), int(mo), int(d), hms, frac)
+                naive_lines += t is not None
+            else:
+                zoned_lines += 1
             tag = "-".join(tag.split())
         if t is not None:
             have_time, last_t = True, t
@@ -173,6 +177,8 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
             r["q_expert_imbalance"] = "measured"
     if lines and stats.lines_parsed == 0 and stats.lines_skipped == 0:
         raise UserError(f"{source_name(source)}: no SGLang scheduler line (Prefill batch / Decode batch) found")
+    if naive_lines and not zoned_lines:
+        out.meta["clock_zone"] = "naive"  # local wall time, zone unknown: collectors/logs/log_zone.py
     return out.timeline(FORMAT, "unix" if have_time else "relative")
 
 

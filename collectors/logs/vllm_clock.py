@@ -42,12 +42,14 @@ class LineTimes:
         self.pre: list[tuple | None] = []  # per walk line: None (not text) or (raw, body, proc, pm)
         t_slow: list[float] = []
         clock_i, clock_mo, clock_d = [], [], []
+        zoned = 0  # lines a container runtime stamped (RFC 3339 UTC / unix seconds)
         for i, raw in enumerate(slow):
             if is_garbage(raw):
                 self.pre.append(None)
                 t_slow.append(np.nan)
                 continue
             line, t = strip_container_prefix(raw)
+            zoned += t is not None
             pm = PREFIX.search(line)
             if pm and t is None:
                 clock_i.append(i)
@@ -81,6 +83,10 @@ class LineTimes:
             t = naive_to_unix(y, int(pm.group("mo")), int(pm.group("d")), pm.group("hms"), pm.group("frac"))
             t_slow[i] = np.nan if t is None else t
         self.t_slow = np.array(t_slow, dtype=float)
+        # A zone-less wall clock: vLLM's logger prints local time (logging's asctime), so unless a
+        # container runtime stamped the lines (RFC 3339 UTC) the log's zone is not known
+        # (collectors/logs/log_zone.py may place it beside unix-clock inputs of the same run).
+        self.naive_zone = bool(nf or clock_i) and zoned == 0
         # an untimed line takes the last time before it; lines that are not text have none to give
         text_slow = np.array([p is not None for p in self.pre], dtype=bool)
         ln_all = np.concatenate([sl.fast_ln, sl.slow_ln[text_slow]])

@@ -141,6 +141,8 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         out.meta["engine_graph_config"] = {k: dataclasses.asdict(cfg) for k, (_, cfg) in w.graph_configs.items()}
     if times.first_year is not None and year is None:
         out.meta["year_assumed"] = times.first_year  # fusion may re-read with year= from unix-clock sources
+    if times.naive_zone:
+        out.meta["clock_zone"] = "naive"  # local wall time, zone unknown: collectors/logs/log_zone.py
     untimed = 0
     for x in out.series:
         if x["t_s"] is None:

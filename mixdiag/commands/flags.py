@@ -144,6 +144,10 @@ def add_source_flags(p) -> None:
                    help="vllm bench serve results: unix time minus time.perf_counter() on the client host "
                         "(python3 -c 'import time; print(time.time() - time.perf_counter())' there): "
                         "puts its perf_counter start times on the capture's clock")
+    g.add_argument("--log-zone", default=None, metavar="+HH:MM",
+                   help="the UTC offset of the server's clock when its vLLM/SGLang log was written (they print "
+                        "local time without a zone), e.g. +08:00; default: inferred from the unix-clock inputs "
+                        "read with it (scrapes, traces, client records), else read as UTC")
     g.add_argument("--gpu-map", metavar="INST=GPU,...",
                    help="which GPUs serve which instance for DCGM sm_active, e.g. vllm-0:8000=0,vllm-0:8000=1")
 
@@ -188,6 +192,12 @@ def source_options(args) -> dict:
         out["clock_offset_s"] = args.clock_offset
     if getattr(args, "gpu_map", None):
         out["gpu_map"] = parse_gpu_map(args.gpu_map)
+    if getattr(args, "log_zone", None) is not None:
+        from mixdiag.collectors.logs.log_zone import parse_zone
+        try:
+            out["log_zone_s"] = parse_zone(args.log_zone)
+        except ValueError as e:
+            raise UserError(f"--log-zone: {e}") from None
     return out
 
 

@@ -340,7 +340,8 @@ def with_sources(instances: dict, listing: dict) -> dict:
     out = {k: dict(v) for k, v in instances.items()}
     for name, entry in listing.items():
         out.setdefault(name, {}).update(sources=list(entry.get("sources", [])), views=list(entry.get("views", [])),
-                                        joined_by=entry.get("joined_by"), join_notes=list(entry.get("notes", [])))
+                                        joined_by=entry.get("joined_by"), join_notes=list(entry.get("notes", [])),
+                                        clock_notes=list(entry.get("clock_notes", [])))
         for view in entry.get("views", []):
             if view != name and view in out:
                 out[view]["view_of"] = name

@@ -3,7 +3,9 @@ lines, and truth, from a simulated engine with a fault schedule drawn from the s
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +81,13 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
                                 eplb_form)
     else:
         op, det, ltruth = _sglang(cfg, params, steps, scrape_times, out, timer)
+    # the server's clock zone: vLLM and SGLang print local time without a zone. Half the captures run
+    # in UTC (containers), the rest in a zone of a big serving region; a stream of its own
+    zone_rng = np.random.default_rng([_key(cfg), 0x20E])
+    zone_s = 0 if zone_rng.random() < 0.5 else int(zone_rng.choice(LOG_ZONES_S))
+    if zone_s:
+        for log in (op, det):
+            _to_zone(Path(log), cfg.dialect, zone_s, datetime.fromtimestamp(t0, tz=timezone.utc).year)
     sf = steps_frame(steps)
     sf.to_csv(out / "truth" / "steps.csv", index=False)
     units(sf, scrape_times).to_csv(out / "truth" / "intervals.csv", index=False)
@@ -86,8 +95,31 @@ def generate(cfg: GenConfig, out: Path) -> Capture:
     pd.DataFrame([asdict(e) for e in sched], columns=["cause", "start", "end", "magnitude"]).to_csv(
         out / "truth" / "schedule.csv", index=False)
     (out / "truth" / "params.json").write_text(json.dumps({**asdict(params), **asdict(cfg), "t0_unix": t0, "device_timer": timer,
-                                                               "eplb_form": eplb_form}, indent=1))
+                                                               "eplb_form": eplb_form,
+                                                               "log_utc_offset_s": zone_s}, indent=1))
     return Capture(out, out / "scrapes", op, det, sf, sched)
+
+
+#: UTC+8 (China), UTC+9 (Japan/Korea), UTC+5:30 (India), UTC+1 (central Europe), UTC-5/-8 (US east/west)
+LOG_ZONES_S = (8 * 3600, 9 * 3600, 5 * 3600 + 1800, 3600, -5 * 3600, -8 * 3600)
+_VLLM_STAMP = re.compile(r"^(.*?\b(?:INFO|WARNING|DEBUG|ERROR) )(\d\d)-(\d\d) (\d\d:\d\d:\d\d)")
+_SGLANG_STAMP = re.compile(r"^\[(\d{4})-(\d\d)-(\d\d) (\d\d:\d\d:\d\d)")
+
+
+def _to_zone(path: Path, dialect: str, zone_s: int, year: int) -> None:
+    """Rewrite a log's stamps as a server whose clock runs ``zone_s`` ahead of UTC prints them
+    (``year``: the capture's, for vLLM's year-less stamps)."""
+    def vllm(m):
+        t = datetime(year, int(m.group(2)), int(m.group(3)), *map(int, m.group(4).split(":")))
+        return f"{m.group(1)}{t + timedelta(seconds=zone_s):%m-%d %H:%M:%S}"
+
+    def sglang(m):
+        t = datetime(int(m.group(1)), int(m.group(2)), int(m.group(3)), *map(int, m.group(4).split(":")))
+        return f"[{t + timedelta(seconds=zone_s):%Y-%m-%d %H:%M:%S}"
+
+    rx, fn = (_VLLM_STAMP, vllm) if dialect == "vllm" else (_SGLANG_STAMP, sglang)
+    lines = path.read_text().split("\n")
+    path.write_text("\n".join(rx.sub(fn, ln, count=1) for ln in lines))
 
 
 def _write_scrape(out: Path, t: float, text: str) -> None:
