@@ -39,7 +39,7 @@ from mixdiag.errors import UserError
 from mixdiag.label_arrays import str_column
 from mixdiag.schema import Timeline, repeat_label
 
-from mixdiag.collectors.logs import vllm_clock, vllm_config, vllm_graph_steps, vllm_iterations
+from mixdiag.collectors.logs import vllm_clock, vllm_config, vllm_graph_steps, vllm_iterations, vllm_json
 from mixdiag.collectors.logs.log_lines import LogRows
 from mixdiag.collectors.logs.step_frame import attach_events_frame
 from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
@@ -83,9 +83,19 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     columnar fast path is tested against).
     """
     name, text, replaced = read_counted(source, ascii_bytes=True)
+    head = text[:16384].decode("ascii", "replace") if isinstance(text, bytes) else text[:16384]
+    json_records = None
+    if vllm_json.looks_json(head):  # --logging-config.formatter json: one record per line
+        as_text, json_year, json_records = vllm_json.to_text(
+            text.decode("utf-8", "replace") if isinstance(text, bytes) else text)
+        text = as_text
+        year = year if year is not None else json_year
     sl = vllm_iterations.split(text, fast)
     del text
     st = line_stats(FORMAT, name, sl.n, replaced)
+    if json_records is not None:
+        st.note(f"JSON log: {json_records} record(s) read as vLLM's text lines (a multi-line message is one "
+                "line per message line); times are the records' asctime: local time, year and milliseconds")
     base = instance or Path(source_name(source)).stem
     out = LogRows(st)
     written = None
