@@ -19,6 +19,7 @@ from typing import Iterable
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
+from mixdiag.collectors.prometheus import concatenated
 from mixdiag.collectors.prometheus.prom_common import SPLIT_LABELS, TimedScrape, is_gauge
 from mixdiag.collectors.prometheus.prom_intervals import build_timeline
 from mixdiag.collectors.prometheus.prom_text import (FORMAT, SCRAPE_EXTENSIONS, Scrape, looks_like_exposition,
@@ -145,6 +146,14 @@ def read(source, *, instance: str | None = None, t_s: float | None = None, **opt
     if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
         return _read_dir(Path(source), instance or Path(source).resolve().name)
     lines, ends, stats = read_lines(source, FORMAT)
+    ranges = concatenated.split(lines)
+    if ranges:  # several scrapes appended to one file (a `curl >> file` loop)
+        timed, clock = concatenated.timed_parts(lines, ends, stats, ranges, options.get("interval_s"))
+        if clock == "unix":
+            origin = creation_scrape(timed)
+            if origin is not None:
+                timed.insert(0, origin)
+        return build_timeline(timed, instance or Path(source_name(source)).stem, clock=clock, fmt=FORMAT)
     scrape = parse_lines(lines, ends, stats)
     if lines and stats.lines_parsed == 0 and not scrape.types:
         raise UserError(f"{source_name(source)}: not a Prometheus text exposition (no sample line parsed)")
