@@ -23,7 +23,9 @@ Tolerance: a step starts at a gap above ``cluster_s`` (default 0.5 x the median 
 or where a stream gets its next token more than 1 ms after the previous event (one step sends a
 stream one chunk; closer chunks came in one read and stay together). On an idle loopback one
 step's chunks arrive within ~1 ms; on a busy machine the client's own event loop spreads them
-over tens of ms, which the second rule keeps together (docs/serving.md).
+over tens of ms, which the second rule keeps together (docs/serving.md). A cluster of decode tokens
+from streams the cluster before it did not serve, a few ms after it, is the rest of that step read
+apart and joins it (:func:`_join_fragments`).
 """
 from __future__ import annotations
 
@@ -65,6 +67,36 @@ def _boundaries(t: np.ndarray, rid: np.ndarray, tol: float) -> np.ndarray:
             seen.add(r)
         prev = t[i]
     return new
+
+
+def _join_fragments(t: np.ndarray, rid: np.ndarray, first: np.ndarray, new: np.ndarray, within_s: float) -> np.ndarray:
+    """``new`` without the boundaries that split one engine step's decode chunks in two reads.
+
+    A step sends every running stream one chunk at once; a busy client (or the server's flush) can
+    read them apart, a few ms from each other, and the gap rule of :func:`_boundaries` then opens a
+    cluster for the late ones. Such a fragment holds decode tokens only of streams the cluster before
+    did not get one: a real next step decodes every running stream again (vLLM V1 and SGLang decode
+    each running request every step), so it shares streams with the step before. A boundary is
+    dropped when the cluster after it and the cluster it closes both hold decode tokens, share no
+    stream, and the later starts within ``within_s`` of the earlier's last event. First tokens alone
+    never join (a prefill-only step gives tokens to new requests only: SGLang without mixed chunk;
+    :func:`_split_mixed_steps` decides those). Measured on the real-vLLM testbed: a 248 ms chunk step
+    read as 1 + 3 streams 6 ms apart broke the run of slow steps a prompt's prefill is spread over."""
+    out = new.copy()
+    members: set = set()
+    last_t, decoding = -np.inf, False
+    starts = np.flatnonzero(new)
+    ends = np.r_[starts[1:], len(t)]
+    for a, b in zip(starts, ends):
+        reqs = set(rid[a:b].tolist())
+        dec = bool((~first[a:b]).any())
+        if decoding and dec and not (reqs & members) and t[a] - last_t <= within_s:
+            out[a] = False
+            members |= reqs
+        else:
+            members, decoding = reqs, dec
+        last_t = t[b - 1]
+    return out
 
 
 def _expand_bursts(tok: pd.DataFrame, cid: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -120,14 +152,17 @@ def client_steps(tokens: pd.DataFrame, instance: str, cluster_s: float | None = 
     tol = cluster_tolerance(tokens) if cluster_s is None else float(cluster_s)
     tok = tokens.sort_values("t_s", kind="stable").reset_index(drop=True)
     t = tok["t_s"].to_numpy(dtype="float64")
-    new = _boundaries(t, pd.factorize(tok["request_id"])[0], tol)
+    rid = pd.factorize(tok["request_id"])[0]
+    is_first = tok["is_first"].fillna(0).to_numpy() > 0
+    # fragments of one step read apart lie within a couple of per-stream step gaps (tol is half of one)
+    new = _join_fragments(t, rid, is_first, _boundaries(t, rid, tol), 4.0 * tol)
     cid, ends = _expand_bursts(tok, np.cumsum(new) - 1, t[new])
     tok["step"] = cid.astype("float64")
     n = len(ends)  # the clusters; a burst expanded into sub-steps can leave the last token in an earlier one
     gaps = np.diff(ends)
     med = float(np.median(gaps)) if len(gaps) else 0.0
     starts = np.r_[ends[0] - med, ends[:-1]]
-    first = tok["is_first"].fillna(0).to_numpy() > 0
+    first = is_first
     ntok = tok["n_tokens"].to_numpy(dtype="float64")
     decode_reqs = np.bincount(cid, weights=(~first).astype(float), minlength=n)
     out_tokens = np.bincount(cid, weights=ntok, minlength=n)

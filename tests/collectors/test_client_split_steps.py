@@ -73,3 +73,32 @@ def test_burst_in_the_last_read_counts_every_step():
     assert int(tok2["step"].max()) == len(steps) - 1
     assert steps["t_end_s"].is_monotonic_increasing
     assert steps["output_tokens"].sum() == len(tok)
+
+
+def _decode_run(read_apart_ms: float, late: tuple[str, ...]) -> pd.DataFrame:
+    """Four streams decoding every STEP; at step 20 a slow 250 ms step whose chunks of ``late`` streams
+    the client read ``read_apart_ms`` after the others (the real-vLLM testbed's 1 + 3 split)."""
+    rows, t = [], 0.0
+    for step in range(40):
+        t += 0.25 if step == 20 else STEP
+        for j, s in enumerate("abcd"):
+            dt = (read_apart_ms / 1000 if step == 20 and s in late else 0.0) + 0.0001 * j
+            rows.append((s, t + dt, int(step == 0), 1, t - 0.05 if step == 0 else np.nan, 64.0 if step == 0 else np.nan))
+    return pd.DataFrame(rows, columns=["request_id", "t_s", "is_first", "n_tokens", "arrival_s", "prompt_tokens"])
+
+
+@pytest.mark.parametrize("apart_ms, late, one_step", [
+    (6.0, ("b", "c", "d"), True),   # one step read as 1 + 3 streams: joined
+    (6.0, ("d",), True),            # 3 + 1
+    (0.0, (), True),                # read together
+    (4.0, ("c", "d"), True),        # 2 + 2
+])
+def test_a_step_read_apart_is_one_step(apart_ms, late, one_step):
+    steps, tok2, _ = client_steps(_decode_run(apart_ms, late), "c", cluster_s=0.003)
+    t_slow = 20 * STEP + 0.25  # when the slow step's first chunk arrives
+    slow = tok2[(tok2["t_s"] >= t_slow - 1e-6) & (tok2["t_s"] < t_slow + apart_ms / 1000 + 0.001)]
+    assert len(slow) == 4
+    assert (slow["step"].nunique() == 1) is one_step
+    if one_step:
+        row = steps.loc[steps.step == int(slow["step"].iloc[0])].iloc[0]
+        assert row["decode_reqs"] == 4 and row["t_end_s"] - row["t_start_s"] > 0.2

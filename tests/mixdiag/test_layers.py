@@ -58,7 +58,7 @@ ROOMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 #: inside collectors/prometheus/ one direction, lowest first: shared helpers; text parsing, the dialect's name
 #: -> column table and the prefill-work spreading; HTTP fetching; interval building (scrape pairs, PromQL aggregates); readers; endpoint probing
 PROMETHEUS_LEVELS: tuple[tuple[str, ...], ...] = (
-    ("prom_common",), ("prom_text", "dialect_columns", "prefill_work"), ("prom_http",), ("prom_intervals", "prom_aggregate"),
+    ("prom_common",), ("prom_text", "dialect_columns", "prefill_work"), ("prom_http", "concatenated"), ("prom_intervals", "prom_aggregate"),
     ("scrape_reader", "server_reader"), ("endpoint", "live"))
 #: only the engine rooms import these (tests/mixdiag/test_imports.py checks the same at run time)
 HEAVY = {"torch", "triton"}
