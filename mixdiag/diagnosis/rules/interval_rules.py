@@ -117,7 +117,17 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     # the start, the interval's first steps ran that batch; at the end, its last ones
     ends = [v for v in (num(row.get("running_reqs")), num(row.get("running_reqs_start"))) if v is not None]
     umin, batch = num(row.get("graph_none_min_tokens")), (max(ends) if ends else None)
-    if umin is not None and batch is not None and batch >= umin and short and not pos("mixed_steps"):
+    # a large prompt chunk ran in the interval - the engine's own iteration histogram holds a step of at least
+    # batch + chunk_min tokens (decodes add one token each), or the prompt ahead was that large - and no step
+    # was decode-only (every step scheduled more tokens than the batch: large_step_share 1, or unmeasured).
+    # Then the batch's steps were mixed, not decode-only ones off the graph. Judged absolutely, not only by
+    # "no more than the intervals that did not spike" (`short`): in a sustained mixing stretch every interval
+    # holds that much (e2 tuning seed 23: 71 mixing intervals named graph_fallback)
+    floor, lss = num(row.get("iteration_tokens_floor")), num(row.get("large_step_share"))
+    chunked = ((chunk is not None and chunk >= cfg.chunk_min_tokens)
+               or (floor is not None and batch is not None and floor - batch >= cfg.chunk_min_tokens))
+    chunked = chunked and not (lss is not None and lss < 1.0)
+    if umin is not None and batch is not None and batch >= umin and short and not chunked and not pos("mixed_steps"):
         # vLLM dispatches NONE above the largest capture size, so a running batch at least as large as
         # the smallest one run without a graph - counted by the engine's own table in this window, or
         # one above the largest capture size its start-up config printed - decoded eager; no chunk that
