@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from mixdiag.vllm_testbed import environment, fault_plan, truth
-from mixdiag.vllm_testbed.config import TestbedConfig
+from mixdiag.vllm_testbed.config import TestbedConfig, TrafficConfig
 from mixdiag.vllm_testbed.driver import Testbed
 
 pytestmark = pytest.mark.slow
@@ -52,8 +52,17 @@ def _server(cfg: TestbedConfig, workdir: Path, name: str):
     return tb
 
 
-def _cfg(faults: tuple[str, ...], duration: float, seed: int, live: bool = False) -> TestbedConfig:
-    return TestbedConfig(duration_s=duration, seed=seed, faults=faults, drain_s=90.0, live_analyze=live)
+def _cfg(faults: tuple[str, ...], duration: float, seed: int, live: bool = False,
+         traffic: TrafficConfig = TrafficConfig()) -> TestbedConfig:
+    return TestbedConfig(duration_s=duration, seed=seed, faults=faults, drain_s=90.0, live_analyze=live,
+                         traffic=traffic)
+
+
+# The long-prompt run's base load keeps a decode batch running however fast the machine decodes. The default
+# (2.5 requests/s, 64-192 tokens) holds about one stream on a quiet machine (decode 3.3 ms): on a fresh clone's
+# run 8 of 10 big chunk steps ran beside a single decode and 23 beside none, and no scrape interval spiked - the
+# fault was there, its victims were not. 8 requests/s of 128-384 tokens fills the 12 streams the load allows.
+BUSY = TrafficConfig(rate=8.0, output_len="uniform:128:384", max_concurrency=12)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +79,7 @@ def control(server, workdir):
 
 @pytest.fixture(scope="module")
 def long_run(server, workdir):
-    return server.run(_cfg(("long_prompts",), 35, 23, live=True), workdir / "long")
+    return server.run(_cfg(("long_prompts",), 35, 23, live=True, traffic=BUSY), workdir / "long")
 
 
 @pytest.fixture(scope="module")
