@@ -153,16 +153,15 @@ def client_steps(tokens: pd.DataFrame, instance: str, cluster_s: float | None = 
     tok = tokens.sort_values("t_s", kind="stable").reset_index(drop=True)
     t = tok["t_s"].to_numpy(dtype="float64")
     rid = pd.factorize(tok["request_id"])[0]
-    is_first = tok["is_first"].fillna(0).to_numpy() > 0
+    first = tok["is_first"].fillna(0).to_numpy() > 0
     # fragments of one step read apart lie within a couple of per-stream step gaps (tol is half of one)
-    new = _join_fragments(t, rid, is_first, _boundaries(t, rid, tol), 4.0 * tol)
+    new = _join_fragments(t, rid, first, _boundaries(t, rid, tol), 4.0 * tol)
     cid, ends = _expand_bursts(tok, np.cumsum(new) - 1, t[new])
     tok["step"] = cid.astype("float64")
     n = len(ends)  # the clusters; a burst expanded into sub-steps can leave the last token in an earlier one
     gaps = np.diff(ends)
     med = float(np.median(gaps)) if len(gaps) else 0.0
     starts = np.r_[ends[0] - med, ends[:-1]]
-    first = is_first
     ntok = tok["n_tokens"].to_numpy(dtype="float64")
     decode_reqs = np.bincount(cid, weights=(~first).astype(float), minlength=n)
     out_tokens = np.bincount(cid, weights=ntok, minlength=n)

@@ -21,6 +21,7 @@ A log that already overlaps a unix-clock input is left alone (a UTC server, a co
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -159,13 +160,18 @@ def align_naive_zones(timelines: list[Timeline], models: list[frozenset] | None 
                 note_source(tl, tl.meta["clock_note"])
             out.append(tl)
             continue
-        new = shifted(tl, -float(zone))
-        new.meta["clock_zone"] = f"UTC{_zone_name(zone)}"
-        new.meta["utc_offset_s"] = zone
-        new.meta["clock_note"] = f"log clock: {why}"
-        note_source(new, new.meta["clock_note"])
-        out.append(new)
+        out.append(_placed(tl, zone, why))
     return out
+
+
+def _placed(tl: Timeline, zone_s: int, why: str) -> Timeline:
+    """The log read as local time at UTC+``zone_s``, with the zone and why noted on it and its sources."""
+    new = shifted(tl, -float(zone_s))
+    new.meta["clock_zone"] = f"UTC{_zone_name(zone_s)}"
+    new.meta["utc_offset_s"] = zone_s
+    new.meta["clock_note"] = f"log clock: {why}"
+    note_source(new, new.meta["clock_note"])
+    return new
 
 
 def note_source(tl: Timeline, text: str) -> None:
@@ -176,8 +182,6 @@ def note_source(tl: Timeline, text: str) -> None:
 
 def parse_zone(text: str) -> int:
     """``+08:00`` / ``-5`` / ``+0530`` / ``UTC+8`` -> seconds east of UTC (ValueError if not a zone)."""
-    import re
-
     m = re.fullmatch(r"\s*(?:UTC|GMT)?\s*([+-])?(\d{1,2})(?::?(\d\d))?\s*", text, re.IGNORECASE)
     if m is None:
         raise ValueError(f"not a UTC offset: {text!r} (e.g. +08:00, -05:00, +05:30)")
@@ -194,10 +198,5 @@ def apply_zone(timelines: list[Timeline], zone_s: int) -> list[Timeline]:
         if tl.meta.get("clock_zone") != "naive" or tl.meta.get("clock") != "unix" or not zone_s:
             out.append(tl)
             continue
-        new = shifted(tl, -float(zone_s))
-        new.meta["clock_zone"] = f"UTC{_zone_name(zone_s)}"
-        new.meta["utc_offset_s"] = zone_s
-        new.meta["clock_note"] = f"log clock: read as local time at UTC{_zone_name(zone_s)} (--log-zone)"
-        note_source(new, new.meta["clock_note"])
-        out.append(new)
+        out.append(_placed(tl, zone_s, f"read as local time at UTC{_zone_name(zone_s)} (--log-zone)"))
     return out

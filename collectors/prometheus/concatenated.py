@@ -16,16 +16,15 @@ clock, and a note says the spacing was assumed. Time lines count as parsed, the 
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
 
 from mixdiag.collectors.prometheus.prom_common import TimedScrape
 from mixdiag.collectors.prometheus.prom_text import parse_lines
-from mixdiag.collectors.text_input import LineStats
+from mixdiag.collectors.text_input import LineStats, rfc3339_to_unix
 
 #: consecutive parts must share at least this share of their sample series to be one target's scrapes
 MIN_SHARED = 0.8
 _UNIX = re.compile(r"^#?\s*(\d{10}(?:\.\d+)?|\d{13})\s*$")
-_ISO = re.compile(r"^#?\s*(\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d))\s*$")
+_ISO = re.compile(r"^#?\s*(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d(?:[.,]\d+)?)(Z|[+-]\d\d:?\d\d)\s*$")
 _DATE = re.compile(r"^#?\s*[A-Z][a-z]{2},? +([A-Z][a-z]{2}) +(\d{1,2}) +(\d\d:\d\d:\d\d) +(UTC|GMT) +(\d{4})\s*$")
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _SERIES = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?)\s")
@@ -40,18 +39,11 @@ def line_time(line: str) -> float | None:
         return v / 1000.0 if len(m.group(1)) == 13 else v
     m = _ISO.match(s)
     if m:
-        try:
-            return datetime.fromisoformat(m.group(1).replace(",", ".").replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            return None
+        return rfc3339_to_unix(f"{m.group(1)}T{m.group(2).replace(',', '.')}", m.group(3))
     m = _DATE.match(s)
     if m and m.group(1) in _MONTHS:
         mo = _MONTHS.index(m.group(1)) + 1
-        try:
-            return datetime(int(m.group(5)), mo, int(m.group(2)), *map(int, m.group(3).split(":")),
-                            tzinfo=timezone.utc).timestamp()
-        except ValueError:
-            return None
+        return rfc3339_to_unix(f"{m.group(5)}-{mo:02d}-{int(m.group(2)):02d}T{m.group(3)}", None)  # UTC/GMT
     return None
 
 

@@ -175,7 +175,9 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
             # more costs several decode passes (the roofline ridge), so it is the measured part of the spike
             # against a reference the sustained stretch cannot move. Sustained mixing puts such a chunk in
             # every interval, which is why "more than the usual" fails there (e2 tuning seeds 10-29: 85 of
-            # 430 mixing intervals were `unknown` by that test alone)
+            # 430 mixing intervals were `unknown` by that test alone). vLLM's histogram books a prompt's
+            # tokens at its last chunk (formats.md), so such a step says a prompt of chunk_min+ tokens finished
+            # here; its chunks ran in this interval or just before it, beside the decodes
             return done("mixing", 0.5 + bonus, **rel_ev, **work_ev, prompt_chunk_ahead_tokens=chunk,
                         iteration_tokens_floor=floor,
                         reason="prefill work no higher than the usual, but a step of the interval held a prompt "
