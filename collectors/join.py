@@ -62,6 +62,10 @@ INTENSIVE = ("running_reqs", "waiting_reqs", "kv_usage", "expert_imbalance", "sm
 #: Interval columns that hold for every moment of a longer row's window (the smallest batch a
 #: CUDA-graph table counted run without a graph): lent to every spine row ending inside it.
 WINDOW = ("graph_none_min_tokens",)
+#: Interval columns a member may also give per engine step, as a series at each step line's own stamp
+#: (vLLM's ``EPLB step:`` line, every step by default): a spine row takes the mean of the points inside its
+#: window rather than a longer row's mean (a 10 s stats window dilutes a 3 s hotspot to a third).
+POINT_SERIES = {"expert_imbalance": "vllm_log:eplb_expert_imbalance"}
 #: Bytes of a file's head searched for model names.
 HEAD_BYTES = 256 * 1024
 
@@ -264,6 +268,42 @@ def _fill_window(spine: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _fill_points(spine: pd.DataFrame, inp, empty: dict[str, np.ndarray], notes: list[str]) -> pd.DataFrame:
+    """Of ``spine``'s rows that were empty in :data:`POINT_SERIES` columns before ``inp`` lent to them, those
+    whose window ``inp``'s per-step points cover take the points' mean instead of the lent value; a row inside
+    the points' span with no point of its own (no step logged in it) is left unmeasured. A point stamped
+    on a clock of resolution r (whole seconds) is placed at stamp + r/2, the middle of when it happened."""
+    ser = inp.timeline.series
+    if not len(ser) or not len(spine):
+        return spine
+    out = spine
+    for col, name in POINT_SERIES.items():
+        pts = ser[ser["name"] == name]
+        if len(pts) < 2:
+            continue
+        t = pts["t_s"].to_numpy(dtype=float)
+        res = resolution(pts["t_s"])
+        t = t + (0.5 * res if np.isfinite(res) and res < 60 else 0.0)
+        order = np.argsort(t)
+        t, v = t[order], pts["value"].to_numpy(dtype=float)[order]
+        csum = np.concatenate([[0.0], np.cumsum(v)])
+        a, b = spine["t_start_s"].to_numpy(dtype=float), spine["t_end_s"].to_numpy(dtype=float)
+        lo, hi = np.searchsorted(t, a, side="right"), np.searchsorted(t, b, side="right")
+        n = hi - lo
+        inside = empty[col] & (b >= t[0]) & (a <= t[-1]) & np.isfinite(a) & np.isfinite(b)
+        if not inside.any():
+            continue
+        mean = np.where(n > 0, (csum[hi] - csum[lo]) / np.maximum(n, 1), np.nan)
+        if out is spine:
+            out = spine.copy()
+        cur = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
+        cur[inside] = mean[inside]
+        out[col] = cur
+        notes.append(f"{col} of {int((inside & (n > 0)).sum())} interval rows from {inp.given}'s {len(pts)} per-step "
+                     f"lines in their own windows")
+    return out
+
+
 def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: list[str]) -> pd.DataFrame:
     """One view's rows from several inputs' rows (module doc)."""
     parts = spine_first(parts, steps)
@@ -285,9 +325,11 @@ def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: lis
             notes.append(f"{len(rows)} step rows of {inp.given} ({inp.fmt}) not merged: their clock resolution "
                          f"({res:g} s) is coarser than half a step of {spine_inp.given} ({tol:.3g} s)")
             continue
+        empty = {c: _empty_cells(spine, c).to_numpy() if c in spine else np.ones(len(spine), bool) for c in POINT_SERIES}
         spine, unused = _fill(spine, rows, tol, cols)
         if not steps:
             spine = _fill_window(spine, rows)
+            spine = _fill_points(spine, inp, empty, notes)
         notes.append(f"{len(rows) - unused} of {len(rows)} {'step' if steps else 'interval'} rows of {inp.given} "
                      f"({inp.fmt}) merged into {spine_inp.given}'s by time"
                      + (f"; {unused} aligned with none" if unused else ""))

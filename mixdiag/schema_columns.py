@@ -86,6 +86,8 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("itl_p50_s", "float64", "s", "interval rows: median inter-token latency", nonnegative=True),
     _c("itl_p90_s", "float64", "s", "interval rows: P90 inter-token latency", nonnegative=True),
     _c("itl_p99_s", "float64", "s", "interval rows: P99 inter-token latency", nonnegative=True),
+    _c("itl_tail_floor_s", "float64", "s", "interval rows: lower edge of the highest ITL histogram bucket that "
+       "grew (at least one token waited this long)", nonnegative=True),
     # Evidence columns for data the reference engine did not write (traces, vLLM/SGLang metrics and logs).
     _c("step_source", "str", "-", "how the row was found: record | range | sync | gap | log | scrape | client",
        default=""),

@@ -111,7 +111,14 @@ def series_line(name: str, body: str, key: str, t, out: LogRows, raw: str, event
     out.stats.parsed()
     for k, v in vals.items():
         out.add_series(key, f"vllm_log:{name}_{k}", t, v)
-    events.extend((key, t, col, v, how) for col, v, how in _line_columns(name, vals))
+    cols = _line_columns(name, vals)
+    events.extend((key, t, col, v, how) for col, v, how in cols)
+    if name == "eplb":
+        # one line per engine step (eplb_state.py logs every log_balancedness_interval steps, default 1): kept
+        # at its own stamp as well, so a finer interval than the stats line's (a 1 s scrape) takes the
+        # imbalance of its own steps, not the 10 s window's mean (collectors/join.py POINT_SERIES)
+        for col, v, _ in cols:
+            out.add_series(key, f"vllm_log:eplb_{col}", t, v)
 
 
 def _line_columns(name: str, vals: dict[str, float]) -> list[tuple[str, float, str]]:

@@ -113,6 +113,11 @@ def histogram_increase(prev: View, cur: View, base: str) -> dict[str, Any] | Non
         count = float(cum[-1]) if math.isinf(upper[-1]) else math.nan
     ssum = counter_increase(prev.get(base + "_sum"), cur.get(base + "_sum"))
     out = {"itl_count": count, "itl_mean_s": ssum / count if count and count > 0 and math.isfinite(ssum) else math.nan}
+    # the slowest token's bucket: one preempted request's wait among hundreds of tokens moves no quantile
+    grew = np.flatnonzero(np.diff(np.r_[0.0, cum]) > 0)
+    if len(grew):
+        top = int(grew[-1])
+        out["itl_tail_floor_s"] = float(upper[top - 1]) if top > 0 else 0.0
     bounds = {}
     for col, q in QUANTILES:
         out[col], how = bucket_quantile_bound(q, upper, cum)

@@ -285,3 +285,34 @@ def test_the_step_spine_is_the_engines_records_where_their_clock_resolves_steps(
     engine = _part("trace", np.round(base / engine_clock) * engine_clock)
     for parts in ([client, engine], [engine, client]):
         assert spine_first(parts, True)[0][0].given == first
+
+
+def test_per_step_eplb_lines_give_each_scrape_interval_its_own_imbalance():
+    """vLLM logs an ``EPLB step:`` line every engine step (eplb_state.py, log_balancedness_interval 1), at
+    whole-second stamps; the operator log's rows are its 10 s stats windows, whose mean imbalance diluted a
+    3 s hotspot to 1.5 on every 1 s scrape interval of the window. Joined, each scrape interval takes the
+    mean of the lines stamped inside it (a stamp s placed at s + 0.5); one with no line of its own, inside
+    the lines' span, is left unmeasured; one the scrapes measured themselves keeps its value."""
+    from types import SimpleNamespace
+
+    from mixdiag.collectors.join import Input, _merge_view
+    t0 = 1.79e9
+    ends = t0 + np.arange(1, 11, dtype=float) + 0.3                  # scrapes at t0+1.3 ... t0+10.3
+    spine = pd.DataFrame({"t_start_s": ends - 1.0, "t_end_s": ends, "itl_count": 50.0,
+                          "expert_imbalance": [np.nan] * 9 + [1.2]})
+    stamps = [s for s in range(0, 10) if s != 7 for _ in range(20)]  # 20 steps a second, none logged at t0+7
+    hot = {3: 3.0, 4: 3.0, 5: 3.0}
+    vals = [hot.get(s, 1.0) for s in stamps]
+    ser = pd.DataFrame({"instance": "v", "name": "vllm_log:eplb_expert_imbalance", "labels": "",
+                        "t_s": t0 + np.array(stamps, dtype=float), "value": vals})
+    log_rows = pd.DataFrame({"t_start_s": [t0], "t_end_s": [t0 + 10.0], "itl_count": [np.nan],
+                             "expert_imbalance": [np.mean(vals)]})
+    spine_inp = Input("scrapes", "scrapes", "prom-text", SimpleNamespace(tokens=pd.DataFrame({"t_s": []})))
+    log_inp = Input("v.log", "v.log", "vllm-log", SimpleNamespace(tokens=pd.DataFrame({"t_s": []}), series=ser))
+    notes: list[str] = []
+    got = _merge_view([(spine_inp, spine), (log_inp, log_rows)], False, notes)
+    imb = got.sort_values("t_end_s")["expert_imbalance"].to_numpy()
+    # window k, (t0+k+0.3, t0+k+1.3], holds the lines stamped t0+k (placed at t0+k+0.5): seconds 3-5 hot
+    want = [1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 1.0, np.nan, 1.0, 1.2]
+    np.testing.assert_allclose(imb, want)
+    assert any("per-step lines" in n for n in notes)

@@ -63,6 +63,18 @@ def test_histogram_reset_counts_every_bucket_from_zero():
     h = histogram_increase(prom_text.parse(text0).samples, prom_text.parse(text1).samples, "x_seconds")
     assert h["itl_count"] == 7 and h["itl_p99_s"] <= 0.1
 
+@pytest.mark.parametrize("slow_bucket, want", [("1.0", 0.1), ("+Inf", 1.0), ("0.1", 0.0)])
+def test_the_slowest_tokens_bucket_floor(slow_bucket, want):
+    """One token of 100 in a high bucket moves no quantile; the lower edge of the highest bucket that grew
+    says at least one token waited that long (a preempted request's recompute wait)."""
+    def scrape(b1, b2, inf):
+        return (f'x_seconds_bucket{{le="0.1"}} {b1}\nx_seconds_bucket{{le="1.0"}} {b2}\n'
+                f'x_seconds_bucket{{le="+Inf"}} {inf}\nx_seconds_count {inf}\nx_seconds_sum 1\n')
+    one = {"0.1": (100, 100, 100), "1.0": (99, 100, 100), "+Inf": (99, 99, 100)}[slow_bucket]
+    h = histogram_increase(prom_text.parse(scrape(0, 0, 0)).samples, prom_text.parse(scrape(*one)).samples, "x_seconds")
+    assert h["itl_p99_s"] <= 0.1 and h["itl_tail_floor_s"] == want
+
+
 values = st.lists(st.integers(0, 10_000), min_size=2, max_size=12)
 
 

@@ -45,6 +45,26 @@ def test_interval_spike_kinds(name, p50, p99, prefill, want_spike, want_starved,
         assert got.latency_s.iloc[i] == 1.0
 
 
+@pytest.mark.parametrize("name,preempted,floor_s,want", [
+    ("a preemption, its request's next token waited 10 decode passes", {8}, 0.20, {8}),
+    ("the preemption counted one interval before the token came back", {7}, 0.20, {8}),
+    ("preempted two intervals before: not this token's wait", {6}, 0.20, set()),
+    ("a long token but no preemption counted: no spike from one token", set(), 0.20, set()),
+    ("a preemption whose token waited under 2x the baseline", {8}, 0.03, set()),
+])
+def test_a_preempted_requests_lone_long_token_spikes(name, preempted, floor_s, want):
+    """vLLM V1 preempts by recompute and the request's next ITL spans the wait: one token among the
+    interval's hundreds, under every quantile; the highest ITL bucket that grew shows it."""
+    sig = rows(np.array(CALM + [0.02] + CALM), np.array([0.03] * 17))
+    sig["itl_tail_floor_s"] = [0.025] * 17
+    sig.loc[8, "itl_tail_floor_s"] = floor_s
+    sig["preempt"] = [i in preempted for i in range(17)]
+    got = interval_spikes(sig, 2.0, SpikeConfig())
+    assert set(np.flatnonzero(got.is_spike.to_numpy())) == want, name
+    for i in want:
+        assert got.latency_s.iloc[i] == floor_s
+
+
 def test_fault_intervals_do_not_set_the_baseline():
     # a 5-interval EP hotspot window (P50 1.6x) inside 12 calm intervals: with the imbalance-flagged
     # intervals out of the baseline, every one of them stands out

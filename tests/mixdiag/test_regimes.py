@@ -133,6 +133,24 @@ def test_a_row_with_a_host_stall_and_a_mixed_step_names_both_with_shares():
     assert parts.sum() == pytest.approx(np.clip(lat - 0.020, 0, None).sum())  # never more than the excess
 
 
+@pytest.mark.parametrize("granularity", ["step", "interval"])
+def test_routed_token_imbalance_counts_beside_a_prompt_chunk_but_timing_skew_does_not(granularity):
+    """A rank slower than its peers while it holds a prompt chunk is mixing's cost (DP attention): that timing
+    skew adds no EP feature. The engine's count of routed tokens per EP rank (vLLM's EPLB line, SGLang's
+    balancedness) is no timing, and an interval of 1 s nearly always admits some prompt: it counts there too."""
+    rows = [_row(has_prefill=(i % 2 == 0), prefill_tokens=64.0 * (i % 2 == 0), t_start_s=float(i), t_end_s=i + 1.0)
+            for i in range(20)]
+    frame = pd.DataFrame(rows)
+    frame.loc[10, "expert_imbalance"] = 3.3   # a prompt row (i even) with a hot expert rank
+    frame["rank_skew"] = 1.0
+    frame.loc[12, "rank_skew"] = 2.0          # a prompt row whose rank was merely slower
+    frame.loc[13, "rank_skew"] = 2.0          # a decode-only row whose rank was slower
+    f = features(frame, granularity)[:, SPLIT_CAUSES.index("ep_hotspot")]
+    assert f[10] == pytest.approx(3.3 / 1.1 - 1.0)
+    assert f[12] == 0 and f[13] == pytest.approx(1.0)
+    assert (np.delete(f, [10, 13]) == 0).all()
+
+
 def test_an_estimated_signal_adds_no_feature():
     frame = pd.DataFrame([_row(has_prefill=True, prefill_tokens=512.0, rq_token_allocation="estimated"),
                           _row(has_prefill=True, prefill_tokens=512.0, rq_token_allocation="measured")])

@@ -14,7 +14,7 @@ def test_a_log_of_only_eplb_lines_says_what_it_read(tmp_path, capsys):
     p.write_text("".join(_LINES.format(s=s, b=0.58 if s % 2 else 0.91) for s in range(20)))
     assert main(["analyze", str(p)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("No steps or intervals in the input: nothing to diagnose. It holds 60 samples of 3 series")
+    assert first.startswith("No steps or intervals in the input: nothing to diagnose. It holds 80 samples of 4 series")
     assert "balancedness 0.58-0.91 (20)" in first
 
 

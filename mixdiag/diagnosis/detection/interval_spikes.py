@@ -119,6 +119,21 @@ def _unsustained(ref: pd.Series, p50: pd.Series, running: pd.Series, spikes: Spi
     return pd.Series(out, index=ref.index)
 
 
+def _preempted_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, groups: np.ndarray | None) -> pd.Series:
+    """Intervals whose slowest token (the lowest bound of the highest ITL bucket that grew) waited
+    ``interval_ratio`` x the baseline or more, where the engine counted a preemption in the interval or
+    the one before. Basis: vLLM V1 preempts by recompute (the request goes back to the waiting queue
+    and re-prefills) and SGLang retracts the same way; the request's next token then carries the
+    whole wait as one ITL (its last-token time was kept), one token among the hundreds a busy
+    interval holds, so no quantile shows it, and it comes a few steps after the preemption."""
+    floor = _num(sig, "itl_tail_floor_s")
+    if floor.isna().all() or "preempt" not in sig.columns:
+        return pd.Series(False, index=sig.index)
+    pre = sig["preempt"].fillna(False).astype(bool)
+    near = pre | (gw.shift(pre.astype(float), 1, 0.0, groups) > 0)
+    return (near & (floor >= interval_ratio * base)).fillna(False).astype(bool)
+
+
 def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfig, faulty: pd.Series | None = None,
                     groups: np.ndarray | None = None, regimes: RegimeConfig | None = None) -> IntervalSpikes:
     """The three interval spike tests of the module doc over one instance's rows (sorted by time).
@@ -154,8 +169,10 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
             starved.iloc[part] = starved_rows(sig.iloc[part], has_itl.iloc[part], spikes.starve_confirm).to_numpy()
     tail = has_itl & (lat > interval_ratio * base)
     shift = has_itl & ~tail & (p50 > np.maximum(spikes.ratio * base, base + spikes.mad_k * sigma))
+    lone = has_itl & ~tail & ~shift & _preempted_tail(sig, base, interval_ratio, groups)
+    lat = lat.where(~lone, _num(sig, "itl_tail_floor_s"))
     dur = (_num(sig, "t_end_s") - _num(sig, "t_start_s")).clip(lower=0)
     lat = lat.where(~starved, dur)
-    spike = tail | shift | (starved & (lat > spikes.ratio * base))
+    spike = tail | shift | lone | (starved & (lat > spikes.ratio * base))
     return IntervalSpikes(latency_s=lat, baseline_s=base, is_spike=spike.fillna(False).astype(bool),
                           has_itl=has_itl, starved=starved, shift=shift)

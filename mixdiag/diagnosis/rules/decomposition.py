@@ -84,12 +84,17 @@ def features(rows: pd.DataFrame | RowArrays, granularity: str) -> np.ndarray:
     graph_ok = _not_estimated(rows, "rq_graph_mode") & _not_estimated(rows, "q_graph_mode")
     ep_ok = _not_estimated(rows, "rq_expert_imbalance")
     kv_ok = _not_estimated(rows, "rq_kv_transfer")
-    imbalance = np.maximum.reduce([_relative_excess(_num(rows, c).copy() if rows.has(c) else np.zeros(n))
-                                   for c in ("expert_imbalance", "rank_skew", "rank_sm_skew")])
+    def rel(c: str) -> np.ndarray:
+        return _relative_excess(_num(rows, c).copy() if rows.has(c) else np.zeros(n))
+
     # a prompt chunk on this rank or a peer makes its rank slower by design (DP-attention ranks: only the rank
-    # holding the chunk runs prefill attention) - that skew is mixing's cost, not an expert hotspot's
+    # holding the chunk runs prefill attention) - that timing skew is mixing's cost, not an expert hotspot's.
+    # The routed-token imbalance (max/mean tokens per EP rank, counted by the engine: vLLM's EPLB line,
+    # SGLang's balancedness) is no timing: a chunk in the row does not make it, so it is not masked (an
+    # interval of 1 s or more nearly always admits some prompt, which zeroed the feature on every interval)
     chunk = _flag(rows, "has_prefill") | (_num(rows, "peer_prefill") > 0)
-    f[:, col["ep_hotspot"]] = np.where(ep_ok & ~chunk, imbalance, 0.0)
+    skew = np.where(~chunk, np.maximum(rel("rank_skew"), rel("rank_sm_skew")), 0.0)
+    f[:, col["ep_hotspot"]] = np.where(ep_ok, np.maximum(rel("expert_imbalance"), skew), 0.0)
     if granularity == "step":
         prefill = _num(rows, "prefill_tokens")
         has_prefill, has_decode = _flag(rows, "has_prefill"), _flag(rows, "has_decode")
