@@ -39,3 +39,17 @@ def test_interval_absolute_chunk_evidence(case, extra, cause):
     assert a.cause == cause, (case, a)
     if cause == "mixing":
         assert "iteration histogram" in a.evidence["reason"]
+
+
+@pytest.mark.parametrize("case, extra, cause", [
+    ("spiked by one token after a preemption counted the interval before", {"preempted_tail": True,
+                                                                            "graph_none_min_tokens": 16.0}, "kv_pressure"),
+    ("the same batch past the graph sizes without that token", {"graph_none_min_tokens": 16.0}, "graph_fallback"),
+])
+def test_a_preempted_tail_is_named_by_its_preemption(case, extra, cause):
+    """An interval that spiked only because the request preempted in the interval before came back (its next
+    token's ITL spans the recompute) is named by that preemption, not by whatever else its counters hold
+    (before, only a preemption counted in the interval itself was read; e2 tuning 10-29 kv_pressure recall
+    0.84 -> 0.88 on vllm/scrapes)."""
+    a = attribute_interval(pd.Series(ROW | extra), CTX)
+    assert a.cause == cause, (case, a)

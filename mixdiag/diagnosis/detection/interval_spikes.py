@@ -35,7 +35,7 @@ from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baselin
 @dataclass(frozen=True)
 class IntervalSpikes:
     """Per row: latency (P99, or the duration of a starved interval), baseline, spike mask, and
-    which rule made it a spike (``starved``, ``shift``)."""
+    which rule made it a spike (``starved``, ``shift``, ``preempted_tail``)."""
 
     latency_s: pd.Series
     baseline_s: pd.Series
@@ -43,6 +43,7 @@ class IntervalSpikes:
     has_itl: pd.Series
     starved: pd.Series
     shift: pd.Series
+    preempted_tail: pd.Series | None = None
 
 
 def _num(sig: pd.DataFrame, col: str) -> pd.Series:
@@ -175,4 +176,4 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
     lat = lat.where(~starved, dur)
     spike = tail | shift | lone | (starved & (lat > spikes.ratio * base))
     return IntervalSpikes(latency_s=lat, baseline_s=base, is_spike=spike.fillna(False).astype(bool),
-                          has_itl=has_itl, starved=starved, shift=shift)
+                          has_itl=has_itl, starved=starved, shift=shift, preempted_tail=lone)

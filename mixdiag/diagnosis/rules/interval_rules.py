@@ -68,6 +68,12 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         return done("pd_transfer", 0.75 if row_quality(row, ctx, "kv_transfer") == "measured" else 0.65)
     if bool(row.get("preempt")):
         return done("kv_pressure", 0.8)
+    if bool(row.get("preempted_tail")):
+        # spiked only by one token's wait, after a preemption the engine counted in the interval before: the
+        # preempted request's next token (recompute), not the batch (detection/interval_spikes.py)
+        return done("kv_pressure", 0.7, reason="one token waited this long right after the engine counted a "
+                                               "preemption in the interval before: the preempted request's "
+                                               "recompute wait; no quantile of the interval moved")
     imb, rel = num(row.get("expert_imbalance")), num(row.get("imbalance_rel"))
     if imb is not None and imb >= cfg.imbalance_abs and (rel is None or rel >= cfg.imbalance_rel):
         return done("ep_hotspot", 0.6 + 0.4 * min(1.0, ((rel or imb) - 1.0) / 2.0), imbalance_rel=rel)
