@@ -11,7 +11,8 @@ only against the truth of its own window, never a neighbour's.
   generator's truth); found when a right call of that cause overlaps the unit.
 - Mixing false positives: mixing calls on windows without mixing / calls on windows without mixing.
 - Episodes: a schedule episode of >= EPISODE_MIN_STEPS steps is found when result episodes naming
-  its cause cover >= EPISODE_COVER of its time span.
+  its cause cover >= EPISODE_COVER of its time span; episode precision = named result episodes that
+  overlap a schedule episode of their cause (of any length) / named result episodes.
 """
 from __future__ import annotations
 
@@ -99,3 +100,16 @@ def score_episodes(result_eps: pd.DataFrame, schedule: pd.DataFrame, steps: pd.D
         d["of"] += 1
         d["found"] += int(cov >= EPISODE_COVER)
     return out
+
+
+def episode_precision(result_eps: pd.DataFrame, schedule: pd.DataFrame, steps: pd.DataFrame) -> dict:
+    """{"named": result episodes naming a cause, "right": those overlapping a schedule episode of that cause}."""
+    named = result_eps[result_eps["cause"] != UNKNOWN] if len(result_eps) else result_eps
+    if not len(named):
+        return {"named": 0, "right": 0}
+    st = steps.set_index("step")
+    spans = [(e.cause, float(st.loc[e.start, "t_start_s"]), float(st.loc[e.end - 1, "t_end_s"]))
+             for e in schedule.itertuples(index=False) if e.end > e.start]
+    right = sum(any(c == r.cause and r.t_start_s < hi and r.t_end_s > lo for c, lo, hi in spans)
+                for r in named.itertuples(index=False))
+    return {"named": int(len(named)), "right": int(right)}

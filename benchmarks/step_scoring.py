@@ -12,8 +12,9 @@ Rules (docs/analyze.md, "Tier (d2)"):
   without mixing;
 * **episodes**: a truth stretch (one schedule episode of >= ``episode_min_steps`` steps) is found
   when result episodes naming its cause, on its rank's instance, cover >= ``episode_cover`` of its
-  time span; episode precision = named result episodes overlapping a stretch of their cause / named
-  result episodes.
+  time span; episode precision = named result episodes overlapping a schedule episode of their cause
+  (of any length: an episode found on a true 12-step fault is right, though only stretches of
+  ``episode_min_steps`` or more must be found) / named result episodes.
 """
 from __future__ import annotations
 
@@ -121,13 +122,18 @@ def score_episodes(episodes: pd.DataFrame, schedule_eps, truth: pd.DataFrame, ca
     pids = dict(truth.drop_duplicates("pid")[["pid", "rank"]].itertuples(index=False))
     res = episodes.copy() if episodes is not None else pd.DataFrame(columns=["instance", "t_start_s", "t_end_s", "cause"])
     res["rank"] = [rank_of(i, pids) for i in res["instance"]] if len(res) else []
-    stretches = []
+    stretches, spans = [], []
     for e in schedule_eps:
-        if e.duration < cfg.episode_min_steps or e.cause not in causes:
+        if e.cause not in causes:
             continue
         ranks = [e.rank] if e.rank >= 0 else sorted(truth["rank"].unique())
         g = truth[truth["rank"].isin(ranks) & truth["step"].between(e.start, e.end - 1)]
-        stretches.append((e.cause, set(ranks), float(g["t_start_s"].min()), float(g["t_end_s"].max())))
+        if not len(g):
+            continue
+        span = (e.cause, set(ranks), float(g["t_start_s"].min()), float(g["t_end_s"].max()))
+        spans.append(span)
+        if e.duration >= cfg.episode_min_steps:
+            stretches.append(span)
     found = {c: [0, 0] for c in causes}
     for cause, ranks, lo, hi in stretches:
         mine = res[(res["cause"] == cause) & res["rank"].isin(ranks | {None})]
@@ -137,7 +143,7 @@ def score_episodes(episodes: pd.DataFrame, schedule_eps, truth: pd.DataFrame, ca
     named = res[res["cause"].isin(causes)] if len(res) else res
     ok = 0
     for r in named.itertuples(index=False):
-        ok += any(c == r.cause and r.t_start_s < hi and r.t_end_s > lo for c, _, lo, hi in stretches)
+        ok += any(c == r.cause and r.t_start_s < hi and r.t_end_s > lo for c, _, lo, hi in spans)
     return {"stretches": {c: {"found": v[0], "of": v[1]} for c, v in found.items()},
             "recall": (sum(v[0] for v in found.values()) / sum(v[1] for v in found.values())
                        if sum(v[1] for v in found.values()) else None),

@@ -26,7 +26,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from e2_scoring import judge, score, score_episodes  # noqa: E402
+from e2_scoring import episode_precision, judge, score, score_episodes  # noqa: E402
 from helpers.metrics_gen import CAUSES, DIALECTS, GenConfig, generate, units  # noqa: E402
 
 SEED_SETS = {"tune": (0, 1, 2, 3, 4), "heldout": (2000, 2001, 2002, 2003, 2004)}
@@ -111,7 +111,9 @@ def run_case(cap: Path, dialect: str, view: str) -> tuple[pd.DataFrame, pd.DataF
         # a view with scrapes must place the log itself (collectors/logs/log_zone.py) and is scored as read
         spikes, episodes = (zone_free(f, params["log_utc_offset_s"]) for f in (spikes, episodes))
     judged = judge(spikes, steps)
-    eps = score_episodes(episodes, pd.read_csv(cap / "truth" / "schedule.csv"), steps)
+    sched = pd.read_csv(cap / "truth" / "schedule.csv")
+    eps = score_episodes(episodes, sched, steps)
+    eps["_precision"] = episode_precision(episodes, sched, steps)
     return judged, view_units(cap, view, steps), eps
 
 
@@ -119,18 +121,21 @@ def evaluate(dialects, seeds, cache: Path, n_steps: int, scrape_s: float = 1.0) 
     res = {}
     for dialect in dialects:
         for view in VIEWS:
-            js, us, ep = [], [], {}
+            js, us, ep, named, right = [], [], {}, 0, 0
             for seed in seeds:
                 cap = ensure_capture(cache, dialect, seed, n_steps, scrape_s)
                 j, u, e = run_case(cap, dialect, view)
                 js.append(j)
                 us.append(u)
+                prec = e.pop("_precision")
+                named, right = named + prec["named"], right + prec["right"]
                 for c, v in e.items():
                     cur = ep.setdefault(c, {"found": 0, "of": 0})
                     cur["found"] += v["found"]
                     cur["of"] += v["of"]
             s = score(pd.concat(js, ignore_index=True), pd.concat(us, ignore_index=True), CAUSES)
             s["episodes"] = ep
+            s["episode_precision"] = {"named": named, "right": right, "precision": right / named if named else None}
             res[f"{dialect}/{view}"] = s
     return res
 
@@ -140,17 +145,22 @@ def _cell(v: dict) -> str:
     return f"{f(v['precision'])}/{f(v['recall'])}/**{f(v['f1'])}** ({v['called']}, {v['visible_units']})"
 
 
+def _prec(s: dict) -> str:
+    p = s.get("episode_precision") or {}
+    return "-" if not p.get("named") else f"{p['precision']:.2f} ({p['right']}/{p['named']})"
+
+
 def render(res: dict) -> str:
     extra = sorted({c for s in res.values() for c in s["per_cause"]} - set(CAUSES))
     cols = list(CAUSES) + extra
-    out = ["| dialect/view | " + " | ".join(cols) + " | macro-F1 | mixing FP | spikes (unknown) | episodes found |",
-           "|" + "---|" * (len(cols) + 5)]
+    out = ["| dialect/view | " + " | ".join(cols) + " | macro-F1 | mixing FP | spikes (unknown) | episodes found "
+           "| episode precision |", "|" + "---|" * (len(cols) + 6)]
     for k, s in res.items():
         cells = [_cell(s["per_cause"][c]) if c in s["per_cause"] else "n/a" for c in cols]
         mf = "-" if s["macro_f1"] is None else f"{s['macro_f1']:.2f}"
         eps = ", ".join(f"{c} {v['found']}/{v['of']}" for c, v in sorted(s["episodes"].items()))
         out.append(f"| {k} | " + " | ".join(cells) + f" | **{mf}** | {100 * s['mixing_fp_rate']:.1f} % "
-                   f"({s['mixing_fp']}/{s['non_mixing_spikes']}) | {s['spikes']} ({s['unknown']}) | {eps} |")
+                   f"({s['mixing_fp']}/{s['non_mixing_spikes']}) | {s['spikes']} ({s['unknown']}) | {eps} | {_prec(s)} |")
     return "\n".join(out)
 
 

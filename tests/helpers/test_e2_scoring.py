@@ -76,3 +76,14 @@ def test_episodes_need_half_their_span_covered_by_their_cause():
     # host_stall 10..40: 16 of 30 s covered (>= 0.5) found; mixing 50..80: 10 of 30 s, missed
     assert sc.score_episodes(res, sched, steps) == {"host_stall": {"found": 1, "of": 1},
                                                     "mixing": {"found": 0, "of": 1}}
+
+
+def test_episode_precision_counts_episodes_on_a_fault_of_their_cause_of_any_length():
+    steps = pd.DataFrame({"step": range(100), "t_start_s": [float(i) for i in range(100)],
+                          "t_end_s": [i + 1.0 for i in range(100)]})
+    sched = pd.DataFrame({"cause": ["host_stall", "mixing"], "start": [10, 90], "end": [40, 95],
+                          "magnitude": [0.1, 3000]})
+    res = pd.DataFrame({"t_start_s": [12.0, 91.0, 50.0, 20.0], "t_end_s": [30.0, 94.0, 60.0, 25.0],
+                        "cause": ["host_stall", "mixing", "mixing", "unknown"]})
+    # the 5-step mixing fault is right to name (though too short to be owed); 50..60 holds no mixing
+    assert sc.episode_precision(res, sched, steps) == {"named": 3, "right": 2}

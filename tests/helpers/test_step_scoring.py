@@ -83,3 +83,8 @@ def test_episode_recall_and_precision():
     assert r["recall"] == 0.5
     # named episodes: 4 (unknown is not named); the host_stall one overlaps no host_stall stretch
     assert (r["named_episodes"], r["precision"]) == (4, 0.75)
+    # an episode on the 5-step stall is right (precision), though so short a fault need not be found (recall)
+    on_short = pd.concat([res, pd.DataFrame({"instance": ["trace:pid5"], "cause": ["host_stall"],
+                                             "t_start_s": [95.2], "t_end_s": [99.0]})], ignore_index=True)
+    r = sc.score_episodes(on_short, sched, tv, ("mixing", "ep_hotspot", "host_stall"))
+    assert (r["named_episodes"], r["precision"], r["recall"]) == (5, 0.8, 0.5)

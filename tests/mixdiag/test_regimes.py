@@ -40,6 +40,34 @@ def test_a_150_step_ep_hotspot_is_one_episode_with_ep_as_its_cause():
     assert max(doc["excess"]["shares"], key=doc["excess"]["shares"].get) == "ep_hotspot"
 
 
+def test_a_host_stall_inside_an_ep_hotspot_is_an_episode_of_its_own():
+    """Faults overlap: a 40-step host stall (100 ms before each step, measured) in the middle of a 200-step EP
+    hotspot. The elevated stretch is one episode named by its largest cause; the stall's rows, where the host
+    gap carries most of each row's excess, are an episode of their own inside it (nested_episodes.py)."""
+    faults = {k: dict(expert_imbalance=4.0, dur=0.050) for k in range(300, 500)}
+    for k in range(380, 420):
+        faults[k] = dict(expert_imbalance=4.0, dur=0.050, gap=0.100)
+    ep = diagnose(dc.build(700, faults)).regimes.episodes
+    outer = ep[ep["cause"] == "ep_hotspot"]
+    inner = ep[ep["cause"] == "host_stall"]
+    assert len(outer) == 1 and len(inner) == 1
+    i = inner.iloc[0]
+    assert abs(i["step_start"] - 380) <= 3 and abs(i["step_end"] - 419) <= 3
+    assert i["shares"]["host_stall"] >= 0.5 and "inside episode" in i["why"]
+    assert outer.iloc[0]["step_start"] <= i["step_start"] and i["step_end"] <= outer.iloc[0]["step_end"]
+
+
+def test_nested_runs_need_min_rows_and_bridge_short_gaps():
+    from mixdiag.diagnosis.rules.nested_episodes import nested_runs
+    # columns: cause 0, cause 1, unknown; cause 1 leads rows 10-17 but for row 13 (a gap of 1, bridged), then
+    # rows 22-25 after a gap of 4 rows (too long to bridge): 4 rows, too short for an episode
+    parts = np.zeros((30, 3))
+    parts[:, 0] = 1.0
+    parts[[10, 11, 12, 14, 15, 16, 17, 22, 23, 24, 25], 1] = 3.0
+    runs = nested_runs(parts, 0, 29, parent=0, name_share=0.25, cfg=RegimeConfig(min_rows=5, merge_gap_rows=3))
+    assert runs == [(10, 17, 1)]
+
+
 def test_isolated_spikes_make_no_episode():
     faults = {k: dict(kind="mixed", prefill_tokens=512, prefill_reqs=1, dur=0.110) for k in range(20, 600, 7)}
     d = diagnose(dc.build(620, faults))

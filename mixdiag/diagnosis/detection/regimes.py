@@ -208,17 +208,21 @@ def episode_rows(instance: str, t_s: np.ndarray, latency: np.ndarray, centre: np
     lat = np.asarray(latency, dtype=float)
     t = np.asarray(t_s, dtype=float)
     w = np.ones(len(lat)) if weight is None else np.asarray(weight, dtype=float)
-    rows = []
-    for a, b in episode_runs(lat, centre, sigma, cfg):
-        seg = slice(a, b + 1)
-        lat_seg, ref_seg = lat[seg], centre[seg]
-        ok = np.isfinite(lat_seg) & np.isfinite(ref_seg)
-        excess = float(np.sum(np.clip(lat_seg[ok] - ref_seg[ok], 0, None) * w[seg][ok]))
-        med = float(np.median(lat_seg[ok])) if ok.any() else float("nan")
-        ref = float(np.median(ref_seg[ok])) if ok.any() else float("nan")
-        rows.append((instance, len(rows), a, b, float(t[a]), float(t[b]), b - a + 1, ref, med,
-                     med / ref if ref > 0 else float("nan"), excess))
-    return rows
+    return [episode_row(instance, k, a, b, t, lat, centre, w)
+            for k, (a, b) in enumerate(episode_runs(lat, centre, sigma, cfg))]
+
+
+def episode_row(instance: str, k: int, a: int, b: int, t: np.ndarray, lat: np.ndarray, centre: np.ndarray,
+                w: np.ndarray) -> tuple:
+    """One EPISODE_COLUMNS tuple for rows ``a..b`` (inclusive) of one instance's view."""
+    seg = slice(a, b + 1)
+    lat_seg, ref_seg = lat[seg], centre[seg]
+    ok = np.isfinite(lat_seg) & np.isfinite(ref_seg)
+    excess = float(np.sum(np.clip(lat_seg[ok] - ref_seg[ok], 0, None) * w[seg][ok]))
+    med = float(np.median(lat_seg[ok])) if ok.any() else float("nan")
+    ref = float(np.median(ref_seg[ok])) if ok.any() else float("nan")
+    return (instance, k, a, b, float(t[a]), float(t[b]), b - a + 1, ref, med, med / ref if ref > 0 else float("nan"),
+            excess)
 
 
 @dataclass(frozen=True)

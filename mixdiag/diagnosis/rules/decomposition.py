@@ -32,14 +32,20 @@ import pandas as pd
 from mixdiag.causes import CAUSES
 from mixdiag.diagnosis.config import RegimeConfig
 from mixdiag.diagnosis.row_arrays import RowArrays, as_rows
-from mixdiag.diagnosis.detection.regimes import (EPISODE_COLUMNS, LatencyView, episode_rows, latency_view,
-                                                low_side_reference, reference, saturation)
+from mixdiag.diagnosis.detection.regimes import (EPISODE_COLUMNS, LatencyView, episode_row, episode_rows,
+                                                latency_view, low_side_reference, reference, saturation)
+from mixdiag.diagnosis.rules.nested_episodes import nested_runs
 
 #: the causes a row's excess can be split across (unknown takes the rest)
 SPLIT_CAUSES = ("mixing", "prefill_stall", "ep_hotspot", "pd_transfer", "graph_fallback", "kv_pressure", "host_stall")
 #: an episode is named by its largest cause only when that cause explains at least this share of its excess;
 #: below it the evidence is thin and the episode stays unknown (and says why)
 NAME_SHARE = 0.25
+#: a stretch inside an episode is an episode of another cause only when that cause carries at least this share
+#: of the stretch's excess (nested_episodes.py): it overlaps its parent's claim, so it needs a majority, not the
+#: plurality that names a stand-alone episode (set on e2 tuning seeds 10-29: at a plurality, 3 of 17 nested
+#: interval episodes named mixing where a graph fallback ran, at mixing shares 0.27-0.34)
+NESTED_SHARE = 0.5
 #: the episodes frame of a Diagnosis: rows bounded by the instance's own step (interval) numbers
 STEP_NAMES = {"row_start": "step_start", "row_end": "step_end"}
 EPISODE_RESULT_COLUMNS = [STEP_NAMES.get(c, c) for c in EPISODE_COLUMNS] + ["cause", "shares", "why"]
@@ -312,11 +318,23 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
             order = np.argsort(step_no, kind="stable")
             out.row_parts[str(inst)] = (step_no[order], parts[order])
             out.row_t[str(inst)] = view.t_s[order]
+        n_eps = 0
         for r in episode_rows(str(inst), view.t_s, view.latency_s, centre, sigma, cfg, view.weight):
             a, b = r[2], r[3]  # row positions inside the view -> the instance's own step numbers
             sh = _shares(parts[a:b + 1].sum(axis=0))
             cause, why = _name(sh)
-            episodes.append((*r[:2], step_no[a], step_no[b], *r[4:], cause, sh, why))
+            episodes.append((r[0], n_eps, step_no[a], step_no[b], *r[4:], cause, sh, why))
+            parent, n_eps = n_eps, n_eps + 1
+            # a stretch inside it where another cause leads each row: an episode of that cause too
+            for c, d, j in nested_runs(parts, a, b, names.index(cause), NAME_SHARE, cfg):
+                inner = _shares(parts[c:d + 1].sum(axis=0))
+                if inner.get(names[j], 0.0) < NESTED_SHARE:  # the run as a whole must say so too, by a majority
+                    continue
+                w = view.weight if view.weight is not None else np.ones(len(view.latency_s))
+                e = episode_row(str(inst), n_eps, c, d, view.t_s, view.latency_s, centre, w)
+                episodes.append((e[0], n_eps, step_no[c], step_no[d], *e[4:], names[j], inner,
+                                 f"inside episode {parent} ({cause}): its rows' own evidence names {names[j]}"))
+                n_eps += 1
     if episodes:
         out.episodes = pd.DataFrame(episodes, columns=EPISODE_RESULT_COLUMNS)
     return out
