@@ -80,6 +80,16 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         # a batch the engine runs without a graph (its CUDA-graph table, or above its largest capture size) at
         # either end of the interval: eager decode, a fault the baseline must not absorb (as for the gauges above)
         faulty = faulty | pd.Series(batch >= sig["graph_none_min_tokens"].to_numpy(dtype=float), index=sig.index)
+    if "iteration_tokens_floor" in sig.columns and "running_reqs" in sig.columns:
+        # a step of batch + chunk_min tokens or more ran in the interval (the engine's own iteration-tokens
+        # histogram; each decode adds one token): a large prompt chunk beside the decodes (vLLM V1 schedules them in
+        # one step), measured - no healthy decode interval for the baseline, as a counted fault is not
+        run_now = pd.to_numeric(sig["running_reqs"], errors="coerce").to_numpy(dtype=float)
+        run_before = gw.shift(pd.to_numeric(sig["running_reqs"], errors="coerce"), 1, np.nan, groups).to_numpy(dtype=float)
+        floor = pd.to_numeric(sig["iteration_tokens_floor"], errors="coerce").to_numpy(dtype=float)
+        with np.errstate(invalid="ignore"):
+            chunk = floor - np.fmax(run_now, run_before) >= cfg.attribution.chunk_min_tokens
+        faulty = faulty | pd.Series(chunk, index=sig.index)
     if "graph_off_decode_steps" in sig.columns:
         # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward pass
         # counter, its decode_none mode; log_windows.graph_off_decode_column): eager decode, measured, a
