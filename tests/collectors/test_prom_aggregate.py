@@ -118,3 +118,19 @@ def test_iteration_columns_equal_dialect_columns_row_by_row(with_before):
         s = want.get("large_step_share", math.nan)
         assert (math.isnan(s) and math.isnan(out["large_step_share"][r])) or out["large_step_share"][r] == s, r
         assert bool(out["used_kind"][r]) == ("kind" in used), r
+
+
+def test_tail_floor_matches_the_scrape_reader():
+    """The aggregated path's slowest-token floor is the timed-scrape reader's (prom_intervals)."""
+    import math
+
+    from mixdiag.collectors.prometheus.prom_aggregate import _itl_tail_floor
+    upper = np.array([0.1, 1.0, math.inf])
+    inc = np.array([[99.0, 100.0, 100.0],      # one token in (0.1, 1.0]
+                    [99.0, 99.0, 100.0],       # one in +Inf
+                    [100.0, 100.0, 100.0],     # all fast
+                    [0.0, 0.0, 0.0],           # no token
+                    [np.nan, 100.0, 100.0]])   # a bucket absent at that step
+    got = _itl_tail_floor(upper, inc)
+    np.testing.assert_array_equal(got[:3], [0.1, 1.0, 0.0])
+    assert np.isnan(got[3]) and np.isnan(got[4])
