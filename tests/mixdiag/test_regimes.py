@@ -283,3 +283,19 @@ def test_interval_reference_skips_intervals_where_a_large_chunk_ran(floor_tokens
                          iteration_tokens_floor=floor_tokens if mixed else 16.0, prefill_tokens=2048.0 if mixed else 0.0))
     d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
     assert d.regimes.reference["srv"]["reference_s"] == pytest.approx(want_ref, rel=0.05)
+
+
+def test_a_watcher_counts_a_nested_episode_once():
+    """The exporter counts episodes starting after the end of the last one counted; an episode inside another
+    starts before its parent's end, so it is tracked apart (per instance and cause) and counted once."""
+    from mixdiag.diagnosis.rules.decomposition import NESTED_WHY, Regimes
+
+    def regimes(nested_end):
+        return Regimes(episodes=pd.DataFrame({
+            "instance": ["srv", "srv"], "t_start_s": [0.0, 40.0], "t_end_s": [100.0, nested_end],
+            "cause": ["ep_hotspot", "host_stall"], "why": ["", f"{NESTED_WHY}0 (ep_hotspot): ..."]}))
+
+    got, until = regimes(60.0).episodes_after({})
+    assert (got["ep_hotspot"], got["host_stall"]) == (1, 1)
+    again, until = regimes(70.0).episodes_after(until)  # the next window: both grew, neither is new
+    assert sum(again.values()) == 0

@@ -46,6 +46,8 @@ NAME_SHARE = 0.25
 #: plurality that names a stand-alone episode (set on e2 tuning seeds 10-29: at a plurality, 3 of 17 nested
 #: interval episodes named mixing where a graph fallback ran, at mixing shares 0.27-0.34)
 NESTED_SHARE = 0.5
+#: how a nested episode's ``why`` begins (its parent's number follows)
+NESTED_WHY = "inside episode "
 #: the episodes frame of a Diagnosis: rows bounded by the instance's own step (interval) numbers
 STEP_NAMES = {"row_start": "step_start", "row_end": "step_end"}
 EPISODE_RESULT_COLUMNS = [STEP_NAMES.get(c, c) for c in EPISODE_COLUMNS] + ["cause", "shares", "why"]
@@ -231,13 +233,16 @@ class Regimes:
     def episodes_after(self, counted_until: dict[str, float]) -> tuple[dict[str, int], dict[str, float]]:
         """Episodes per cause that start after ``counted_until[instance]`` (the end of the last episode a
         watcher counted there), and the new per-instance end. An episode still under way when a window
-        closes is counted once, under the cause it had then; its later growth starts before that end."""
+        closes is counted once, under the cause it had then; its later growth starts before that end. An
+        episode inside another (nested_episodes.py) is tracked apart, per instance and cause (key
+        ``instance<TAB>cause``): it starts before its parent's end, yet is an episode of its own."""
         until, out = dict(counted_until), {c: 0 for c in CAUSES}
         for r in self.episodes.sort_values("t_start_s", kind="stable").itertuples(index=False):
             inst = str(r.instance)
-            if float(r.t_start_s) > until.get(inst, -np.inf):
+            key = f"{inst}\t{r.cause}" if str(r.why).startswith(NESTED_WHY) else inst
+            if float(r.t_start_s) > until.get(key, -np.inf):
                 out[r.cause if r.cause in out else "unknown"] += 1
-            until[inst] = max(until.get(inst, -np.inf), float(r.t_end_s))
+            until[key] = max(until.get(key, -np.inf), float(r.t_end_s))
         return out, until
 
     def excess_by_cause(self) -> dict[str, float]:
@@ -333,7 +338,7 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
                 w = view.weight if view.weight is not None else np.ones(len(view.latency_s))
                 e = episode_row(str(inst), n_eps, c, d, view.t_s, view.latency_s, centre, w)
                 episodes.append((e[0], n_eps, step_no[c], step_no[d], *e[4:], names[j], inner,
-                                 f"inside episode {parent} ({cause}): its rows' own evidence names {names[j]}"))
+                                 f"{NESTED_WHY}{parent} ({cause}): its rows' own evidence names {names[j]}"))
                 n_eps += 1
     if episodes:
         out.episodes = pd.DataFrame(episodes, columns=EPISODE_RESULT_COLUMNS)
