@@ -188,7 +188,8 @@ def regime_lines(d, top: int = 10) -> list[str]:
     for r in shown.itertuples(index=False):
         line = (f"{r.instance:<10} {r.t_start_s - t0:>10.3f} {r.t_end_s - t0:>10.3f} {int(r.rows):>6} "
                 f"{ms(r.reference_s):>10} {r.ratio:>5.2f}x {r.excess_s:>9.3f}  {episode_label(r.cause, r.shares)}")
-        out.append(line + (f" - {r.why}" if r.cause == "unknown" and r.why else ""))
+        # why: for an unknown episode what was missing; for one inside another, which (a named one has none)
+        out.append(line + (f" - {r.why}" if isinstance(r.why, str) and r.why else ""))
     if n_eps > len(shown):
         out.append(f"... and {n_eps - len(shown)} more episode(s) (analyze --json lists all)")
     return out

@@ -99,3 +99,11 @@ def test_no_band_without_an_episode():
     assert not [s for s in fig.layout.shapes if s.type == "rect"]
     assert not [t for t in fig.data if (t.name or "").startswith("episode")]
     assert "No sustained episode" in regimes_html(d)
+
+
+def test_an_episode_inside_another_says_so():
+    eps = [_episode(0, "mixing", 5.0), _episode(1, "host_stall", 2.0, "inside episode 0 (mixing): its rows' own "
+                                                                    "evidence names host_stall")]
+    lines = regime_lines(_fake(eps))
+    assert lines[-1].endswith("host_stall (60%) - inside episode 0 (mixing): its rows' own evidence names host_stall")
+    assert lines[-2].endswith("mixing (60%)")
