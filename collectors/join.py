@@ -282,6 +282,7 @@ def _fill_points(spine: pd.DataFrame, inp, empty: dict[str, np.ndarray], notes: 
         if len(pts) < 2:
             continue
         t = pts["t_s"].to_numpy(dtype=float)
+        # the stamp clock's step: lines a minute or more apart tell no clock resolution, only their spacing
         res = resolution(pts["t_s"])
         t = t + (0.5 * res if np.isfinite(res) and res < 60 else 0.0)
         order = np.argsort(t)
@@ -325,7 +326,9 @@ def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: lis
             notes.append(f"{len(rows)} step rows of {inp.given} ({inp.fmt}) not merged: their clock resolution "
                          f"({res:g} s) is coarser than half a step of {spine_inp.given} ({tol:.3g} s)")
             continue
-        empty = {c: _empty_cells(spine, c).to_numpy() if c in spine else np.ones(len(spine), bool) for c in POINT_SERIES}
+        # which interval cells were empty before this input lent to them (the ones its per-step points may set)
+        empty = {} if steps else {c: _empty_cells(spine, c).to_numpy() if c in spine else np.ones(len(spine), bool)
+                                  for c in POINT_SERIES}
         spine, unused = _fill(spine, rows, tol, cols)
         if not steps:
             spine = _fill_window(spine, rows)

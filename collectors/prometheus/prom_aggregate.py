@@ -24,7 +24,7 @@ from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
 from mixdiag.collectors.prometheus.dialect_columns import INFERRED, dialect_columns, quality
-from mixdiag.collectors.prometheus.prom_common import ITERATION_TOKENS
+from mixdiag.collectors.prometheus.prom_common import ITERATION_TOKENS, bucket_tail_floor
 from mixdiag.collectors.prometheus.prom_http import MAX_POINTS, api_data, api_get, fmt_s, matchers, post
 from mixdiag.collectors.text_input import LineStats
 
@@ -281,24 +281,6 @@ def _itl_quantiles(upper: np.ndarray, inc: np.ndarray) -> dict[str, np.ndarray]:
     return out
 
 
-def _itl_tail_floor(upper: np.ndarray, inc: np.ndarray) -> np.ndarray:
-    """Per row of cumulative ITL bucket increases (rows x sorted bounds): the lower edge of the highest bucket
-    that grew (0 for the lowest; NaN where no bucket grew or some bucket is absent at that step), as
-    prom_intervals.histogram_increase gives ``itl_tail_floor_s``."""
-    out = np.full(len(inc), np.nan)
-    if not len(inc) or not len(upper):
-        return out
-    full = ~np.isnan(inc).any(axis=1)
-    cum = np.maximum.accumulate(np.where(np.isnan(inc), 0.0, inc), axis=1)  # as PromQL fixes a dip
-    grew = np.diff(np.concatenate([np.zeros((len(cum), 1)), cum], axis=1), axis=1) > 0
-    any_grew = grew.any(axis=1)
-    top = grew.shape[1] - 1 - np.argmax(grew[:, ::-1], axis=1)
-    lower = np.concatenate([[0.0], upper[:-1]])
-    ok = full & any_grew
-    out[ok] = lower[top[ok]]
-    return out
-
-
 def _iteration_columns(upper: np.ndarray, inc: np.ndarray, has: np.ndarray, frame: dict,
                        running_before: np.ndarray | None = None) -> dict:
     """dialect_columns' vLLM iteration-token reading per row (``large_step_share``, ``kind``,
@@ -380,7 +362,7 @@ def read_aggregated(url: str, start: float, end: float, step_s: float, selector:
     frame: dict[str, np.ndarray] = {col: vals[col][ki, ti] for col in AGG_QUERIES if col != "itl_sum"}
     frame.update(_itl_quantiles(itl_upper, itl_inc[ki, ti]) if len(itl_upper) else
                  {col: np.full(n, np.nan) for col, _ in ITL_QUANTILES})
-    frame["itl_tail_floor_s"] = _itl_tail_floor(itl_upper, itl_inc[ki, ti]) if len(itl_upper) else np.full(n, np.nan)
+    frame["itl_tail_floor_s"] = bucket_tail_floor(itl_upper, itl_inc[ki, ti]) if len(itl_upper) else np.full(n, np.nan)
     s, c = vals["itl_sum"][ki, ti], frame["itl_count"]
     with np.errstate(invalid="ignore", divide="ignore"):
         frame["itl_mean_s"] = np.where((c > 0) & np.isfinite(s), s / c, np.nan)

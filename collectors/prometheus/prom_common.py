@@ -115,6 +115,24 @@ def bucket_quantile_bound(q: float, upper: np.ndarray, cum: np.ndarray) -> tuple
     return (hi if n <= 0 else lo + (hi - lo) * (rank - below) / n), INSIDE
 
 
+def bucket_tail_floor(upper: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """Per row of cumulative bucket increases (rows x sorted bounds ``upper``): the lower edge of the highest
+    bucket that grew - at least one observation was this large (0 for the lowest bucket; NaN where no bucket
+    grew or a bucket is absent). One slow token among hundreds moves no quantile; this shows it."""
+    cum = np.atleast_2d(np.asarray(cum, dtype=float))
+    out = np.full(len(cum), np.nan)
+    if not cum.size or not len(upper):
+        return out
+    full = ~np.isnan(cum).any(axis=1)
+    c = np.maximum.accumulate(np.where(np.isnan(cum), 0.0, cum), axis=1)  # as PromQL fixes a dip
+    grew = np.diff(c, axis=1, prepend=0.0) > 0
+    top = grew.shape[1] - 1 - np.argmax(grew[:, ::-1], axis=1)
+    lower = np.concatenate([[0.0], np.asarray(upper, dtype=float)[:-1]])
+    ok = full & grew.any(axis=1)
+    out[ok] = lower[top[ok]]
+    return out
+
+
 def bucket_quantile(q: float, upper: np.ndarray, cum: np.ndarray) -> float:
     """The value of :func:`bucket_quantile_bound` (a bound where the buckets give no more)."""
     return bucket_quantile_bound(q, upper, cum)[0]

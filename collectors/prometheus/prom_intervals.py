@@ -35,7 +35,8 @@ from mixdiag.collectors.prometheus.dialect_columns import dialect_columns, quali
 from mixdiag.collectors.prometheus.prefill_work import chunk_ahead_column, prefill_work_column
 from mixdiag.collectors.prometheus.prom_common import (GAUGE_COLUMNS, ITL_HISTOGRAMS, QUANTILE_BOUNDS, SPLIT_LABELS,
                                                        LabelKey, TimedScrape, View,
-                                                       bucket_quantile_bound, counter_increase, first_present,
+                                                       bucket_quantile_bound, bucket_tail_floor, counter_increase,
+                                                       first_present,
                                                        gauge_value, is_gauge)
 
 # Per column: candidate (metric, label filter) in order of preference; the first present wins.
@@ -114,10 +115,9 @@ def histogram_increase(prev: View, cur: View, base: str) -> dict[str, Any] | Non
     ssum = counter_increase(prev.get(base + "_sum"), cur.get(base + "_sum"))
     out = {"itl_count": count, "itl_mean_s": ssum / count if count and count > 0 and math.isfinite(ssum) else math.nan}
     # the slowest token's bucket: one preempted request's wait among hundreds of tokens moves no quantile
-    grew = np.flatnonzero(np.diff(np.r_[0.0, cum]) > 0)
-    if len(grew):
-        top = int(grew[-1])
-        out["itl_tail_floor_s"] = float(upper[top - 1]) if top > 0 else 0.0
+    floor = float(bucket_tail_floor(upper, cum)[0])
+    if math.isfinite(floor):
+        out["itl_tail_floor_s"] = floor
     bounds = {}
     for col, q in QUANTILES:
         out[col], how = bucket_quantile_bound(q, upper, cum)

@@ -124,13 +124,13 @@ def test_tail_floor_matches_the_scrape_reader():
     """The aggregated path's slowest-token floor is the timed-scrape reader's (prom_intervals)."""
     import math
 
-    from mixdiag.collectors.prometheus.prom_aggregate import _itl_tail_floor
+    from mixdiag.collectors.prometheus.prom_common import bucket_tail_floor
     upper = np.array([0.1, 1.0, math.inf])
     inc = np.array([[99.0, 100.0, 100.0],      # one token in (0.1, 1.0]
                     [99.0, 99.0, 100.0],       # one in +Inf
                     [100.0, 100.0, 100.0],     # all fast
                     [0.0, 0.0, 0.0],           # no token
                     [np.nan, 100.0, 100.0]])   # a bucket absent at that step
-    got = _itl_tail_floor(upper, inc)
+    got = bucket_tail_floor(upper, inc)
     np.testing.assert_array_equal(got[:3], [0.1, 1.0, 0.0])
     assert np.isnan(got[3]) and np.isnan(got[4])

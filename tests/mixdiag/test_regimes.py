@@ -251,18 +251,25 @@ def test_a_sustained_fallback_at_a_batch_size_no_healthy_step_ran_is_a_fallback_
     assert abs(ep.iloc[0]["step_start"] - 200) <= 3 and abs(ep.iloc[0]["step_end"] - 349) <= 3
 
 
+def _stretch_of_intervals(inside: dict, outside: dict) -> Timeline:
+    """100 one-second intervals of 16 running requests; intervals 10-89 slower (P50 50 ms against 20 ms) with
+    the columns ``inside``, the rest with ``outside``."""
+    rows = []
+    for i in range(100):
+        slow = 10 <= i < 90
+        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval",
+                         kind="unknown", running_reqs=16.0, itl_count=400.0, itl_mean_s=0.05 if slow else 0.02,
+                         itl_p50_s=0.05 if slow else 0.02, itl_p99_s=0.06 if slow else 0.025,
+                         **(inside if slow else outside)))
+    return Timeline(pd.DataFrame(rows), None, meta={})
+
+
 def test_interval_reference_skips_intervals_with_a_measured_fault():
     """Intervals where a counter measured a fault (here a KV transfer) are no healthy reference for the
     regime stage either: with transfers in 80 % of the intervals, the low side of all intervals would be
     the transfer level and the transfer stretch no episode."""
-    rows = []
-    for i in range(100):
-        xfer = 10 <= i < 90
-        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval",
-                         kind="unknown", running_reqs=16.0, itl_count=400.0, itl_mean_s=0.05 if xfer else 0.02,
-                         itl_p50_s=0.05 if xfer else 0.02, itl_p99_s=0.06 if xfer else 0.025,
-                         kv_transfer_bytes=4e6 if xfer else 0.0, kv_transfer_s=0.03 if xfer else 0.0))
-    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    d = diagnose(_stretch_of_intervals(dict(kv_transfer_bytes=4e6, kv_transfer_s=0.03),
+                                       dict(kv_transfer_bytes=0.0, kv_transfer_s=0.0)))
     assert d.regimes.reference["srv"]["reference_s"] == pytest.approx(0.02, rel=0.05)
     eps = d.regimes.episodes
     assert len(eps) == 1 and eps.iloc[0]["rows"] >= 70 and eps.iloc[0]["cause"] == "pd_transfer"
@@ -274,14 +281,8 @@ def test_interval_reference_skips_intervals_where_a_large_chunk_ran(floor_tokens
     ran beside the decodes in that interval: no healthy decode interval. A stream of long prompts in 80 % of the
     intervals made the mixed level the reference (e2 tuning seed 24: the first minute's mixing set the
     baseline, and the EP hotspot after it did not spike). Short prompts (batch + 64) leave the reference alone."""
-    rows = []
-    for i in range(100):
-        mixed = 10 <= i < 90
-        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval",
-                         kind="unknown", running_reqs=16.0, itl_count=400.0, itl_mean_s=0.05 if mixed else 0.02,
-                         itl_p50_s=0.05 if mixed else 0.02, itl_p99_s=0.06 if mixed else 0.025,
-                         iteration_tokens_floor=floor_tokens if mixed else 16.0, prefill_tokens=2048.0 if mixed else 0.0))
-    d = diagnose(Timeline(pd.DataFrame(rows), None, meta={}))
+    d = diagnose(_stretch_of_intervals(dict(iteration_tokens_floor=floor_tokens, prefill_tokens=2048.0),
+                                       dict(iteration_tokens_floor=16.0, prefill_tokens=0.0)))
     assert d.regimes.reference["srv"]["reference_s"] == pytest.approx(want_ref, rel=0.05)
 
 

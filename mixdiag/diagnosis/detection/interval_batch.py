@@ -73,22 +73,24 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     # an interval whose GPU measurably waited on the host far beyond its usual share (host_wait): a host
     # stall, a fault the baseline must not absorb either
     faulty = faulty | pd.Series(wait_stands_out(sig, cfg.attribution), index=sig.index)
-    if "graph_none_min_tokens" in sig.columns and "running_reqs" in sig.columns:
+    batch = None
+    if "running_reqs" in sig.columns:
         # the running gauge at the interval's start (the previous scrape): the batch its first steps ran
-        sig["running_reqs_start"] = gw.shift(pd.to_numeric(sig["running_reqs"], errors="coerce"), 1, np.nan, groups)
-        batch = np.fmax(sig["running_reqs"].to_numpy(dtype=float), sig["running_reqs_start"].to_numpy(dtype=float))
+        running = pd.to_numeric(sig["running_reqs"], errors="coerce")
+        start = gw.shift(running, 1, np.nan, groups)
+        batch = np.fmax(running.to_numpy(dtype=float), start.to_numpy(dtype=float))
+    if "graph_none_min_tokens" in sig.columns and batch is not None:
+        sig["running_reqs_start"] = start
         # a batch the engine runs without a graph (its CUDA-graph table, or above its largest capture size) at
         # either end of the interval: eager decode, a fault the baseline must not absorb (as for the gauges above)
         faulty = faulty | pd.Series(batch >= sig["graph_none_min_tokens"].to_numpy(dtype=float), index=sig.index)
-    if "iteration_tokens_floor" in sig.columns and "running_reqs" in sig.columns:
+    if "iteration_tokens_floor" in sig.columns and batch is not None:
         # a step of batch + chunk_min tokens or more ran in the interval (the engine's own iteration-tokens
         # histogram; each decode adds one token): a large prompt chunk beside the decodes (vLLM V1 schedules them in
         # one step), measured - no healthy decode interval for the baseline, as a counted fault is not
-        run_now = pd.to_numeric(sig["running_reqs"], errors="coerce").to_numpy(dtype=float)
-        run_before = gw.shift(pd.to_numeric(sig["running_reqs"], errors="coerce"), 1, np.nan, groups).to_numpy(dtype=float)
         floor = pd.to_numeric(sig["iteration_tokens_floor"], errors="coerce").to_numpy(dtype=float)
         with np.errstate(invalid="ignore"):
-            chunk = floor - np.fmax(run_now, run_before) >= cfg.attribution.chunk_min_tokens
+            chunk = floor - batch >= cfg.attribution.chunk_min_tokens
         faulty = faulty | pd.Series(chunk, index=sig.index)
     if "graph_off_decode_steps" in sig.columns:
         # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward pass

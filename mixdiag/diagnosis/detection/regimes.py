@@ -172,8 +172,14 @@ def episode_runs(latency: np.ndarray, centre: np.ndarray, sigma: np.ndarray,
                  cfg: RegimeConfig = RegimeConfig()) -> list[tuple[int, int]]:
     """[start, end] (inclusive row positions) of each episode: elevated runs merged across gaps of at most
     ``merge_gap_rows`` rows, kept when at least ``min_rows`` long (shorter ones are spikes)."""
+    return merged_runs(elevated(np.asarray(latency, dtype=float), centre, sigma, cfg), cfg)
+
+
+def merged_runs(mask: np.ndarray, cfg: RegimeConfig = RegimeConfig()) -> list[tuple[int, int]]:
+    """[start, end] (inclusive) of the runs of True merged across gaps of at most ``merge_gap_rows`` rows,
+    kept when at least ``min_rows`` long."""
     merged: list[list[int]] = []
-    for a, b in _runs(elevated(np.asarray(latency, dtype=float), centre, sigma, cfg)):
+    for a, b in _runs(mask):
         if merged and a - merged[-1][1] - 1 <= cfg.merge_gap_rows:
             merged[-1][1] = b
         else:

@@ -324,6 +324,7 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
             out.row_parts[str(inst)] = (step_no[order], parts[order])
             out.row_t[str(inst)] = view.t_s[order]
         n_eps = 0
+        w = view.weight if view.weight is not None else np.ones(len(view.latency_s))
         for r in episode_rows(str(inst), view.t_s, view.latency_s, centre, sigma, cfg, view.weight):
             a, b = r[2], r[3]  # row positions inside the view -> the instance's own step numbers
             sh = _shares(parts[a:b + 1].sum(axis=0))
@@ -335,7 +336,6 @@ def regimes_of(steps: pd.DataFrame, cfg: RegimeConfig = RegimeConfig()) -> Regim
                 inner = _shares(parts[c:d + 1].sum(axis=0))
                 if inner.get(names[j], 0.0) < NESTED_SHARE:  # the run as a whole must say so too, by a majority
                     continue
-                w = view.weight if view.weight is not None else np.ones(len(view.latency_s))
                 e = episode_row(str(inst), n_eps, c, d, view.t_s, view.latency_s, centre, w)
                 episodes.append((e[0], n_eps, step_no[c], step_no[d], *e[4:], names[j], inner,
                                  f"{NESTED_WHY}{parent} ({cause}): its rows' own evidence names {names[j]}"))
