@@ -37,11 +37,13 @@ NAMED_SHARE = 0.10
 
 def protocol(seed: int, duration: int) -> list[tuple[str, str, int, int]]:
     """(name, faults, seed, duration) of the reported runs: a same-seed pair for stability, a
-    control without long prompts, a small KV cache."""
+    control without long prompts, a small KV cache, GC pauses beside long prompts."""
     return [("long_stall_a", "long_prompts,host_stall", seed, duration),
             ("long_stall_b", "long_prompts,host_stall", seed, duration),
             ("control", "none", seed + 1, duration),
-            ("small_kv", "small_kv", seed + 2, duration)]
+            ("small_kv", "small_kv", seed + 2, duration),
+            # full collections in the engine with vLLM's GC debugger on: the host stall the engine times itself
+            ("long_gc", "long_prompts,gc_pause", seed + 3, duration)]
 
 
 def ensure_run(cache: Path, name: str, faults: str, seed: int, duration: int, generate: bool) -> tuple[Path, str | None]:
@@ -107,6 +109,7 @@ def score(runs: dict[str, Path]) -> dict:
                 by[c.cause] = by.get(c.cause, 0) + 1
             wrong_mix = [c for c in calls if c.cause == "mixing" and not c.right]
             per_run[name] = {"spikes": len(calls), "by_cause": by, "tally": t, "mixing_wrong": len(wrong_mix),
+                             "host_stall_by_kind": stall_kinds(run, calls),
                              "mixing_wrong_on_small_mixed": sum(
                                  any(scoring.overlaps(c.t0_s, c.t1_s, u.t0_s, u.t1_s) for u in small[name])
                                  for c in wrong_mix)}
@@ -120,6 +123,22 @@ def score(runs: dict[str, Path]) -> dict:
     res["control"] = control(res)
     res["stability"] = stability(res)
     return res
+
+
+def stall_kinds(run: Path, calls: list) -> dict[str, list[int]]:
+    """Injected host stalls per kind (``SIGSTOP``: nothing the engine exposes sees it; ``gc pause``: the
+    engine times it when its GC debugger is on): [found by a right host_stall call, injected]."""
+    from mixdiag.vllm_testbed.truth import read_faults
+    out: dict[str, list[int]] = {}
+    right = [c for c in calls if c.cause == "host_stall" and c.right]
+    for f in read_faults(run / "truth" / "faults.csv"):
+        if f.cause != "host_stall":
+            continue
+        kind = "gc pause" if f.detail.startswith("gc pause") else "SIGSTOP"
+        k = out.setdefault(kind, [0, 0])
+        k[0] += any(scoring.overlaps(c.t0_s, c.t1_s, f.t_start_s, f.t_end_s) for c in right)
+        k[1] += 1
+    return out
 
 
 def control(res: dict) -> dict:
@@ -190,6 +209,14 @@ def render(res: dict) -> str:
                        f"calls {p['called']} right {p['right']}  units {p['units']} found {p['found']}")
             md.append(f"| ({view}) {VIEW_NAMES[view]} | {c} | {_f(p['precision'])} | {_f(p['recall'])} | "
                       f"{_f(p['f1'])} | {p['called']} ({p['right']}) | {p['units']} ({p['found']}) |")
+        kinds: dict[str, list[int]] = {}
+        for r in v["per_run"].values():
+            for k, (found, n) in r.get("host_stall_by_kind", {}).items():
+                kinds.setdefault(k, [0, 0])
+                kinds[k][0] += found
+                kinds[k][1] += n
+        if kinds:
+            out.append("  host stalls found by kind: " + ", ".join(f"{k} {f}/{n}" for k, (f, n) in sorted(kinds.items())))
         out.append(f"  macro-F1 {_f(v['macro_f1'])}; spikes {v['spikes']} (unknown {v['unknown']}); wrong mixing "
                    f"calls on a mixed step below {scoring.MIXING_MIN_PROMPT_TOKENS} prompt tokens: "
                    f"{v['mixing_wrong_on_small_mixed']}")
@@ -212,7 +239,7 @@ def render(res: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seed", type=int, default=2101, help="seed of the same-seed pair; control +1, small_kv +2")
+    ap.add_argument("--seed", type=int, default=2101, help="seed of the same-seed pair; control +1, small_kv +2, long_gc +3")
     ap.add_argument("--duration", type=int, default=40, help="seconds of traffic per run (default 40)")
     ap.add_argument("--cache", default=str(ROOT / "benchmarks" / ".cache" / "tier_g"))
     ap.add_argument("--runs", help="score these capture directories instead of the protocol's (comma list)")

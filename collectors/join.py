@@ -66,6 +66,10 @@ WINDOW = ("graph_none_min_tokens",)
 #: (vLLM's ``EPLB step:`` line, every step by default): a spine row takes the mean of the points inside its
 #: window rather than a longer row's mean (a 10 s stats window dilutes a 3 s hotspot to a third).
 POINT_SERIES = {"expert_imbalance": "vllm_log:eplb_expert_imbalance"}
+#: Interval columns a member gives as timed events, one series point each (vLLM's GC debugger: one line per
+#: collection, stamped at its end): a spine row takes the sum of the events that ended in it, and 0 inside
+#: the member's span where none did (the debugger logs every collection: no line, no pause).
+SUM_POINT_SERIES = {"host_pause_s": "vllm_log:gc_pause_s"}
 #: Bytes of a file's head searched for model names.
 HEAD_BYTES = 256 * 1024
 
@@ -305,6 +309,57 @@ def _fill_points(spine: pd.DataFrame, inp, empty: dict[str, np.ndarray], notes: 
     return out
 
 
+def _fill_sums(spine: pd.DataFrame, inp, notes: list[str]) -> pd.DataFrame:
+    """``spine``'s :data:`SUM_POINT_SERIES` columns from ``inp``'s timed events (module doc of the dict).
+
+    An event stamped ``s`` on a clock of step ``r`` (whole seconds) ended in ``[s, s + r)``; where that window
+    holds a spine boundary the stamp cannot say which row it ended in. A pause of d seconds stops every
+    running request for d, so the row whose ITL histogram counted the latest token (``itl_tail_floor_s``,
+    else ``itl_p99_s``) is the one that observed it; without either, the row holding ``s + r/2``."""
+    ser = inp.timeline.series
+    if not len(ser) or not len(spine):
+        return spine
+    out = spine
+    a, b = spine["t_start_s"].to_numpy(dtype=float), spine["t_end_s"].to_numpy(dtype=float)
+    tail = next((pd.to_numeric(spine[c], errors="coerce").to_numpy(dtype=float)
+                 for c in ("itl_tail_floor_s", "itl_p99_s") if c in spine.columns), None)
+    for col, name in SUM_POINT_SERIES.items():
+        pts = ser[ser["name"] == name]
+        if not len(pts):
+            continue
+        rows = getattr(inp.timeline, "steps", None)
+        rows = rows if rows is not None else pd.DataFrame({"t_start_s": [], "t_end_s": []})
+        t, v = pts["t_s"].to_numpy(dtype=float), pts["value"].to_numpy(dtype=float)
+        stamps = np.concatenate([ser["t_s"].to_numpy(dtype=float), rows["t_end_s"].to_numpy(dtype=float)])
+        whole = bool(np.all(np.isfinite(t) & (np.mod(t, 1.0) == 0)))
+        res = 1.0 if whole else resolution(pd.Series(stamps))
+        res = res if np.isfinite(res) and res < 60 else 0.0
+        lo = np.nanmin(np.concatenate([t, rows["t_start_s"].to_numpy(dtype=float)]))
+        hi = np.nanmax(np.concatenate([t + res, rows["t_end_s"].to_numpy(dtype=float)]))
+        got = np.where((b > lo) & (a < hi), 0.0, np.nan)   # the member's span: a measured zero
+        placed = 0
+        for ti, vi in zip(t, v):
+            if not (np.isfinite(ti) and np.isfinite(vi)):
+                continue
+            cand = np.flatnonzero((a < ti + max(res, 1e-9)) & (b > ti))   # rows (a, b] the window [s, s+r) touches
+            if not len(cand):
+                continue
+            pick = cand[np.argmin(np.abs(0.5 * (a[cand] + b[cand]) - (ti + 0.5 * res)))]
+            if len(cand) > 1 and tail is not None and np.isfinite(tail[cand]).any():
+                tc = np.where(np.isfinite(tail[cand]), tail[cand], -np.inf)
+                if (tc == tc.max()).sum() == 1:   # a tie says nothing: the stamp's middle decides
+                    pick = cand[int(np.argmax(tc))]
+            got[pick] = (0.0 if np.isnan(got[pick]) else got[pick]) + vi
+            placed += 1
+        if out is spine:
+            out = spine.copy()
+        cur = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
+        out[col] = np.where(np.isfinite(got), got, cur)
+        notes.append(f"{col} of {int(np.isfinite(got).sum())} interval rows from {inp.given}'s {placed} timed "
+                     f"events ({name})")
+    return out
+
+
 def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: list[str]) -> pd.DataFrame:
     """One view's rows from several inputs' rows (module doc)."""
     parts = spine_first(parts, steps)
@@ -333,6 +388,7 @@ def _merge_view(parts: list[tuple[Input, pd.DataFrame]], steps: bool, notes: lis
         if not steps:
             spine = _fill_window(spine, rows)
             spine = _fill_points(spine, inp, empty, notes)
+            spine = _fill_sums(spine, inp, notes)
         notes.append(f"{len(rows) - unused} of {len(rows)} {'step' if steps else 'interval'} rows of {inp.given} "
                      f"({inp.fmt}) merged into {spine_inp.given}'s by time"
                      + (f"; {unused} aligned with none" if unused else ""))

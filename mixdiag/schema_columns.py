@@ -81,6 +81,8 @@ STEPS_COLUMNS: tuple[Column, ...] = (
     _c("forward_s", "float64", "s", "forward pass time (device time where measured)", nonnegative=True),
     _c("gpu_wait_s", "float64", "s", "interval rows: time the GPU forward stream sat idle between forwards, "
        "waiting on the host (SGLang gpu_overlap_wait_seconds_total; measured)", nonnegative=True),
+    _c("host_pause_s", "float64", "s", "time the engine process stood still in host work it timed itself (vLLM's "
+       "GC debugger, VLLM_GC_DEBUG=1: each garbage collection's duration; measured)", nonnegative=True),
     _c("itl_count", "float64", "count", "interval rows: inter-token latencies observed in the interval", nonnegative=True),
     _c("itl_mean_s", "float64", "s", "interval rows: mean inter-token latency", nonnegative=True),
     _c("itl_p50_s", "float64", "s", "interval rows: median inter-token latency", nonnegative=True),

@@ -15,6 +15,10 @@ Read by key, lenient about drift (reference/formats.md §1.2):
   lines, those are the steps and the periodic values go to ``series`` only.
 * ``SpecDecoding metrics``, ``KV Transfer metrics``, ``EPLB step`` lines and the
   ``--cudagraph-metrics`` table (``**CUDAGraph Stats:**`` + ``| ... |`` rows): ``series``.
+* ``GC took X ms to complete. Collected N objects (out of M) in GC generation G.`` (vLLM's GC debugger,
+  ``VLLM_GC_DEBUG=1``, ``utils/gc_utils.py``; logged by the process that collected, at the end of the
+  collection): series ``vllm_log:gc_pause_s`` and the rows' ``host_pause_s`` (sum) - time the engine's
+  Python was stopped in a collection, measured by the engine.
 
 vLLM prints no year: pass ``year=``; otherwise a container timestamp's year, else the current
 year is used and a note says so. Months running backwards (December -> January) add a year.
@@ -57,6 +61,7 @@ _SPEC = re.compile(r"SpecDecoding metrics: (.*)$")
 _KV = re.compile(r"KV Transfer metrics: (.*)$")
 _EPLB = re.compile(r"EPLB step: (.*)$")
 _CG_STATS = re.compile(r"\*\*CUDAGraph Stats:\*\*")
+_GC = re.compile(r"GC took ([\d.]+) ?ms to complete\.(?: Collected \S+ objects \(out of \d+\) in GC generation (\d+))?")
 _CG_SETTING = re.compile(r"^\s*-\s*(Mode|Capture sizes):\s*(.*)$")
 _REMOTE_KVS = re.compile(r"(\S+) is still in WAITING_FOR_REMOTE_KVS state")
 # A DP engine's DEBUG log may hold only EPLB / KV-transfer lines, or only the process-tagged
@@ -138,6 +143,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         events = [e for e in events if e[2] != "graph_none_min_tokens"]
     orphans = attach_events_frame(steps, events)
     vllm_config.interval_graph_limit(steps, w.graph_configs)
+    _measured_zero_pauses(steps, {e[0] for e in events if e[2] == "host_pause_s"})
     if orphans and not len(steps):
         st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
     elif orphans:
@@ -264,6 +270,14 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
             remote_waits.setdefault((key, t_row), set()).add(rk.group(1))
             st.parsed()
             continue
+        gm = _GC.search(body)
+        if gm:
+            pause = float(gm.group(1)) / 1e3
+            out.add_series(key, "vllm_log:gc_pause_s", t_row, pause,
+                           f"generation={gm.group(2)}" if gm.group(2) is not None else "")
+            w.events.append((key, t_row, "host_pause_s", pause, "sum"))
+            st.parsed()
+            continue
         for rx, name in ((_SPEC, "spec_decode"), (_KV, "kv_transfer"), (_EPLB, "eplb")):
             m = rx.search(body)
             if m:
@@ -310,6 +324,15 @@ def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, row
     for c in ("instance", "kind", "granularity"):  # few shared labels: built by code, not str by str
         df[c] = str_column(df[c])
     return pd.DataFrame(df)
+
+
+def _measured_zero_pauses(steps: pd.DataFrame, keys: set) -> None:
+    """Interval rows of an engine whose log holds GC-debugger lines and none in the row: a measured 0 s pause
+    (the debugger logs every collection), not an unmeasured one."""
+    if not keys or "host_pause_s" not in steps.columns or not len(steps):
+        return
+    rows = steps["instance"].isin(keys) & (steps["granularity"] == "interval") & steps["host_pause_s"].isna()
+    steps.loc[rows, "host_pause_s"] = 0.0
 
 
 def _qualities(df: pd.DataFrame, out: LogRows, events: list) -> None:

@@ -96,7 +96,8 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "rank_sm_skew": ("ratio", "largest rank's SM-busy time / median rank's (graph-hidden compute)"),
     "device_idle_before_s": ("s", "measured device idle time before the step"),
     "interval_host_wait_excess_s": ("s", "interval rows: GPU wait on the host between forwards beyond the "
-                                    "instance's usual share (SGLang gpu_overlap_wait_seconds_total)"),
+                                    "instance's usual share (SGLang gpu_overlap_wait_seconds_total; vLLM GC pauses)"),
+    "host_pause_s": ("s", "interval rows: garbage-collection time the engine logged (vLLM VLLM_GC_DEBUG=1)"),
     "arrivals": ("count", "requests that arrived / began prefill in the row"),
     "large_step_share": ("ratio", "interval rows: share of steps with prefill work"),
     "prefill_itl_rho": ("ratio", "interval rows: Spearman rho of prefill work vs ITL excess across intervals"),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from mixdiag.errors import UserError
 
 #: Faults the testbed can inject (``--faults``); docs/testbed-vllm.md says what each does.
-FAULTS = ("long_prompts", "small_kv", "host_stall", "cpu_hog", "saturation", "batch_limits")
+FAULTS = ("long_prompts", "small_kv", "host_stall", "gc_pause", "cpu_hog", "saturation", "batch_limits")
 
 
 def parse_faults(text: str) -> tuple[str, ...]:
@@ -55,6 +55,8 @@ class ServerConfig:
     num_kv_blocks: int | None = None  # --num-gpu-blocks-override (small_kv sets it)
     dtype: str = "bfloat16"
     iteration_details: bool = True    # truth; routed away from the operator log
+    # VLLM_GC_DEBUG=1: vLLM logs every garbage collection's time (an operator's choice; gc_pause sets it)
+    gc_debug: bool = False
     ready_timeout_s: float = 600.0
 
     def __post_init__(self):

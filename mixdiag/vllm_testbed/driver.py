@@ -102,7 +102,10 @@ class Testbed:
             cfg_path = log_routing.write_config(default, self.truth_log.resolve(), self._tmp / "logging.json")
             self.say(f"starting vllm serve ({self.server_cfg.max_num_batched_tokens}-token steps, "
                      f"max {self.server_cfg.max_num_seqs} sequences); ready in 30-120 s")
-            self.server = VllmServer.start(self.guard, env, model, self.server_cfg, self.log_path, cfg_path)
+            self.gc_pause_dir = self._tmp / "gc_pause"
+            self.gc_pause_dir.mkdir()
+            self.server = VllmServer.start(self.guard, env, model, self.server_cfg, self.log_path, cfg_path,
+                                           self.gc_pause_dir)
             self.server.wait_ready(self.server_cfg.ready_timeout_s)
             self.engine_core_pid = self.server.engine_core_pid()
         except BaseException:
@@ -120,7 +123,9 @@ class Testbed:
         """Drive one run of ``cfg`` into ``out`` (new or empty, unless ``fresh`` is False: the
         one-run path, whose server already writes its log there)."""
         plan = fault_plan.draw(cfg)
-        if plan.server != self.server_cfg:
+        # a server with vLLM's GC debugger on serves runs that do not need it (it only adds log lines)
+        if dataclasses.replace(plan.server, gc_debug=self.server_cfg.gc_debug) != self.server_cfg \
+                or (plan.server.gc_debug and not self.server_cfg.gc_debug):
             raise UserError(f"run needs server knobs {plan.server} but this server has {self.server_cfg}")
         out = Path(out)
         if fresh:
@@ -147,7 +152,8 @@ class Testbed:
                                cfg.traffic.output_len, _BURST_CONCURRENCY, cfg.seed * 1000 + index)
             bursts.append(traffic.start(self.guard, s, self.server.url, MODEL_NAME, out / "loads"))
 
-        faults = FaultRunner(self.guard, t0, lambda: self.engine_core_pid, start_burst)
+        faults = FaultRunner(self.guard, t0, lambda: self.engine_core_pid, start_burst,
+                             gc_pause_dir=self.gc_pause_dir if self.server_cfg.gc_debug else None)
         faults.schedule(plan.timed)
         errors: list[str] = []
         try:

@@ -44,8 +44,10 @@ class VllmEnv:
     def cache_dir(self) -> Path:
         return self.venv / "mixdiag-cache"
 
-    def server_env(self, kv_cache_space_gib: int, logging_config: Path | None) -> dict:
-        """The environment ``vllm serve`` runs in: CPU platform, a small KV cache, nothing online."""
+    def server_env(self, kv_cache_space_gib: int, logging_config: Path | None, gc_pause_dir: Path | None = None) -> dict:
+        """The environment ``vllm serve`` runs in: CPU platform, a small KV cache, nothing online; with
+        ``gc_pause_dir``, vLLM's GC debugger on and the engine-side GC-pause hook armed
+        (vllm_side/sitecustomize.py)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON", "VIRTUAL_ENV"))}
         env.update({
             "VLLM_TARGET_DEVICE": "cpu",              # the `vllm` dist-info alias says +cpu too
@@ -55,12 +57,16 @@ class VllmEnv:
             "TOKENIZERS_PARALLELISM": "false",
             "VLLM_LOGGING_COLOR": "0", "NO_COLOR": "1",
             "PYTHONUNBUFFERED": "1",                  # the operator log is written as it happens
-            "PYTHONPATH": str(FILTER_DIR),   # only the log filter module
+            "PYTHONPATH": str(FILTER_DIR),   # only the log filter module and the GC-pause hook
             "PATH": f"{self.venv / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "VIRTUAL_ENV": str(self.venv),
         })
         if logging_config is not None:
             env["VLLM_LOGGING_CONFIG_PATH"] = str(logging_config)
+        if gc_pause_dir is not None:
+            # vLLM's own GC debugger (vllm/utils/gc_utils.py): "GC took X ms to complete" per collection
+            env["VLLM_GC_DEBUG"] = "1"
+            env["MIXDIAG_GC_PAUSE_DIR"] = str(gc_pause_dir)
         return env
 
 

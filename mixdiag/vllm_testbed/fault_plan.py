@@ -4,7 +4,11 @@ different kinds are drawn independently, so they may overlap (as they do on real
 
 Timed faults (offsets from the start of the traffic):
 
-* ``host_stall``: SIGSTOP of the EngineCore for 100-500 ms, a Poisson process (mean gap 4-8 s);
+* ``host_stall``: SIGSTOP of the EngineCore for 100-500 ms, a Poisson process (mean gap 4-8 s) - a
+  stall the engine cannot see (a cgroup throttle, a stopped process);
+* ``gc_pause``: full garbage collections of the EngineCore's heap for 100-500 ms (at least one
+  collection), a Poisson process (mean gap 4-8 s), with vLLM's GC debugger on (``VLLM_GC_DEBUG=1``):
+  a stall the engine measures and logs (truth cause ``host_stall``);
 * ``cpu_hog``: 1-2 busy-looping processes on the server's cores for 2-6 s, about one per 30 s;
 * ``saturation``: a burst of extra streams well above what the server sustains, 5-12 s, about one per 60 s.
 
@@ -80,6 +84,8 @@ def draw(cfg: TestbedConfig) -> FaultPlan:
     # Each fault draws from its own stream: adding a fault to the list leaves the others' schedules alone.
     sub = {f: random.Random(f"{rng.random()}:{f}") for f in ("batch_limits", "small_kv", "long_prompts",
                                                                "host_stall", "cpu_hog", "saturation")}
+    # drawn after the others' streams: adding it changed no earlier schedule of a seed
+    sub["gc_pause"] = random.Random(f"{rng.random()}:gc_pause")
     if "batch_limits" in cfg.faults:
         r = sub["batch_limits"]
         server = dataclasses.replace(server, max_num_batched_tokens=r.choice((256, 512, 1024, 2048)),
@@ -108,6 +114,11 @@ def draw(cfg: TestbedConfig) -> FaultPlan:
         r = sub["host_stall"]
         times = _poisson(r, r.uniform(4.0, 8.0), _WARMUP_S, end) or [r.uniform(_WARMUP_S, max(_WARMUP_S, end))]
         timed += [TimedFault("host_stall", t, r.uniform(0.1, 0.5), 1.0) for t in times]
+    if "gc_pause" in cfg.faults:
+        r = sub["gc_pause"]
+        server = dataclasses.replace(server, gc_debug=True)
+        times = _poisson(r, r.uniform(4.0, 8.0), _WARMUP_S, end) or [r.uniform(_WARMUP_S, max(_WARMUP_S, end))]
+        timed += [TimedFault("gc_pause", t, r.uniform(0.1, 0.5), 1.0) for t in times]
     if "cpu_hog" in cfg.faults:
         r = sub["cpu_hog"]
         n = max(1, round(cfg.duration_s / 30.0))

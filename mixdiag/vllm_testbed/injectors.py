@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from mixdiag.vllm_testbed.fault_plan import TimedFault
@@ -37,8 +38,9 @@ class FaultRunner:
     """Runs timed faults from ``t0`` (unix seconds) on; :attr:`rows` fills as they happen."""
 
     def __init__(self, guard: ProcessGuard, t0: float, engine_core_pid: Callable[[], int],
-                 start_burst: Callable[[TimedFault, int], object]):
+                 start_burst: Callable[[TimedFault, int], object], gc_pause_dir: Path | None = None):
         self.guard, self.t0 = guard, t0
+        self._gc_dir = gc_pause_dir
         self._engine_core_pid = engine_core_pid
         self._start_burst = start_burst
         self.rows: list[TruthRow] = []
@@ -69,6 +71,8 @@ class FaultRunner:
         try:
             if f.kind == "host_stall":
                 self._stall(f)
+            elif f.kind == "gc_pause":
+                self._gc_pause(f)
             elif f.kind == "cpu_hog":
                 self._hog(f)
             elif f.kind == "saturation":
@@ -101,6 +105,31 @@ class FaultRunner:
                 t_cont = time.time()
         self._record(TruthRow(t_stop, t_cont, "host_stall",
                               f"SIGSTOP EngineCore pid={pid} for {t_cont - t_stop:.3f} s (state {state})"))
+
+    def _gc_pause(self, f: TimedFault) -> None:
+        """Full collections of the EngineCore's heap for ``f.duration_s`` (vllm_side/sitecustomize.py);
+        truth is the engine's own start/end of them, read back from the hook's ``done.log``."""
+        if self._gc_dir is None:
+            raise RuntimeError("the server was started without the GC-pause hook (ServerConfig.gc_debug)")
+        pid = self._engine_core_pid()
+        done = self._gc_dir / "done.log"
+        with self._lock:   # one pause at a time: the request file is shared
+            seen = len(done.read_text().splitlines()) if done.exists() else 0
+            (self._gc_dir / "request").write_text(f"{f.duration_s:.6f}\n")
+            os.kill(pid, signal.SIGUSR1)
+            deadline = time.monotonic() + f.duration_s + 30.0   # a full collection takes ~0.3 s on 2 cores
+            lines: list[str] = []
+            while time.monotonic() < deadline and not self._cancel.is_set():
+                lines = done.read_text().splitlines() if done.exists() else []
+                if len(lines) > seen:
+                    break
+                time.sleep(0.02)
+        if len(lines) <= seen:
+            raise RuntimeError(f"EngineCore pid={pid} did not report the GC pause (no hook in the process?)")
+        got_pid, t_a, t_b, n = lines[seen].split()
+        self._record(TruthRow(float(t_a), float(t_b), "host_stall",
+                              f"gc pause: {n} full collection(s) in EngineCore pid={got_pid} "
+                              f"({float(t_b) - float(t_a):.3f} s, SIGUSR1)"))
 
     def _hog(self, f: TimedFault) -> None:
         n = int(f.magnitude)

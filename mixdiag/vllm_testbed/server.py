@@ -62,14 +62,16 @@ class VllmServer:
 
     @classmethod
     def start(cls, guard: ProcessGuard, env: VllmEnv, model: Path, cfg: ServerConfig, log_path: Path,
-              logging_config: Path | None) -> "VllmServer":
-        """Start the server; its output is appended to ``log_path``."""
+              logging_config: Path | None, gc_pause_dir: Path | None = None) -> "VllmServer":
+        """Start the server; its output is appended to ``log_path``. ``gc_pause_dir`` (with
+        ``cfg.gc_debug``): where the engine-side GC-pause hook takes requests."""
         port = free_port()
         argv = command(env, model, port, cfg)
         log = open(log_path, "ab")
         try:
             proc = guard.popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=env.server_env(cfg.kv_cache_space_gib, logging_config), cwd=str(log_path.parent))
+                               env=env.server_env(cfg.kv_cache_space_gib, logging_config,
+                                                  gc_pause_dir if cfg.gc_debug else None), cwd=str(log_path.parent))
         finally:
             log.close()   # the child holds its own descriptor
         return cls(guard, proc, port, log_path, argv)

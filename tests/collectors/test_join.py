@@ -316,3 +316,41 @@ def test_per_step_eplb_lines_give_each_scrape_interval_its_own_imbalance():
     want = [1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 1.0, np.nan, 1.0, 1.2]
     np.testing.assert_allclose(imb, want)
     assert any("per-step lines" in n for n in notes)
+
+
+def test_timed_pauses_sum_into_the_scrape_interval_whose_itl_saw_them():
+    """vLLM's GC debugger logs one line per collection at its end, on whole-second stamps: a pause stamped
+    s ended in [s, s + 1). Each scrape interval takes the sum of the pauses that ended in it, 0 inside the
+    log's span where none did (the debugger logs every collection). Where [s, s + 1) holds a scrape
+    boundary, the interval whose ITL histogram counted the later token (its tail floor) takes the pause -
+    a pause stops every running request for its length."""
+    from types import SimpleNamespace
+
+    from mixdiag.collectors.join import Input, _merge_view
+    t0 = 1.79e9
+    ends = t0 + np.arange(1, 9, dtype=float) + 0.3                  # scrapes at t0+1.3 ... t0+8.3
+    tail = [0.01, 0.01, 0.25, 0.01, 0.01, 0.01, 0.3, 0.01]          # rows ending t0+3.3 and t0+7.3 saw a long token
+    spine = pd.DataFrame({"t_start_s": ends - 1.0, "t_end_s": ends, "itl_count": 50.0, "itl_tail_floor_s": tail})
+    # (stamp offset, seconds): a young collection at +1, a 0.27 s pause stamped +3 ([t0+3, t0+4) straddles
+    # the t0+3.3 boundary: the row ending t0+3.3 saw it), two collections stamped +6 (0.26 + 0.31 s: the row
+    # ending t0+7.3 saw them)
+    pts = [(1, 0.0001), (3, 0.27), (6, 0.26), (6, 0.31)]
+    ser = pd.DataFrame({"instance": "v", "name": "vllm_log:gc_pause_s", "labels": "",
+                        "t_s": [t0 + s for s, _ in pts], "value": [v for _, v in pts]})
+    log_rows = pd.DataFrame({"t_start_s": [t0 - 2.0], "t_end_s": [t0 + 8.0], "itl_count": [np.nan],
+                             "host_pause_s": [0.8401]})
+    spine_inp = Input("scrapes", "scrapes", "prom-text", SimpleNamespace(tokens=pd.DataFrame({"t_s": []})))
+    log_inp = Input("v.log", "v.log", "vllm-log",
+                    SimpleNamespace(tokens=pd.DataFrame({"t_s": []}), series=ser, steps=log_rows))
+    notes: list[str] = []
+    got = _merge_view([(spine_inp, spine), (log_inp, log_rows)], False, notes)
+    pause = got.sort_values("t_end_s")["host_pause_s"].to_numpy()
+    # the row ending t0+8.3 lies past the log's last stats row but inside the last line's window: measured
+    # (the young collection: equal tails on both sides of t0+1.3, so the middle of its second, t0+1.5, decides)
+    want = [0.0, 0.0001, 0.27, 0.0, 0.0, 0.0, 0.57, 0.0]
+    np.testing.assert_allclose(pause, want, atol=1e-12)
+    assert any("timed events" in n for n in notes)
+    # without ITL tails the pause goes to the row holding the middle of its stamp's second (t0+3.5: the
+    # row ending t0+4.3)
+    got = _merge_view([(spine_inp, spine.drop(columns="itl_tail_floor_s")), (log_inp, log_rows)], False, [])
+    np.testing.assert_allclose(got.sort_values("t_end_s")["host_pause_s"].to_numpy()[1:5], [0.0001, 0.0, 0.27, 0.0])

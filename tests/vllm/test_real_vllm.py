@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,9 @@ BUSY = TrafficConfig(rate=8.0, output_len="uniform:128:384", max_concurrency=12)
 
 @pytest.fixture(scope="module")
 def server(workdir):
-    tb = _server(_cfg((), 25, 0), workdir, "default")
+    # vLLM's GC debugger on (gc_pause's server knob): the stall run injects GC pauses; the other runs' logs
+    # only gain the engine's own young-collection lines, which must name nothing
+    tb = _server(_cfg(("gc_pause",), 25, 0), workdir, "default")
     yield tb
     tb.__exit__(None, None, None)
 
@@ -84,7 +87,7 @@ def long_run(server, workdir):
 
 @pytest.fixture(scope="module")
 def stall_run(server, workdir):
-    return server.run(_cfg(("host_stall",), 30, 18), workdir / "stall")
+    return server.run(_cfg(("host_stall", "gc_pause"), 30, 18), workdir / "stall")
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +224,8 @@ def test_control_names_no_mixing_without_a_big_mixed_step(control):
 def test_sigstop_stalls_are_real_and_judged(stall_run):
     d = stall_run.out
     its = truth.read_iterations(d / "truth" / "iterations.log")
-    stalls = [f for f in truth.read_faults(d / "truth" / "faults.csv") if f.cause == "host_stall"]
+    stalls = [f for f in truth.read_faults(d / "truth" / "faults.csv")
+              if f.cause == "host_stall" and f.detail.startswith("SIGSTOP")]
     assert len(stalls) >= 2
     stamps = [it.t_s for it in its]
     # truth of the truth: the kernel put the EngineCore in state T (stopped) - read from /proc by the
@@ -255,6 +259,32 @@ def test_sigstop_stalls_are_real_and_judged(stall_run):
     long_stalls = [s for s in visible if s.t_end_s - s.t_start_s >= 0.3]
     assert all(s in seen for s in long_stalls), (long_stalls, seen)
     del times
+
+
+def test_gc_pauses_are_timed_by_the_engine_and_named_where_decodes_waited(stall_run):
+    """Full collections in the EngineCore (the hook in vllm_side/sitecustomize.py), vLLM's GC debugger on:
+    the operator log times each; scrapes + log name host_stall at pauses that held running decodes, and
+    nowhere else - not at the SIGSTOPs of the same run, which nothing the engine exposes measures."""
+    d = stall_run.out
+    rows = truth.read_faults(d / "truth" / "faults.csv")
+    pauses = [f for f in rows if f.cause == "host_stall" and f.detail.startswith("gc pause")]
+    assert pauses, [r.detail for r in rows]
+    log = (d / "vllm.log").read_text(errors="replace")
+    full = re.findall(r"GC took ([\d.]+)ms to complete\. Collected \S+ objects \(out of \d+\) in GC generation 2", log)
+    assert len(full) >= len(pauses)   # at least one full collection per pause, each timed by the engine
+    its = truth.read_iterations(d / "truth" / "iterations.log")
+    # a pause held decodes when the engine ran generation requests in the second before it began
+    held = [p for p in pauses if any(p.t_start_s - 1.0 <= it.t_s <= p.t_start_s and it.generation_requests > 0
+                                     for it in its)]
+    report = analyze(d / "scrapes", d / "vllm.log")
+    times = scrape_times(d)
+    named = [iv for iv, cause in spikes_by_interval(report, times) if cause == "host_stall"]
+    print(f"gc: {len(pauses)} pauses ({', '.join(f'{p.t_end_s - p.t_start_s:.2f}' for p in pauses)} s), "
+          f"{len(held)} holding decodes, {len(full)} full collections logged; scrapes+log: {report['by_cause']}")
+    on_pause = [iv for iv in named if any(p.t_start_s <= iv[1] and iv[0] <= p.t_end_s + 0.5 for p in pauses)]
+    assert on_pause == named, (named, pauses)
+    if held:
+        assert on_pause, (held, report["by_cause"])
 
 
 # ---------------------------------------------------------------------------------------------- KV pressure

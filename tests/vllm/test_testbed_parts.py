@@ -31,6 +31,44 @@ def test_plan_is_a_function_of_the_seed_and_faults_keep_their_own_streams():
     assert {f.kind for f in a.timed} == {"host_stall", "cpu_hog"}
 
 
+def test_gc_pauses_turn_the_gc_debugger_on_and_leave_other_schedules_alone():
+    a = fault_plan.draw(TestbedConfig(duration_s=120, seed=4, faults=("host_stall", "gc_pause")))
+    c = fault_plan.draw(TestbedConfig(duration_s=120, seed=4, faults=("host_stall",)))
+    pauses = [f for f in a.timed if f.kind == "gc_pause"]
+    assert a.server.gc_debug and not c.server.gc_debug
+    assert [f for f in a.timed if f.kind == "host_stall"] == list(c.timed)
+    assert pauses and all(0.1 <= f.duration_s <= 0.5 and 3.0 <= f.at_s < 119.0 for f in pauses)
+
+
+def test_the_engine_side_hook_runs_full_collections_and_reports_them(tmp_path):
+    """vllm_side/sitecustomize.py in a plain interpreter (the hook is standard library only): SIGUSR1 with a
+    requested 0.05 s -> at least one full collection, timed by the process itself, in done.log."""
+    import os
+    import signal
+    import time
+
+    from mixdiag.vllm_testbed.log_routing import FILTER_DIR
+    env = dict(os.environ, PYTHONPATH=str(FILTER_DIR), MIXDIAG_GC_PAUSE_DIR=str(tmp_path))
+    (tmp_path / "request").write_text("0.05\n")
+    code = "import sys, time\nprint('ready', flush=True)\nend = time.time() + 60\nwhile time.time() < end:\n    time.sleep(0.01)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        t_sent = time.time()
+        os.kill(proc.pid, signal.SIGUSR1)
+        done = tmp_path / "done.log"
+        for _ in range(3000):
+            if done.exists() and done.read_text().strip():
+                break
+            time.sleep(0.01)
+        pid, t0, t1, n = done.read_text().split()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert int(pid) == proc.pid and int(n) >= 1
+    assert t_sent - 1.0 <= float(t0) <= float(t1) and float(t1) - float(t0) >= 0.05
+
+
 def test_small_kv_caps_the_model_length_below_the_cache():
     p = fault_plan.draw(TestbedConfig(duration_s=30, seed=7, faults=("small_kv", "long_prompts")))
     blocks = p.server.num_kv_blocks

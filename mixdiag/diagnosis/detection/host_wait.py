@@ -16,6 +16,12 @@ What an interval waited beyond the usual is ``gap_excess_s`` - its measured host
 the quantity a trace's step rows carry under the same name (time between kernels), here counted by the
 engine per interval. ``gap_excess_sigma_s`` is the noise the interval rule stands a stall above, read on
 the side a stall cannot reach (:func:`wait_excess`). Both NaN without the counter.
+
+``host_pause_s`` (vLLM's GC debugger: each collection's time, collectors/logs/vllm_log.py) is host time the
+engine measured itself standing still; it adds to the wait. A pause under the instance's typical inter-token
+latency hides inside one step's spread (a young-generation collection takes well under a millisecond), so
+where pauses are the measure the noise is at least half the typical ITL: a pause stands out (k = 3) only
+at 1.5 typical ITLs or more.
 """
 from __future__ import annotations
 
@@ -46,9 +52,11 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
     """(``gap_excess_s``, ``gap_excess_sigma_s``) per row of ``sig`` (one instance, or several numbered
     by ``groups``); NaN where the row has no GPU wait count or no request ran."""
     nan = np.full(len(sig), np.nan)
-    if "gpu_wait_s" not in sig.columns:
+    if "gpu_wait_s" not in sig.columns and "host_pause_s" not in sig.columns:
         return nan, nan.copy()
-    wait = pd.to_numeric(sig["gpu_wait_s"], errors="coerce").to_numpy(dtype=float)
+    wait = _col(sig, "gpu_wait_s")
+    pause = _col(sig, "host_pause_s")
+    wait = np.where(np.isfinite(wait) | np.isfinite(pause), np.nan_to_num(wait) + np.nan_to_num(pause), np.nan)
     dt = (sig["t_end_s"] - sig["t_start_s"]).to_numpy(dtype=float)
     ok = np.isfinite(wait) & (dt > 0) & _running(sig)
     if not ok.any():
@@ -70,8 +78,26 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
     usual = gw.quantile(rate, 0.25, groups).to_numpy(dtype=float)
     spread = (usual - gw.quantile(rate, 0.05, groups).to_numpy(dtype=float)) / 0.97
     sigma = np.fmax(spread, 0.1 * usual) * unit
+    if np.isfinite(pause).any():
+        sigma = np.where(np.isfinite(pause), np.fmax(sigma, 0.5 * _typical_itl(sig, groups)), sigma)
     excess = np.where(ok, np.clip(wait - usual * unit, 0.0, None), np.nan)
     return excess, np.where(ok, sigma, np.nan)
+
+
+def _col(sig: pd.DataFrame, c: str) -> np.ndarray:
+    if c not in sig.columns:
+        return np.full(len(sig), np.nan)
+    return pd.to_numeric(sig[c], errors="coerce").to_numpy(dtype=float)
+
+
+def _typical_itl(sig: pd.DataFrame, groups: np.ndarray | None) -> np.ndarray:
+    """The instance's median ITL per row (median of the intervals' ITL medians, else means); 0 where none."""
+    for c in ("itl_p50_s", "itl_mean_s"):
+        v = _col(sig, c)
+        if np.isfinite(v).any():
+            med = gw.quantile(pd.Series(v, index=sig.index), 0.5, groups).to_numpy(dtype=float)
+            return np.nan_to_num(med)
+    return np.zeros(len(sig))
 
 
 def stands_out(excess, sigma, k: float) -> np.ndarray:

@@ -111,6 +111,8 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     sig["starved"] = felt.starved
     # a lone long token after a counted preemption (this interval or the one before): the wait is that request's
     sig["preempted_tail"] = felt.preempted_tail
+    # ... or after a pause the engine timed itself (a GC): named by the host rule, which reads the pause
+    sig["paused_tail"] = felt.paused_tail
     # the hotspot window's edge is read next to its full intervals
     rel = sig["imbalance_rel"].astype("float64")
     prev, nxt = gw.shift(rel, 1, np.nan, groups), gw.shift(rel, -1, np.nan, groups)

@@ -35,7 +35,7 @@ from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baselin
 @dataclass(frozen=True)
 class IntervalSpikes:
     """Per row: latency (P99, or the duration of a starved interval), baseline, spike mask, and
-    which rule made it a spike (``starved``, ``shift``, ``preempted_tail``)."""
+    which rule made it a spike (``starved``, ``shift``, ``preempted_tail``, ``paused_tail``)."""
 
     latency_s: pd.Series
     baseline_s: pd.Series
@@ -44,6 +44,7 @@ class IntervalSpikes:
     starved: pd.Series
     shift: pd.Series
     preempted_tail: pd.Series | None = None
+    paused_tail: pd.Series | None = None
 
 
 def _num(sig: pd.DataFrame, col: str) -> pd.Series:
@@ -135,6 +136,21 @@ def _preempted_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, g
     return (near & (floor >= interval_ratio * base)).fillna(False).astype(bool)
 
 
+def _paused_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, groups: np.ndarray | None) -> pd.Series:
+    """Intervals whose slowest token waited ``interval_ratio`` x the baseline or more, where the engine timed a
+    pause of its own (``host_pause_s``: vLLM's GC debugger) of at least half that wait in the interval or the
+    one before. Basis: a collection stops the engine's Python, so every running request's next token
+    carries the pause as one ITL - one token per request, under every quantile of a busy interval, as with
+    a preempted request (:func:`_preempted_tail`)."""
+    floor = _num(sig, "itl_tail_floor_s")
+    pause = _num(sig, "host_pause_s")
+    if floor.isna().all() or pause.isna().all():
+        return pd.Series(False, index=sig.index)
+    near = np.fmax(pause.to_numpy(dtype=float), gw.shift(pause, 1, np.nan, groups).to_numpy(dtype=float))
+    ok = (floor >= interval_ratio * base) & (pd.Series(near, index=sig.index) >= 0.5 * floor)
+    return ok.fillna(False).astype(bool)
+
+
 def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfig, faulty: pd.Series | None = None,
                     groups: np.ndarray | None = None, regimes: RegimeConfig | None = None) -> IntervalSpikes:
     """The three interval spike tests of the module doc over one instance's rows (sorted by time).
@@ -170,10 +186,13 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
             starved.iloc[part] = starved_rows(sig.iloc[part], has_itl.iloc[part], spikes.starve_confirm).to_numpy()
     tail = has_itl & (lat > interval_ratio * base)
     shift = has_itl & ~tail & (p50 > np.maximum(spikes.ratio * base, base + spikes.mad_k * sigma))
-    lone = has_itl & ~tail & ~shift & _preempted_tail(sig, base, interval_ratio, groups)
+    preempted = _preempted_tail(sig, base, interval_ratio, groups)
+    paused = _paused_tail(sig, base, interval_ratio, groups)
+    lone = has_itl & ~tail & ~shift & (preempted | paused)
     lat = lat.where(~lone, _num(sig, "itl_tail_floor_s"))
     dur = (_num(sig, "t_end_s") - _num(sig, "t_start_s")).clip(lower=0)
     lat = lat.where(~starved, dur)
     spike = tail | shift | lone | (starved & (lat > spikes.ratio * base))
     return IntervalSpikes(latency_s=lat, baseline_s=base, is_spike=spike.fillna(False).astype(bool),
-                          has_itl=has_itl, starved=starved, shift=shift, preempted_tail=lone)
+                          has_itl=has_itl, starved=starved, shift=shift, preempted_tail=lone & preempted,
+                          paused_tail=lone & paused)

@@ -14,6 +14,7 @@ def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: flo
     step's span overlaps, where it stood ``k`` sigmas out in every one of them - the smallest of them
     (a log window row spans 40 forwards and may straddle a scrape; a wait measured in one part only is
     not pinned on the whole row); 0 where one did not stand out; NaN where nothing counted the wait."""
+    fuse_host_pause(f, st_mask, iv)
     if "gap_excess_s" not in iv.columns or not iv["gap_excess_s"].notna().any():
         return
     ivs = iv.sort_values("t_end_s")
@@ -34,3 +35,23 @@ def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: flo
         if b < len(ends):
             out[i] = np.min(per[min(a, b):b + 1])  # NaN in any part: not measured throughout
     f.loc[st.index, "fused_interval_host_wait_per_pass_s"] = out
+
+
+def fuse_host_pause(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -> None:
+    """``fused_interval_host_pause_s`` of step rows: the engine's own timed pauses (``host_pause_s``: vLLM's
+    GC debugger) in the intervals the step's span overlaps, summed; NaN where none of them measured pauses.
+    Unlike the per-forward wait, a pause is one gap: it lands whole on the one step that spanned it."""
+    if "host_pause_s" not in iv.columns or not iv["host_pause_s"].notna().any():
+        return
+    ivs = iv.sort_values("t_end_s")
+    pause = pd.to_numeric(ivs["host_pause_s"], errors="coerce").to_numpy(dtype=float)
+    ends = ivs["t_end_s"].to_numpy(dtype=float)
+    st = f[st_mask]
+    lo = np.searchsorted(ends, st["t_start_s"].to_numpy(dtype=float), side="left")
+    hi = np.searchsorted(ends, st["t_end_s"].to_numpy(dtype=float), side="left")
+    out = np.full(len(st), np.nan)
+    for i, (a, b) in enumerate(zip(lo, hi)):
+        part = pause[min(a, b):min(b, len(ends) - 1) + 1] if a < len(ends) else pause[:0]
+        if np.isfinite(part).any():
+            out[i] = np.nansum(part)
+    f.loc[st.index, "fused_interval_host_pause_s"] = out

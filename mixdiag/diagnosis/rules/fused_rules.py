@@ -109,6 +109,15 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
                     ev["reason"] = ("ITL P99 spiked, but no step was slow and the ITL sum leaves no time between "
                                     "steps (a histogram-bucket or interval-edge effect)")
         return Attribution(cause, round(conf * cfg.interval_factor, 3), ev)
+    if a.cause == "unknown" and _host_pause_holds(row, cfg):
+        # measured: the engine timed a pause of its own (a garbage collection) in the step's span, as long
+        # as most of the step's excess, and the step lasted at least half of it (it spanned the pause). Any
+        # step kind: requests that arrived during the pause join the step that ends it
+        pause = num(row.get("fused_interval_host_pause_s"))
+        return Attribution("host_stall", round(0.7 * cfg.interval_factor, 3), dict(a.evidence) | {
+            "interval_host_pause_s": pause,
+            "reason": f"the engine logged {pause:.3f} s of garbage collection where this step ran (its own GC "
+                      f"timing), most of the step's excess"})
     k = num(row.get("fused_interval"))
     # a step called mixing, or left unknown for a chunk too small to slow a step (step rule 4), whose
     # context requests scheduled one token each: the shape of a PD install
@@ -152,6 +161,16 @@ def _host_wait_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
     per, lat, base = (num(row.get(c)) for c in ("fused_interval_host_wait_per_pass_s", "latency_s", "baseline_s"))
     return _pos(per) and lat is not None and base is not None and lat > base \
         and per >= cfg.host_gap_share * (lat - base)
+
+
+def _host_pause_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
+    """A pause the engine timed in the step's intervals (evidence/host_wait_fusion.py ``fuse_host_pause``) is
+    at least ``host_gap_share`` of the step's excess, and the excess at least half the pause: a pause of d
+    seconds makes the step that spans it last d longer, and a step much shorter than the pause did not."""
+    pause, lat, base = (num(row.get(c)) for c in ("fused_interval_host_pause_s", "latency_s", "baseline_s"))
+    if not _pos(pause) or lat is None or base is None or not lat > base:
+        return False
+    return pause >= cfg.host_gap_share * (lat - base) and lat - base >= 0.5 * pause
 
 
 def attribute_between_steps(row: pd.Series, cfg: AttributionConfig = AttributionConfig()) -> Attribution | None:

@@ -1,6 +1,6 @@
 """A logging filter that runs inside the vLLM server (not in mixdiag): it sends vLLM's per-iteration
 records (``--enable-logging-iteration-details``) to the truth handler and keeps them out of the
-operator log. The testbed puts this folder, which holds only this module, on the server's
+operator log. The testbed puts this folder (this module and the GC-pause hook) on the server's
 ``PYTHONPATH`` and names the class in the ``VLLM_LOGGING_CONFIG_PATH`` file; standard library only.
 """
 import logging
