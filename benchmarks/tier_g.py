@@ -35,18 +35,24 @@ TARGETS = {"g4_macro_f1": 0.90, "mixing_precision": 0.7, "mixing_recall": 0.8, "
 NAMED_SHARE = 0.10
 
 
-def protocol(seed: int, duration: int) -> list[tuple[str, str, int, int]]:
-    """(name, faults, seed, duration) of the reported runs: a same-seed pair for stability, a
-    control without long prompts, a small KV cache, GC pauses beside long prompts."""
-    return [("long_stall_a", "long_prompts,host_stall", seed, duration),
-            ("long_stall_b", "long_prompts,host_stall", seed, duration),
-            ("control", "none", seed + 1, duration),
-            ("small_kv", "small_kv", seed + 2, duration),
+#: the GC run's base load: at the default 2.5 requests/s the decode batch is often empty on a quiet machine
+#: (tier g 4001: 3 of 4 pauses held no decode), and a pause that holds no decode is no ITL fault
+GC_LOAD = ("--rate", "6", "--streams", "12")
+
+
+def protocol(seed: int, duration: int) -> list[tuple[str, str, int, int, tuple[str, ...]]]:
+    """(name, faults, seed, duration, extra testbed args) of the reported runs: a same-seed pair for
+    stability, a control without long prompts, a small KV cache, GC pauses beside long prompts."""
+    return [("long_stall_a", "long_prompts,host_stall", seed, duration, ()),
+            ("long_stall_b", "long_prompts,host_stall", seed, duration, ()),
+            ("control", "none", seed + 1, duration, ()),
+            ("small_kv", "small_kv", seed + 2, duration, ()),
             # full collections in the engine with vLLM's GC debugger on: the host stall the engine times itself
-            ("long_gc", "long_prompts,gc_pause", seed + 3, duration)]
+            ("long_gc", "long_prompts,gc_pause", seed + 3, duration, GC_LOAD)]
 
 
-def ensure_run(cache: Path, name: str, faults: str, seed: int, duration: int, generate: bool) -> tuple[Path, str | None]:
+def ensure_run(cache: Path, name: str, faults: str, seed: int, duration: int, generate: bool,
+               extra: tuple[str, ...] = ()) -> tuple[Path, str | None]:
     """The cached run directory, generating it when missing (or why it is not there)."""
     run = cache / name
     if (run / "testbed.json").exists() and (run / "truth" / "iterations.log").exists():
@@ -56,7 +62,7 @@ def ensure_run(cache: Path, name: str, faults: str, seed: int, duration: int, ge
     if run.exists() and any(run.iterdir()):
         return run, f"{run} holds an incomplete run; remove it to regenerate"
     cmd = [str(ROOT / ".venv" / "bin" / "mixdiag"), "testbed", "vllm", "--out", str(run), "--duration", str(duration),
-           "--faults", faults, "--seed", str(seed), "--live-analyze", "-q"]
+           "--faults", faults, "--seed", str(seed), "--live-analyze", "-q", *extra]
     print(f"generating {name}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:
@@ -126,13 +132,15 @@ def score(runs: dict[str, Path]) -> dict:
 
 
 def stall_kinds(run: Path, calls: list) -> dict[str, list[int]]:
-    """Injected host stalls per kind (``SIGSTOP``: nothing the engine exposes sees it; ``gc pause``: the
-    engine times it when its GC debugger is on): [found by a right host_stall call, injected]."""
+    """Injected host stalls that held decodes (the truth units), per kind (``SIGSTOP``: nothing the engine
+    exposes sees it; ``gc pause``: the engine times it when its GC debugger is on): [found by a right
+    host_stall call, units]."""
     from mixdiag.vllm_testbed.truth import read_faults
     out: dict[str, list[int]] = {}
     right = [c for c in calls if c.cause == "host_stall" and c.right]
+    held = {(u.t0_s, u.t1_s) for u in scoring.stall_units(run / "truth" / "faults.csv", run / "truth" / "iterations.log")}
     for f in read_faults(run / "truth" / "faults.csv"):
-        if f.cause != "host_stall":
+        if f.cause != "host_stall" or (f.t_start_s, f.t_end_s) not in held:
             continue
         kind = "gc pause" if f.detail.startswith("gc pause") else "SIGSTOP"
         k = out.setdefault(kind, [0, 0])
@@ -258,8 +266,8 @@ def main(argv=None) -> int:
     else:
         cache = Path(a.cache)
         cache.mkdir(parents=True, exist_ok=True)
-        for name, faults, seed, dur in protocol(a.seed, a.duration):
-            run, why = ensure_run(cache, name, faults, seed, dur, not a.no_generate)
+        for name, faults, seed, dur, extra in protocol(a.seed, a.duration):
+            run, why = ensure_run(cache, name, faults, seed, dur, not a.no_generate, extra)
             (missing.__setitem__(name, why) if why else runs.__setitem__(name, run))
     for n, why in missing.items():
         print(f"{n}: NOT EVALUATED: {why}")

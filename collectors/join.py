@@ -69,7 +69,7 @@ POINT_SERIES = {"expert_imbalance": "vllm_log:eplb_expert_imbalance"}
 #: Interval columns a member gives as timed events, one series point each (vLLM's GC debugger: one line per
 #: collection, stamped at its end): a spine row takes the sum of the events that ended in it, and 0 inside
 #: the member's span where none did (the debugger logs every collection: no line, no pause).
-SUM_POINT_SERIES = {"host_pause_s": "vllm_log:gc_pause_s"}
+SUM_POINT_SERIES = {"host_pause_s": ("vllm_log:gc_pause_s", "sglang_log:gc_pause_s")}
 #: Bytes of a file's head searched for model names.
 HEAD_BYTES = 256 * 1024
 
@@ -323,8 +323,9 @@ def _fill_sums(spine: pd.DataFrame, inp, notes: list[str]) -> pd.DataFrame:
     a, b = spine["t_start_s"].to_numpy(dtype=float), spine["t_end_s"].to_numpy(dtype=float)
     tail = next((pd.to_numeric(spine[c], errors="coerce").to_numpy(dtype=float)
                  for c in ("itl_tail_floor_s", "itl_p99_s") if c in spine.columns), None)
-    for col, name in SUM_POINT_SERIES.items():
-        pts = ser[ser["name"] == name]
+    for col, names in SUM_POINT_SERIES.items():
+        pts = ser[ser["name"].isin(names)]
+        name = "/".join(sorted(set(pts["name"])))
         if not len(pts):
             continue
         rows = getattr(inp.timeline, "steps", None)
@@ -411,7 +412,14 @@ def join_server(srv: Server) -> Timeline:
     frames, spine, members_of = [], {}, {}
     for gran, bucket in parts.items():
         if bucket:
-            frames.append(_merge_view(bucket, gran == "step", notes).assign(instance=view_name[gran]))
+            view = _merge_view(bucket, gran == "step", notes)
+            if gran == "interval":
+                # timed events of a member whose rows went to the step view (an SGLang log, a vLLM log with
+                # iteration lines) reach the intervals too
+                for inp in srv.members:
+                    if not any(inp is p for p, _ in bucket):
+                        view = _fill_sums(view, inp, notes)
+            frames.append(view.assign(instance=view_name[gran]))
             spine[gran] = spine_first(bucket, gran == "step")[0][0]
             members_of[view_name[gran]] = [inp for inp, _ in bucket]
     tokens, series, sources, clock_notes = [], [], [], []

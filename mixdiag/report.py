@@ -36,8 +36,15 @@ def evidence_summary(cause: str, ev: dict) -> str:
         parts.append(f"{g('preempted_reqs', '{:.0f}')} preempted" +
                      (f", KV usage {ev['kv_usage']:.2f}" if ev.get("kv_usage") is not None else ""))
     elif cause == "host_stall":
-        parts.append(f"gap before step {ms(ev.get('gap_before_s'))}"
-                     + (f" ({ev['gap_share_of_excess']:.0%} of excess)" if ev.get("gap_share_of_excess") else ""))
+        pause = ev.get("host_pause_s", ev.get("interval_host_pause_s"))
+        wait = ev.get("interval_host_wait_excess_s")
+        if pause is not None:   # the engine timed its own pause (vLLM's GC debugger)
+            head = f"GC pause {ms(pause)} (engine-timed)"
+        elif wait is not None:  # the engine counted its GPU waiting on the host (SGLang)
+            head = f"host wait {ms(wait)} beyond usual"
+        else:
+            head = f"gap before step {ms(ev.get('gap_before_s'))}"
+        parts.append(head + (f" ({ev['gap_share_of_excess']:.0%} of excess)" if ev.get("gap_share_of_excess") else ""))
     else:
         parts.append(f"kind {ev.get('kind')}; {ev.get('reason', 'no supported cause')}")
     return ", ".join(parts)

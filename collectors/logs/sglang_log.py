@@ -52,6 +52,8 @@ _ALL_FIELDS = re.compile(rf"(?:{_FIELD_BODY}[ ,]*)*")  # the whole rest is field
 _PREFIX = re.compile(r"\[(\d{4})-(\d\d)-(\d\d)[ T](\d\d:\d\d:\d\d)(?:[.,](\d+))?((?:\s+[A-Z_]*\d+)*)\s*\]")
 _RETRACT = re.compile(r"Decode out of memory happened\.\s*(.*)$")
 _BALANCE = re.compile(r"\[Expert Balancedness\]\s*(.*)$")
+# --gc-warning-threshold-secs (utils.configure_gc_warning, a gc.callbacks hook): a collection that took longer
+_GC = re.compile(r"LONG GARBAGE COLLECTION DETECTED \| Generation (\S+) \| Duration: ([\d.]+)s")
 _SERVER_ARGS = re.compile(r"server_args=ServerArgs\(")
 _ARG = {"enable_mixed_chunk": re.compile(r"\benable_mixed_chunk=(True|False)"),
         "chunked_prefill_size": re.compile(r"\bchunked_prefill_size=(-?\d+|None)"),
@@ -145,6 +147,13 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
             if row is not None:
                 (pending if t_row is None else out.steps).append(row)
             continue
+        gm = _GC.search(line)
+        if gm:   # a pause the scheduler timed itself: series, and the row's host_pause_s (sum)
+            pause = float(gm.group(2))
+            out.add_series(inst, "sglang_log:gc_pause_s", t_row, pause, f"generation={gm.group(1)}")
+            events.append((inst, t_row, "host_pause_s", pause, "sum"))
+            stats.parsed()
+            continue
         rm = _RETRACT.search(line) or _BALANCE.search(line)
         if rm:
             _event(rm, inst, t_row, out, raw, retract=rm.re is _RETRACT, events=events)
@@ -167,7 +176,7 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
     events = [(i, t if t is not None else (first_t or 0.0), c, v, h) for i, t, c, v, h in events]
     orphans = attach_events(out.steps, events)
     if orphans:
-        stats.note(f"{orphans} retraction/balancedness value(s) logged before any batch line: kept as series only")
+        stats.note(f"{orphans} retraction/balancedness/GC value(s) logged before any batch line: kept as series only")
     for r in out.steps:
         r["step_source"] = "log"
     for inst, _, col, _, _ in events:

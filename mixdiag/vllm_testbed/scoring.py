@@ -5,7 +5,9 @@ Truth units, each a time window in unix seconds:
 - ``mixing``: one per vLLM iteration with >= ``MIXING_MIN_PROMPT_TOKENS`` context tokens and at
   least one generation request (a mixed step carrying a real prompt chunk), from
   ``truth/iterations.log``;
-- ``host_stall``: one per injected SIGSTOP..SIGCONT (``truth/faults.csv``);
+- ``host_stall``: one per injected stall (SIGSTOP..SIGCONT, or a GC pause as the engine timed it:
+  ``truth/faults.csv``) that held decodes: the first iteration logged after it ended ran generation
+  requests (they waited through it; a stall while only a prompt was computed delays a first token, no ITL);
 - ``kv_pressure``: one per scrape interval in which ``vllm:num_preemptions_total`` rose (the
   engine's own counter; iterations.log has no preemption field).
 
@@ -14,6 +16,7 @@ other named cause is a false positive; ``unknown`` is counted and neither right 
 """
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,9 +74,20 @@ def small_mixed_units(iterations_log: Path) -> list[Unit]:
             if 0 < it.context_tokens < MIXING_MIN_PROMPT_TOKENS and it.generation_requests > 0 and not it.dummy]
 
 
-def stall_units(faults_csv: Path) -> list[Unit]:
-    """Every injected host stall as measured (stop..continue)."""
-    return [Unit("host_stall", r.t_start_s, r.t_end_s) for r in read_faults(faults_csv) if r.cause == "host_stall"]
+def stall_units(faults_csv: Path, iterations_log: Path | None = None) -> list[Unit]:
+    """Every injected host stall as measured (stop..continue, or the GC pause's own timing); with
+    ``iterations_log``, only those that held decodes (the module doc)."""
+    rows = [r for r in read_faults(faults_csv) if r.cause == "host_stall"]
+    if iterations_log is not None:
+        its = sorted(read_iterations(iterations_log), key=lambda it: it.t_s)
+        stamps = [it.t_s for it in its]
+        keep = []
+        for r in rows:
+            i = bisect.bisect_right(stamps, r.t_end_s)
+            if i < len(its) and its[i].generation_requests > 0:
+                keep.append(r)
+        rows = keep
+    return [Unit("host_stall", r.t_start_s, r.t_end_s) for r in rows]
 
 
 def preemption_units(scrapes: Path) -> list[Unit]:
@@ -92,7 +106,8 @@ def preemption_units(scrapes: Path) -> list[Unit]:
 
 def truth_units(run: Path) -> list[Unit]:
     """All truth units of one testbed run directory."""
-    return (mixing_units(run / "truth" / "iterations.log") + stall_units(run / "truth" / "faults.csv")
+    its = run / "truth" / "iterations.log"
+    return (mixing_units(its) + stall_units(run / "truth" / "faults.csv", its)
             + preemption_units(run / "scrapes"))
 
 

@@ -354,3 +354,25 @@ def test_timed_pauses_sum_into_the_scrape_interval_whose_itl_saw_them():
     # row ending t0+4.3)
     got = _merge_view([(spine_inp, spine.drop(columns="itl_tail_floor_s")), (log_inp, log_rows)], False, [])
     np.testing.assert_allclose(got.sort_values("t_end_s")["host_pause_s"].to_numpy()[1:5], [0.0001, 0.0, 0.27, 0.0])
+
+
+def test_timed_pauses_of_a_step_view_log_reach_the_scrape_intervals():
+    """An SGLang log (or a vLLM log with iteration lines) goes to the step view; its GC lines' pauses still
+    belong to the scrape intervals of the same server (``host_pause_s``, summed by their own stamps)."""
+    from mixdiag.collectors.join import Input, Server, join_server
+    from mixdiag.schema import Timeline
+    t0 = 1.79e9
+    ends = t0 + np.arange(1, 7, dtype=float) + 0.3
+    scr = Timeline(pd.DataFrame({"instance": "s", "step": np.arange(6), "t_start_s": ends - 1.0, "t_end_s": ends,
+                                 "granularity": "interval", "kind": "unknown", "itl_count": 50.0}), meta={})
+    stamps = t0 + np.arange(0, 7, dtype=float)
+    log = Timeline(pd.DataFrame({"instance": "l", "step": np.arange(7), "t_start_s": stamps, "t_end_s": stamps,
+                                 "granularity": "step", "kind": "decode"}),
+                   series=pd.DataFrame({"instance": "l", "name": "sglang_log:gc_pause_s", "labels": "generation=2",
+                                        "t_s": [t0 + 4.0], "value": [0.312]}), meta={})
+    srv = Server("srv", [Input("scrapes", "scrapes", "prom-text", scr), Input("s.log", "s.log", "sglang-log", log)],
+                 rule="explicit")
+    tl = join_server(srv)
+    iv = tl.steps[tl.steps["granularity"] == "interval"].sort_values("t_end_s")
+    # [t0+4, t0+5) straddles the t0+4.3 boundary, no ITL tails: the row holding t0+4.5 (ending t0+5.3) takes it
+    np.testing.assert_allclose(iv["host_pause_s"].to_numpy(), [0.0, 0.0, 0.0, 0.0, 0.312, 0.0])

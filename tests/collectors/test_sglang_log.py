@@ -222,3 +222,23 @@ def test_retraction_and_balancedness_fill_the_rows_they_follow():
     assert s["expert_imbalance"].iloc[0] == pytest.approx((2.0 + 4.0) / 2)  # 1 / balancedness, averaged
     assert s["q_expert_imbalance"].iloc[0] == "measured"
     assert tl.meta["signals"]["s"]["preempted_reqs"] == "measured"
+
+
+def test_gc_warning_lines_are_timed_pauses_on_their_rows():
+    """SGLang's ``--gc-warning-threshold-secs`` hook (utils.configure_gc_warning) logs a collection that took
+    longer than the threshold; its duration is a pause the scheduler timed itself. The line's shape is the
+    format string of that hook; the batch lines are 13023's shape."""
+    text = ("[2025-03-20 15:27:09 TP0] Decode batch. #running-req: 12, #token: 5632, token usage: 0.04, "
+            "gen throughput (token/s): 410.12, #queue-req: 0\n"
+            "[2025-03-20 15:27:10 TP0] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: 0.3120s | "
+            "# Objects: gen0=41, gen1=0, gen2=1803312 | This may cause latency jitter. Consider calling the "
+            "freeze_gc API after sending a few warmup requests.\n"
+            "[2025-03-20 15:27:11 TP0] Decode batch. #running-req: 12, #token: 6112, token usage: 0.04, "
+            "gen throughput (token/s): 305.40, #queue-req: 0\n")
+    tl = sglang_log.read(io.StringIO(text))
+    g = tl.series[tl.series["name"] == "sglang_log:gc_pause_s"]
+    assert list(g["value"]) == [0.312] and list(g["labels"]) == ["generation=2"]
+    # on the log's row the pause's line falls to (log_lines.attach_events), once; the interval join places it
+    # by its own stamp (collectors/join.py SUM_POINT_SERIES)
+    assert tl.steps["host_pause_s"].sum() == pytest.approx(0.312)
+    assert tl.steps["host_pause_s"].notna().sum() == 1

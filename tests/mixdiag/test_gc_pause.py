@@ -55,20 +55,24 @@ def test_a_pause_stands_out_only_above_the_typical_itl():
     assert excess[8] >= 3 * sigma[8] and excess[3] < 3 * sigma[3] and excess[12] < 3 * sigma[12]
 
 
-def _step(pause, lat, base=0.01, kind="decode"):
+def _step(pause, lat, base=0.01, kind="decode", cause="unknown"):
     row = pd.Series({"granularity": "step", "fused_interval_host_pause_s": pause, "latency_s": lat, "baseline_s": base})
-    return row, Attribution("unknown", 0.3, {"kind": kind})
+    return row, Attribution(cause, 0.3, {"kind": kind})
 
 
-@pytest.mark.parametrize("pause,lat,kind,want", [
-    (0.27, 0.28, "decode", "host_stall"),    # the step spanned the whole pause
-    (0.27, 0.28, "mixed", "host_stall"),     # requests that arrived during the pause joined the step ending it
-    (0.27, 0.06, "decode", "unknown"),       # 50 ms of excess did not span a 270 ms pause: some other step did
-    (0.02, 0.28, "decode", "unknown"),       # a 20 ms pause holds too little of a 270 ms excess
-    (float("nan"), 0.28, "decode", "unknown"),  # nothing timed pauses there: never by elimination
+@pytest.mark.parametrize("pause,lat,base,kind,cause,want", [
+    (0.27, 0.28, 0.01, "decode", "unknown", "host_stall"),  # the step spanned the whole pause
+    (0.27, 0.28, 0.01, "mixed", "unknown", "host_stall"),   # requests that arrived in the pause joined the step ending it
+    # a 60 ms chunk step that also waited out a 520 ms collection: the pause is most of it (tier g 4001 long_gc)
+    (0.52, 0.59, 0.01, "mixed", "mixing", "host_stall"),
+    (0.02, 0.08, 0.01, "mixed", "mixing", "mixing"),        # a 20 ms pause beside a 70 ms chunk excess: the chunk's
+    (0.27, 0.06, 0.01, "decode", "unknown", "unknown"),     # 50 ms of excess did not span a 270 ms pause
+    (0.02, 0.28, 0.01, "decode", "unknown", "unknown"),     # a 20 ms pause holds too little of a 270 ms excess
+    (0.00004, 0.00405, 0.004, "decode", "unknown", "unknown"),  # a young collection: under one usual step
+    (float("nan"), 0.28, 0.01, "decode", "unknown", "unknown"),  # nothing timed pauses there: never by elimination
 ])
-def test_a_client_step_that_spanned_a_timed_pause(pause, lat, kind, want):
-    row, a = _step(pause, lat, kind=kind)
+def test_a_client_step_that_spanned_a_timed_pause(pause, lat, base, kind, cause, want):
+    row, a = _step(pause, lat, base, kind=kind, cause=cause)
     assert attribute_fused(row, a).cause == want
 
 
@@ -82,3 +86,14 @@ def test_real_vllm_scrapes_and_gc_log_name_both_pauses_and_scrapes_alone_none():
     assert all(ev.get("host_pause_s", 0) > 0.25 for ev in hs["evidence"])
     alone = diagnose(load(str(FIX / "scrapes"))).spikes
     assert not (alone["cause"] == "host_stall").any()
+
+
+@pytest.mark.parametrize("ev,want", [
+    ({"host_pause_s": 0.547, "gap_share_of_excess": 1.0}, "GC pause 547.0 ms (engine-timed) (100% of excess)"),
+    ({"interval_host_pause_s": 0.27}, "GC pause 270.0 ms (engine-timed)"),
+    ({"interval_host_wait_excess_s": 0.36, "gap_share_of_excess": 0.9}, "host wait 360.0 ms beyond usual (90% of excess)"),
+    ({"gap_before_s": 0.2}, "gap before step 200.0 ms"),
+])
+def test_the_evidence_line_says_what_measured_the_stall(ev, want):
+    from mixdiag.report import evidence_summary
+    assert evidence_summary("host_stall", ev) == want

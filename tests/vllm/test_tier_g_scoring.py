@@ -25,8 +25,11 @@ def run(tmp_path):
         _iter(T0 + 1.0, 506, 6)            # big chunk mixed with decodes: a mixing unit at ~[0.85, 1.0]
         + _iter(T0 + 2.0, 506, 0)          # prefill-only: nobody decoding, no unit
         + _iter(T0 + 3.0, 200, 6)          # mixed, but below 256 prompt tokens: no unit
-        + _iter(T0 + 4.0, 0, 8, ms=10))    # decode
+        + _iter(T0 + 4.0, 0, 8, ms=10)     # decode
+        + _iter(T0 + 5.4, 0, 8, ms=10)     # decodes resumed after the stall at T0+5.0..5.3: it held them
+        + _iter(T0 + 9.5, 300, 0))         # a lone prompt after the stall at T0+9.0..9.2: nobody waited
     write_faults([TruthRow(T0 + 5.0, T0 + 5.3, "host_stall", "SIGSTOP"),
+                  TruthRow(T0 + 9.0, T0 + 9.2, "host_stall", "gc pause: 1 full collection(s)"),
                   TruthRow(T0, T0 + 10, "kv_pressure", "whole run")], tmp_path / "truth" / "faults.csv")
     for i, total in enumerate((0, 0, 3, 3)):   # the counter rises in (T0+7, T0+8] only
         (tmp_path / "scrapes" / f"{T0 + 6 + i:.3f}.prom").write_text(

@@ -17,8 +17,9 @@ the quantity a trace's step rows carry under the same name (time between kernels
 engine per interval. ``gap_excess_sigma_s`` is the noise the interval rule stands a stall above, read on
 the side a stall cannot reach (:func:`wait_excess`). Both NaN without the counter.
 
-``host_pause_s`` (vLLM's GC debugger: each collection's time, collectors/logs/vllm_log.py) is host time the
-engine measured itself standing still; it adds to the wait. A pause under the instance's typical inter-token
+``host_pause_s`` (vLLM's GC debugger, SGLang's GC warning: each collection's time, collectors/logs/) is host
+time the engine measured itself standing still; it is the wait where no GPU wait is counted (where one is,
+that count holds the pause's idle already). A pause under the instance's typical inter-token
 latency hides inside one step's spread (a young-generation collection takes well under a millisecond), so
 where pauses are the measure the noise is at least half the typical ITL: a pause stands out (k = 3) only
 at 1.5 typical ITLs or more.
@@ -55,8 +56,10 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
     if "gpu_wait_s" not in sig.columns and "host_pause_s" not in sig.columns:
         return nan, nan.copy()
     wait = _col(sig, "gpu_wait_s")
-    pause = _col(sig, "host_pause_s")
-    wait = np.where(np.isfinite(wait) | np.isfinite(pause), np.nan_to_num(wait) + np.nan_to_num(pause), np.nan)
+    # where the GPU's wait is counted it holds a pause's idle already (SGLang): the pause is the measure
+    # only where nothing counts the wait (vLLM)
+    pause = np.where(np.isfinite(wait), np.nan, _col(sig, "host_pause_s"))
+    wait = np.where(np.isfinite(wait), wait, pause)
     dt = (sig["t_end_s"] - sig["t_start_s"]).to_numpy(dtype=float)
     ok = np.isfinite(wait) & (dt > 0) & _running(sig)
     if not ok.any():

@@ -109,10 +109,11 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
                     ev["reason"] = ("ITL P99 spiked, but no step was slow and the ITL sum leaves no time between "
                                     "steps (a histogram-bucket or interval-edge effect)")
         return Attribution(cause, round(conf * cfg.interval_factor, 3), ev)
-    if a.cause == "unknown" and _host_pause_holds(row, cfg):
+    if a.cause in ("unknown", "mixing", "prefill_stall") and _host_pause_holds(row, cfg):
         # measured: the engine timed a pause of its own (a garbage collection) in the step's span, as long
         # as most of the step's excess, and the step lasted at least half of it (it spanned the pause). Any
-        # step kind: requests that arrived during the pause join the step that ends it
+        # step kind: requests that arrived during the pause join the step that ends it; a prompt chunk in
+        # that step costs what a chunk costs, the pause carries the rest (the headline is the larger part)
         pause = num(row.get("fused_interval_host_pause_s"))
         return Attribution("host_stall", round(0.7 * cfg.interval_factor, 3), dict(a.evidence) | {
             "interval_host_pause_s": pause,
@@ -170,7 +171,9 @@ def _host_pause_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
     pause, lat, base = (num(row.get(c)) for c in ("fused_interval_host_pause_s", "latency_s", "baseline_s"))
     if not _pos(pause) or lat is None or base is None or not lat > base:
         return False
-    return pause >= cfg.host_gap_share * (lat - base) and lat - base >= 0.5 * pause
+    # a pause shorter than one usual step (a young collection: well under a millisecond) is inside a step's
+    # own spread and explains no spike
+    return pause >= base and pause >= cfg.host_gap_share * (lat - base) and lat - base >= 0.5 * pause
 
 
 def attribute_between_steps(row: pd.Series, cfg: AttributionConfig = AttributionConfig()) -> Attribution | None:
