@@ -147,7 +147,7 @@ def read(source, *, instance: str | None = None, enable_mixed_chunk: bool | None
             if row is not None:
                 (pending if t_row is None else out.steps).append(row)
             continue
-        gm = _GC.search(line)
+        gm = _GC.search(line) if "GARBAGE" in line else None
         if gm:   # a pause the scheduler timed itself: series, and the row's host_pause_s (sum)
             pause = float(gm.group(2))
             out.add_series(inst, "sglang_log:gc_pause_s", t_row, pause, f"generation={gm.group(1)}")

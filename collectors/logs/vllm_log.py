@@ -270,7 +270,7 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
             remote_waits.setdefault((key, t_row), set()).add(rk.group(1))
             st.parsed()
             continue
-        gm = _GC.search(body)
+        gm = _GC.search(body) if "GC took" in body else None
         if gm:
             pause = float(gm.group(1)) / 1e3
             out.add_series(key, "vllm_log:gc_pause_s", t_row, pause,
