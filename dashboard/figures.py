@@ -21,7 +21,8 @@ GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]
 #: Panel ids in the order they are stacked; the browser tests look for these titles.
 PANEL_TITLES = {"itl": "Inter-token latency", "alloc": "Token allocation per step",
                 "sm": "SM activity", "graph": "CUDA-graph mode per step",
-                "expert": "Expert imbalance (max/mean per EP rank)", "kv": "PD KV transfer per step"}
+                "expert": "Expert imbalance (max/mean per EP rank)", "kv": "PD KV transfer per step",
+                "pause": "Host pause the engine timed (GC)"}
 
 
 #: Episode bands drawn at most (largest excess first): one shape each, and the browser redraws them all on zoom.
@@ -29,12 +30,14 @@ MAX_BANDS = 300
 
 
 def timeline_panels(view: TimelineView) -> list[str]:
-    """Panel ids the Timeline figure of ``view`` has: the four signals, plus expert/KV when present."""
+    """Panel ids the Timeline figure of ``view`` has: the four signals, plus expert/KV/host pause when present."""
     panels = ["itl", "alloc", "sm", "graph"]
     if view.has_expert:
         panels.append("expert")
     if view.has_kv:
         panels.append("kv")
+    if view.has_pause:
+        panels.append("pause")
     return panels
 
 
@@ -52,7 +55,7 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
     redraws while it stays the same (the dashboard passes dataset id and instance).
     """
     panels = timeline_panels(view)
-    heights = {"itl": 0.34, "alloc": 0.22, "sm": 0.16, "graph": 0.12, "expert": 0.12, "kv": 0.12}
+    heights = {"itl": 0.34, "alloc": 0.22, "sm": 0.16, "graph": 0.12, "expert": 0.12, "kv": 0.12, "pause": 0.12}
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, vertical_spacing=0.035,
                         subplot_titles=[PANEL_TITLES[p] for p in panels],
                         row_heights=[heights[p] for p in panels])
@@ -129,6 +132,15 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
                                  name="KV transfer bytes", line={"color": "#0072B2", "width": 1, "shape": "hv"}),
                       row=row["kv"], col=1)
         fig.update_yaxes(title_text="bytes", row=row["kv"], col=1)
+
+    if "pause" in row:
+        hp = st["host_pause_s"].fillna(0).to_numpy()
+        h = _take(st, minmax_indices(t, hp, max_points, x_range))
+        fig.add_trace(go.Scatter(x=h["t_rel_s"], y=h["host_pause_s"].fillna(0), mode="lines", name="host pause",
+                                 line={"color": "#D55E00", "width": 1, "shape": "hv"},
+                                 hovertemplate="%{x:.3f}s host pause %{y:.3f} s<extra></extra>"),
+                      row=row["pause"], col=1)
+        fig.update_yaxes(title_text="s", row=row["pause"], col=1)
 
     episode_bands(fig, view.episodes)
     fig.update_yaxes(title_text="s", row=row["itl"], col=1)

@@ -216,7 +216,7 @@ def on_spike(store: DataStore, key: dict | None, choice: str | None, ledger: Led
                  else "no signal missing", style={"color": "#666", "fontSize": "12px"}),
     ])
     cols = [c for c in ("step", "kind", "t_start_s", "t_end_s", "prefill_tokens", "decode_rows", "graph_mode",
-                        "sm_active", "expert_imbalance", "kv_transfer_s", "preempted_reqs", "gap_before_s",
+                        "sm_active", "expert_imbalance", "kv_transfer_s", "preempted_reqs", "gap_before_s", "host_pause_s",
                         "itl_max_s", "is_spike", "cause") if c in d.neighbours.columns]
     neigh = d.neighbours[cols]
     return (summary, figures.spike_figure(d), table(d.evidence, id="spike-evidence-table"),

@@ -195,3 +195,15 @@ def test_regime_figure_shares_in_the_palette_with_the_episode_count():
     assert list(bar.customdata) == [3.0, 1.0] and list(bar.marker.color) == [CAUSE_COLORS["mixing"], CAUSE_COLORS["ep_hotspot"]]
     assert list(bar.text) == ["75%", "25%, 2 episodes"] and "(2 sustained episodes)" in fig.layout.title.text
     assert len(figures.regime_figure({}, 0).data[0].y) == 0
+
+
+def test_a_host_pause_panel_where_the_engine_timed_pauses():
+    """vLLM's GC debugger lines (host_pause_s): a panel of their own, its trace the pauses."""
+    import dataclasses
+    v = big_view(2_000)
+    steps = v.steps.assign(host_pause_s=np.where(np.arange(len(v.steps)) == 700, 0.31, 0.0))
+    v = dataclasses.replace(v, steps=steps, has_pause=True)
+    assert figures.timeline_panels(v)[-1] == "pause"
+    fig = figures.timeline_figure(v)
+    assert figures.PANEL_TITLES["pause"] in [a.text for a in fig.layout.annotations]
+    assert max(traces(fig, "host pause")[0].y) == pytest.approx(0.31)

@@ -102,3 +102,17 @@ def test_timeline_view_carries_the_instance_episodes_on_its_clock(hotspot_timeli
     assert v.episodes.iloc[0]["t_start_rel_s"] == pytest.approx(e["t_start_s"] - v.t0_s)
     assert v.episodes.iloc[0]["share"] == e["shares"]["ep_hotspot"]
     assert not len(timeline_view(hotspot_timeline, d, "other").episodes)  # another instance's episodes stay out
+
+
+def test_timeline_view_of_a_real_gc_debug_capture_has_the_pause_panel():
+    """Real vLLM 0.32 scrapes + operator log with its GC debugger on (tests/fixtures/vllm032/gc_pause)."""
+    from pathlib import Path
+
+    from mixdiag.collectors import load
+    fix = Path(__file__).resolve().parents[1] / "fixtures" / "vllm032" / "gc_pause"
+    tl = load([str(fix / "scrapes"), str(fix / "vllm.log")])
+    v = timeline_view(tl, diagnose(tl), tl.instances[0])
+    assert v.has_pause and v.steps["host_pause_s"].max() == pytest.approx(0.547427, abs=1e-6)
+    # without the log nothing timed a pause
+    tl = load(str(fix / "scrapes"))
+    assert not timeline_view(tl, diagnose(tl), tl.instances[0]).has_pause
