@@ -286,6 +286,26 @@ def test_interval_reference_skips_intervals_where_a_large_chunk_ran(floor_tokens
     assert d.regimes.reference["srv"]["reference_s"] == pytest.approx(want_ref, rel=0.05)
 
 
+@pytest.mark.parametrize("name,inside,want", [
+    # vLLM runs batches of 16 tokens or more without a graph here (its CUDA-graph table): 16 decoding -> eager
+    ("the running batch ran eager, no chunk beside it", dict(graph_none_min_tokens=16.0, iteration_tokens_floor=16.0,
+                                                               large_step_share=0.0), "graph_fallback"),
+    # every step held a 512-token chunk: mixed steps leave the FULL graph by design, their cost is mixing's
+    ("a large chunk in every step of the interval", dict(graph_none_min_tokens=16.0, iteration_tokens_floor=528.0,
+                                                        large_step_share=1.0, prefill_tokens=2048.0), "mixing"),
+])
+def test_a_vllm_eager_stretch_is_a_graph_fallback_episode(name, inside, want):
+    """vLLM's interval rows carry no count of eager decode passes (SGLang's do), only that the running batch is
+    one vLLM dispatches without a graph; that evidence, with no large chunk beside it, is graph_fallback's in
+    the decomposition too (e2 tuning 10-29, vllm/scrapes+log: fallback episodes 0 -> 15 of 20)."""
+    d = diagnose(_stretch_of_intervals(dict(inside),
+                                       dict(graph_none_min_tokens=64.0, iteration_tokens_floor=16.0,
+                                            large_step_share=0.0)))
+    eps = d.regimes.episodes
+    assert len(eps) >= 1 and eps.iloc[0]["rows"] >= 70, name
+    assert eps.iloc[0]["cause"] == want, (name, eps[["cause", "shares"]].to_dict("records"))
+
+
 def test_a_watcher_counts_a_nested_episode_once():
     """The exporter counts episodes starting after the end of the last one counted; an episode inside another
     starts before its parent's end, so it is tracked apart (per instance and cause) and counted once."""

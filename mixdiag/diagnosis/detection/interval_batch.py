@@ -83,7 +83,8 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         sig["running_reqs_start"] = start
         # a batch the engine runs without a graph (its CUDA-graph table, or above its largest capture size) at
         # either end of the interval: eager decode, a fault the baseline must not absorb (as for the gauges above)
-        faulty = faulty | pd.Series(batch >= sig["graph_none_min_tokens"].to_numpy(dtype=float), index=sig.index)
+        eager = batch >= sig["graph_none_min_tokens"].to_numpy(dtype=float)
+        faulty = faulty | pd.Series(eager, index=sig.index)
     if "iteration_tokens_floor" in sig.columns and batch is not None:
         # a step of batch + chunk_min tokens or more ran in the interval (the engine's own iteration-tokens
         # histogram; each decode adds one token): a large prompt chunk beside the decodes (vLLM V1 schedules them in
@@ -92,6 +93,13 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         with np.errstate(invalid="ignore"):
             chunk = floor - batch >= cfg.attribution.chunk_min_tokens
         faulty = faulty | pd.Series(chunk, index=sig.index)
+        if "graph_none_min_tokens" in sig.columns:
+            # the decomposition's graph-fallback evidence on vLLM interval rows (rules/decomposition.py): the batch
+            # ran eager and no large chunk made the interval's steps mixed ones (which leave the FULL graph by
+            # design) - the evidence of the interval graph-fallback rule, without its spike-only tests
+            lss = pd.to_numeric(sig.get("large_step_share"), errors="coerce").to_numpy(dtype=float) \
+                if "large_step_share" in sig.columns else np.full(len(sig), np.nan)
+            sig["eager_decode_interval"] = eager & ~(chunk & ~(lss < 1.0))
     if "graph_off_decode_steps" in sig.columns:
         # decode passes the engine itself counted as run off the captured graph (SGLang's per-forward pass
         # counter, its decode_none mode; log_windows.graph_off_decode_column): eager decode, measured, a

@@ -129,7 +129,11 @@ def features(rows: pd.DataFrame | RowArrays, granularity: str) -> np.ndarray:
         f[:, col["prefill_stall"]] = np.where(_flag(rows, "starved"), work / dur, 0.0)
         f[:, col["pd_transfer"]] = np.where(kv_ok, _num(rows, "kv_transfer_bytes") / 1e9 / dur, 0.0)
         eager = _num(rows, "graph_off_decode_steps")
-        f[:, col["graph_fallback"]] = np.where(graph_ok, eager / dur, 0.0)
+        # SGLang counts its eager decode passes; vLLM's interval rows say only that the running batch ran without a
+        # graph (its CUDA-graph table / largest capture size) with no large chunk beside it (interval_batch.py):
+        # one instance has one kind, and the fit scales each feature by its own spread
+        vllm_eager = _flag(rows, "eager_decode_interval").astype(float) if rows.has("eager_decode_interval") else 0.0
+        f[:, col["graph_fallback"]] = np.where(graph_ok, np.where(eager > 0, eager / dur, vllm_eager), 0.0)
         f[:, col["kv_pressure"]] = _num(rows, "preempted_reqs") / dur
         # interval rows measure host time only where a log's steps sit inside them (evidence/fusion.py: the ITL
         # sum minus the steps' own time, per decode request)
