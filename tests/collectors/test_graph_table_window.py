@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mixdiag.collectors import join
+from mixdiag.collectors import join_cells
 from mixdiag.collectors.logs import vllm_log
 from mixdiag.diagnosis import diagnose
 from mixdiag.schema import Timeline
@@ -45,7 +45,7 @@ def test_smallest_none_batch_of_the_window(rows, mode, want):
 def test_join_lends_the_window_value_to_every_interval_inside_it():
     spine = pd.DataFrame({"t_start_s": np.arange(0.0, 20.0), "t_end_s": np.arange(1.0, 21.0)})
     other = pd.DataFrame({"t_start_s": [0.0, 10.0], "t_end_s": [10.0, 20.0], "graph_none_min_tokens": [np.nan, 37.0]})
-    got = join._fill_window(spine, other)["graph_none_min_tokens"].to_numpy()
+    got = join_cells.fill_window(spine, other)["graph_none_min_tokens"].to_numpy()
     assert np.isnan(got[:9]).all() and (got[10:19] == 37.0).all()  # rows ending in (10, 20]
     assert np.isnan(got[9])  # ends at 10: the first window's, which ran no batch eager
 

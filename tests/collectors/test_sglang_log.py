@@ -239,6 +239,6 @@ def test_gc_warning_lines_are_timed_pauses_on_their_rows():
     g = tl.series[tl.series["name"] == "sglang_log:gc_pause_s"]
     assert list(g["value"]) == [0.312] and list(g["labels"]) == ["generation=2"]
     # on the log's row the pause's line falls to (log_lines.attach_events), once; the interval join places it
-    # by its own stamp (collectors/join.py SUM_POINT_SERIES)
+    # by its own stamp (collectors/join_cells.py SUM_POINT_SERIES)
     assert tl.steps["host_pause_s"].sum() == pytest.approx(0.312)
     assert tl.steps["host_pause_s"].notna().sum() == 1
