@@ -40,12 +40,13 @@ import numpy as np
 import pandas as pd
 
 from mixdiag.errors import UserError
-from mixdiag.label_arrays import str_column
-from mixdiag.schema import Timeline, repeat_label
+from mixdiag.schema import Timeline
 
 from mixdiag.collectors.logs import vllm_clock, vllm_config, vllm_graph_steps, vllm_iterations, vllm_json
 from mixdiag.collectors.logs.log_lines import LogRows
 from mixdiag.collectors.logs.step_frame import attach_events_frame
+from mixdiag.collectors.logs.vllm_rows import (iter_row, line_frame, measured_zero_pauses, name_instances, qualities,
+                                               stats_row)
 from mixdiag.collectors.logs.vllm_series import series_line, stats_fields, table_row
 from mixdiag.collectors.text_input import clean_lines, line_stats, read_counted, source_name
 
@@ -69,9 +70,6 @@ _REMOTE_KVS = re.compile(r"(\S+) is still in WAITING_FOR_REMOTE_KVS state")
 _SNIFF = re.compile(rb"Avg prompt throughput: |Iteration\(\d+\): |SchedulerIterationDetails\(|SpecDecoding metrics: |"
                     rb"KV Transfer metrics: |\*\*CUDAGraph Stats:\*\*|EPLB step: |WAITING_FOR_REMOTE_KVS state|"
                     rb"\((?:EngineCore|APIServer)[\w-]* pid=\d+\) +[A-Z]+ \d\d-\d\d \d\d:\d\d:\d\d")
-_KV_USAGE = re.compile(r"^(?:[a-z]+_)?kv_cache_usage_pct$")  # gpu_, cpu_, xpu_... (the stats line's slug)
-_STAT_COLS = {"running": "running_reqs", "waiting": "waiting_reqs", "pending": "waiting_reqs",
-              "preemptions": "preempted_reqs"}
 
 
 def sniff(head: bytes, name: str) -> bool:
@@ -108,7 +106,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         written = os.stat(source).st_mtime  # the year hint of a year-less log read alone (vllm_clock)
     times = vllm_clock.LineTimes(sl, clean_lines(sl.slow) if replaced else sl.slow, year, written)
     w = _walk(sl, times, out)
-    steps = _line_frame(sl, times, w.steps, w.steps_ln)
+    steps = line_frame(sl, times, w.steps, w.steps_ln)
     # Lines before the first timestamp (or in a log without any) take the first known time.
     first_t = next((r["t"] for r in w.stats_rows if r["t"] is not None), None)
     if first_t is None and len(steps):
@@ -124,7 +122,7 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
     # each interval runs from the engine's previous stats line in time (lines can arrive out of order)
     prev_stats_t: dict[str, float] = {}
     for r in sorted(w.stats_rows, key=lambda r: r["t"]):
-        _stats_row(r["key"], r["t"], r["fields"], iterating, prev_stats_t, stats_interval_s, out)
+        stats_row(r["key"], r["t"], r["fields"], iterating, prev_stats_t, stats_interval_s, out)
         if r["key"] in iterating and r["fields"].get("preemptions"):
             # the stats line counts preemptions since the last one; Iteration lines never do
             events.append((r["key"], r["t"], "preempted_reqs", r["fields"]["preemptions"], "sum"))
@@ -143,14 +141,14 @@ def read(source, *, instance: str | None = None, year: int | None = None, stats_
         events = [e for e in events if e[2] != "graph_none_min_tokens"]
     orphans = attach_events_frame(steps, events)
     vllm_config.interval_graph_limit(steps, w.graph_configs)
-    _measured_zero_pauses(steps, {e[0] for e in events if e[2] == "host_pause_s"})
+    measured_zero_pauses(steps, {e[0] for e in events if e[2] == "host_pause_s"})
     if orphans and not len(steps):
         st.note(f"no stats or iteration line: {orphans} EPLB/KV-transfer/CUDA-graph value(s) kept as series only")
     elif orphans:
         st.note(f"{orphans} EPLB/KV-transfer/CUDA-graph/preemption value(s) logged before any row of "
                 "their engine: kept as series only")
-    _qualities(steps, out, events)
-    steps = _name_instances(steps, out, base)
+    qualities(steps, out, events)
+    steps = name_instances(steps, out, base)
     if w.cg_settings:
         out.meta["cudagraph_config"] = w.cg_settings
     if w.graph_configs:
@@ -236,7 +234,7 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
         im = _ITER.search(body)
         if im:
             n, ctx_req, ctx_tok, gen_req, gen_tok = (int(x) for x in im.groups()[:5])
-            w.steps.append(_iter_row(key, t_row, n, ctx_req, ctx_tok, gen_req, gen_tok, float(im.group(6)) / 1e3))
+            w.steps.append(iter_row(key, t_row, n, ctx_req, ctx_tok, gen_req, gen_tok, float(im.group(6)) / 1e3))
             w.steps_ln.append(ln)
             st.parsed()
             continue
@@ -252,7 +250,7 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
                 continue
             st.parsed()
             if kv.get("is_dummy") != "True":  # DP padding steps computed nothing
-                w.steps.append(_iter_row(key, t_row, *vals, elapsed))
+                w.steps.append(iter_row(key, t_row, *vals, elapsed))
                 w.steps_ln.append(ln)
             continue
         if _STATS.search(body):
@@ -294,137 +292,3 @@ def _walk(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, out: LogR
     for (key, t), reqs in remote_waits.items():
         out.add_series(key, "vllm_log:waiting_for_remote_kvs_reqs", t, float(len(reqs)))
     return w
-
-
-_LINE_COLS = ("prefill_tokens", "prefill_reqs", "decode_reqs", "decode_rows", "iteration", "elapsed_s")
-
-
-def _line_frame(sl: vllm_iterations.SplitLines, times: vllm_clock.LineTimes, rows: list[dict], rows_ln: list[int]) -> pd.DataFrame:
-    """The step rows of every Iteration line, fast and walked, in line order."""
-    f = sl.fast
-    nf = len(sl.fast_ln)
-    kind = repeat_label(nf, "idle")
-    if nf:  # the rule of _iter_row, column-wise (later assignments win, as its elif chain does first)
-        kind[f["gr"] > 0] = "decode"
-        kind[f["ct"] > 0] = "prefill"
-        kind[(f["ct"] > 0) & (f["gr"] > 0)] = "mixed"
-    fast_cols = {"prefill_tokens": f.get("ct"), "prefill_reqs": f.get("cr"), "decode_reqs": f.get("gr"),
-                 "decode_rows": f.get("gt"), "iteration": f.get("n"), "elapsed_s": f.get("elapsed_s")}
-    t = np.concatenate([times.t_row_fast, np.array([np.nan if r["t_start_s"] is None else r["t_start_s"]
-                                                    for r in rows], dtype=float)])
-    order = np.argsort(np.concatenate([sl.fast_ln, np.array(rows_ln, dtype=np.int64)]), kind="stable")
-    df = {"instance": np.concatenate([f.get("key", np.zeros(0, object)), np.array([r["instance"] for r in rows], dtype=object)]),
-          "t_start_s": t, "t_end_s": t, "granularity": repeat_label(nf + len(rows), "step"),
-          "kind": np.concatenate([kind, np.array([r["kind"] for r in rows], dtype=object)])}
-    for c in _LINE_COLS:
-        fc = fast_cols[c] if nf else np.zeros(0)
-        df[c] = np.concatenate([fc.astype(np.float64), np.array([r[c] for r in rows], dtype=np.float64)])
-    if rows:  # line order; without walked rows the fast rows are in it already
-        df = {k: v[order] for k, v in df.items()}
-    for c in ("instance", "kind", "granularity"):  # few shared labels: built by code, not str by str
-        df[c] = str_column(df[c])
-    return pd.DataFrame(df)
-
-
-def _measured_zero_pauses(steps: pd.DataFrame, keys: set) -> None:
-    """Interval rows of an engine whose log holds GC-debugger lines and none in the row: a measured 0 s pause
-    (the debugger logs every collection), not an unmeasured one."""
-    if not keys or "host_pause_s" not in steps.columns or not len(steps):
-        return
-    rows = steps["instance"].isin(keys) & (steps["granularity"] == "interval") & steps["host_pause_s"].isna()
-    steps.loc[rows, "host_pause_s"] = 0.0
-
-
-def _qualities(df: pd.DataFrame, out: LogRows, events: list) -> None:
-    """Per-row and meta qualities of the columns the event lines filled."""
-    cols = {(e[0], e[2]) for e in events}
-
-    def filled(c: str) -> np.ndarray:
-        return df[c].notna().to_numpy() if c in df else np.zeros(len(df), dtype=bool)
-
-    def measured(q: str, rows: np.ndarray) -> None:
-        if rows.any():
-            if q not in df:
-                df[q] = np.full(len(df), None, dtype=object)
-            df.loc[rows, q] = "measured"
-
-    keys = [k for k, c in cols if c == "expert_imbalance"]
-    if keys and len(df):
-        measured("q_expert_imbalance", np.isin(df["instance"].to_numpy(dtype=object), keys) & filled("expert_imbalance"))
-    if len(df):
-        measured("q_kv_transfer", filled("kv_transfer_s") | filled("kv_transfer_bytes"))
-        measured("q_graph_mode", filled("graph_full_steps") | filled("graph_piecewise_steps") | filled("graph_none_steps"))
-    for k, col in cols:
-        out.signal(k, col if not col.startswith("graph_") else "graph_steps", "measured")
-
-
-def _name_instances(df: pd.DataFrame, out: LogRows, base: str) -> pd.DataFrame:
-    """Engine keys -> instance names: the base alone for one engine, else ``base/engineN``."""
-    codes, uniq = pd.factorize(df["instance"]) if len(df) else (np.zeros(0, np.int64), [])
-    keys = set(uniq) | {s["instance"] for s in out.series}
-    single = len(keys) <= 1
-
-    def name(k: str) -> str:
-        if single:
-            return base
-        return f"{base}/aggregated" if k == "all" else f"{base}/engine{k}"
-
-    if len(df):
-        names = np.array([name(k) for k in uniq], dtype=object)
-        df["instance"] = str_column(names[codes])
-    for s in out.series:
-        s["instance"] = name(s["instance"])
-    out.signals = {name(k): v for k, v in out.signals.items()}
-    if len(df):
-        # the names of the step rows, read from their codes (a row's name is names[code], code -1 included)
-        step = (df["granularity"] == "step").to_numpy(dtype=bool, na_value=False)
-        for inst in set(names[np.unique(codes[step])]):
-            out.signals.setdefault(inst, {})["kind"] = "measured"
-    return df
-
-
-def _iter_row(key, t, n, ctx_req, ctx_tok, gen_req, gen_tok, elapsed_s) -> dict:
-    if ctx_tok > 0 and gen_req > 0:
-        kind = "mixed"
-    elif ctx_tok > 0:
-        kind = "prefill"
-    elif gen_req > 0:
-        kind = "decode"
-    else:
-        kind = "idle"
-    return {"instance": key, "t_start_s": t, "t_end_s": t, "granularity": "step", "kind": kind,
-            "prefill_tokens": float(ctx_tok), "prefill_reqs": float(ctx_req), "decode_reqs": float(gen_req),
-            "decode_rows": float(gen_tok), "iteration": float(n), "elapsed_s": elapsed_s}
-
-
-def _stats_row(key, t, f, iterating, prev_t, interval_s, out: LogRows) -> None:
-    for k, v in f.items():
-        out.add_series(key, f"vllm_log:{k}", t, v)
-    if key in iterating:
-        return  # Iteration lines are the steps of this engine; the stats stay series
-    if key not in prev_t:
-        out.stats.note(f"the first stats line of each engine is taken to cover {interval_s:g} s "
-                       "(VLLM_LOG_STATS_INTERVAL's default; pass stats_interval_s=)")
-    t0 = prev_t.get(key, t - interval_s)
-    prev_t[key] = t
-    dt = max(t - t0, 0.0)
-    prompt, gen = f.get("avg_prompt_throughput", float("nan")), f.get("avg_generation_throughput", float("nan"))
-    row = {"instance": key, "t_start_s": t0, "t_end_s": t, "granularity": "interval",
-           "prefill_tokens": prompt * dt, "output_tokens": gen * dt,
-           "kind": "idle" if prompt == 0 and gen == 0 else "unknown"}
-    for src, col in _STAT_COLS.items():
-        if src in f:
-            row[col] = f[src]
-    # "GPU KV cache usage" on GPUs, "CPU KV cache usage" on the CPU backend (vLLM prints the platform's
-    # device name; older releases "GPU" everywhere): every spelling is the one KV column
-    kv = next((f[k] for k in f if _KV_USAGE.match(k)), None)
-    if kv is not None:
-        row["kv_usage"] = kv / 100.0
-    running = f.get("running")
-    if running and gen > 0:
-        # each running request gets gen/running tokens per second: its mean inter-token time
-        row["itl_mean_s"] = running / gen
-        out.signal(key, "itl_mean_s", "estimated")
-    out.steps.append(row)
-    out.signal(key, "prefill_tokens", "estimated")
-    out.signal(key, "output_tokens", "estimated")
