@@ -95,7 +95,11 @@ def test_diff_of_the_demo_and_its_tuned_chunk_size_shows_what_mixing_moved(tmp_p
     assert f"{mix['before_s']:.1f} s" in row and f"{mix['after_s']:.1f} s" in row
     assert f"{100 * mix['share_of_change']:.0f}%" in row and f"{mix['change_pct']:+.0f} %" in row
     p99 = {r["metric"]: r for r in doc["metrics"]}["itl_p99_s"]
-    if p99["verdict"] == "down":  # P99 fell beyond noise: the headline names what moved it, with its part
+    if p99["verdict"] == "down" and doc["p99_moved_by"] is None:
+        # P99 fell beyond noise but no cause's own P99 part fell with it (each side's budget; on a fresh clone's
+        # busy run, 2026-12-02, once in four runs): the headline then claims no cause's part
+        assert "part of it" not in doc["headline"], doc["headline"]
+    elif p99["verdict"] == "down":  # P99 fell beyond noise: the headline names what moved it, with its part
         # (mixing in 3 of 3 runs at load 4-9; once, at load ~4 with two helper sessions running, the machine's
         # own unknown spikes moved more - which cause it is, is the analyses' finding, not asserted here)
         moved = doc["p99_moved_by"]["cause"]
