@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from mixdiag.vllm_testbed import environment, fault_plan, truth
+from mixdiag.vllm_testbed import environment, fault_plan, scoring, truth
 from mixdiag.vllm_testbed.config import TestbedConfig, TrafficConfig
 from mixdiag.vllm_testbed.driver import Testbed
 
@@ -256,7 +256,11 @@ def test_sigstop_stalls_are_real_and_judged(stall_run):
     # named host_stall (measured: 0 of 4; the stalls' spikes come out unknown or mixing, since
     # every client-view step is judged by its prefill neighbourhood and no host-gap signal is
     # read from client records). When host_stall is named from client gaps, require it here.
-    long_stalls = [s for s in visible if s.t_end_s - s.t_start_s >= 0.3]
+    # ... and held decodes (the tier g unit rule, scoring.stall_units: the first iteration after it ran generation
+    # requests): a stall while only a prompt was computed delays a first token, no client ITL (a fresh clone's
+    # run, 2026-12-02: a 0.40 s SIGSTOP followed by a prefill-only iteration, no spike - correctly)
+    held = {(u.t0_s, u.t1_s) for u in scoring.stall_units(d / "truth" / "faults.csv", d / "truth" / "iterations.log")}
+    long_stalls = [s for s in visible if s.t_end_s - s.t_start_s >= 0.3 and (s.t_start_s, s.t_end_s) in held]
     assert all(s in seen for s in long_stalls), (long_stalls, seen)
     del times
 
@@ -272,10 +276,9 @@ def test_gc_pauses_are_timed_by_the_engine_and_named_where_decodes_waited(stall_
     log = (d / "vllm.log").read_text(errors="replace")
     full = re.findall(r"GC took ([\d.]+)ms to complete\. Collected \S+ objects \(out of \d+\) in GC generation 2", log)
     assert len(full) >= len(pauses)   # at least one full collection per pause, each timed by the engine
-    its = truth.read_iterations(d / "truth" / "iterations.log")
-    # a pause held decodes when the engine ran generation requests in the second before it began
-    held = [p for p in pauses if any(p.t_start_s - 1.0 <= it.t_s <= p.t_start_s and it.generation_requests > 0
-                                     for it in its)]
+    # a pause held decodes when the first iteration after it ran generation requests (the tier g unit rule)
+    units = {(u.t0_s, u.t1_s) for u in scoring.stall_units(d / "truth" / "faults.csv", d / "truth" / "iterations.log")}
+    held = [p for p in pauses if (p.t_start_s, p.t_end_s) in units]
     report = analyze(d / "scrapes", d / "vllm.log")
     times = scrape_times(d)
     named = [iv for iv, cause in spikes_by_interval(report, times) if cause == "host_stall"]
