@@ -26,13 +26,11 @@ def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: flo
         per = np.where(passes > 0, gap / passes, np.nan)
     per = np.where(stands_out(gap, pd.to_numeric(ivs["gap_excess_sigma_s"], errors="coerce"), k), per,
                    np.where(np.isfinite(per), 0.0, np.nan))
-    ends = ivs["t_end_s"].to_numpy(dtype=float)
     st = f[st_mask]
-    lo = np.searchsorted(ends, st["t_start_s"].to_numpy(dtype=float), side="left")
-    hi = np.searchsorted(ends, st["t_end_s"].to_numpy(dtype=float), side="left")
+    n, lo, hi = _spans(ivs, st)
     out = np.full(len(st), np.nan)
     for i, (a, b) in enumerate(zip(lo, hi)):
-        if b < len(ends):
+        if b < n:
             out[i] = np.min(per[min(a, b):b + 1])  # NaN in any part: not measured throughout
     f.loc[st.index, "fused_interval_host_wait_per_pass_s"] = out
 
@@ -45,13 +43,20 @@ def fuse_host_pause(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -> No
         return
     ivs = iv.sort_values("t_end_s")
     pause = pd.to_numeric(ivs["host_pause_s"], errors="coerce").to_numpy(dtype=float)
-    ends = ivs["t_end_s"].to_numpy(dtype=float)
     st = f[st_mask]
-    lo = np.searchsorted(ends, st["t_start_s"].to_numpy(dtype=float), side="left")
-    hi = np.searchsorted(ends, st["t_end_s"].to_numpy(dtype=float), side="left")
+    n, lo, hi = _spans(ivs, st)
     out = np.full(len(st), np.nan)
     for i, (a, b) in enumerate(zip(lo, hi)):
-        part = pause[min(a, b):min(b, len(ends) - 1) + 1] if a < len(ends) else pause[:0]
+        part = pause[min(a, b):min(b, n - 1) + 1] if a < n else pause[:0]
         if np.isfinite(part).any():
             out[i] = np.nansum(part)
     f.loc[st.index, "fused_interval_host_pause_s"] = out
+
+
+def _spans(ivs: pd.DataFrame, st: pd.DataFrame) -> tuple[int, np.ndarray, np.ndarray]:
+    """For step rows ``st`` against intervals ``ivs`` (sorted by end): the interval count, and per step the
+    first interval ending at or after its start and the one holding its end (== count past the last)."""
+    ends = ivs["t_end_s"].to_numpy(dtype=float)
+    lo = np.searchsorted(ends, st["t_start_s"].to_numpy(dtype=float), side="left")
+    hi = np.searchsorted(ends, st["t_end_s"].to_numpy(dtype=float), side="left")
+    return len(ends), lo, hi

@@ -98,16 +98,13 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         # beyond its usual share of the interval, and that wait holds most of the interval's ITL excess
         share = min(1.0, gap / excess)
         pause = num(row.get("host_pause_s"))
-        if pause is not None and pause > 0:
-            # vLLM's GC debugger timed the collections: the engine's Python stood still that long
-            return done("host_stall", 0.6 + 0.3 * share, gap_share_of_excess=round(share, 3),
-                        interval_host_wait_excess_s=round(gap, 4), host_pause_s=round(pause, 4),
-                        reason=f"the engine logged {pause:.3f} s of garbage collection in the interval (its own "
-                               f"GC timing), most of the interval's ITL excess")
+        timed = pause is not None and pause > 0   # vLLM's GC debugger timed the collections
+        reason = (f"the engine logged {pause:.3f} s of garbage collection in the interval (its own GC timing)" if timed
+                  else f"the GPU waited {gap:.3f} s on the host beyond its usual share of the interval (the engine's "
+                       f"own count)")
         return done("host_stall", 0.6 + 0.3 * share, gap_share_of_excess=round(share, 3),
-                    interval_host_wait_excess_s=round(gap, 4),
-                    reason=f"the GPU waited {gap:.3f} s on the host beyond its usual share of the interval "
-                           f"(the engine's own count), most of the interval's ITL excess")
+                    interval_host_wait_excess_s=round(gap, 4), host_pause_s=round(pause, 4) if timed else None,
+                    reason=reason + ", most of the interval's ITL excess")
 
     if bool(row.get("starved")):
         # no token came out while requests ran and prompts were computed, and the waiters logged
