@@ -27,6 +27,14 @@ ROW = dict(latency_s=0.060, baseline_s=0.012, granularity="interval", running_re
     ("usual work, a step of batch + 2 chunk_min tokens", {"iteration_tokens_floor": 20.0 + 2 * MIN}, "mixing"),
     ("usual work, only short prompts ran", {"prompt_chunk_ahead_tokens": MIN / 4,
                                             "iteration_tokens_floor": 20.0 + MIN / 4}, "unknown"),
+    # the bucket edge bounds the step's tokens from below: a step in the chunk_min bucket beside 8 decodes held
+    # >= chunk_min - 8 prompt tokens, a chunk_min chunk within the ridge estimate's spread (chunk_step.py) ...
+    ("usual work, a step in the chunk_min bucket beside 8 decodes",
+     {"prompt_chunk_ahead_tokens": MIN - 8.0, "iteration_tokens_floor": MIN, "running_reqs": 8.0,
+      "running_reqs_start": 8.0}, "mixing"),
+    # ... beside 20 decodes the prompt part may be well under the ridge
+    ("usual work, a step in the chunk_min bucket beside 20 decodes",
+     {"prompt_chunk_ahead_tokens": MIN - 20.0, "iteration_tokens_floor": MIN}, "unknown"),
     ("batch past the graph sizes, decode-only steps, no chunk", {"graph_none_min_tokens": 16.0}, "graph_fallback"),
     ("batch past the graph sizes, every step carried a large chunk",
      {"graph_none_min_tokens": 16.0, "iteration_tokens_floor": 20.0 + 2 * MIN, "large_step_share": 1.0}, "mixing"),

@@ -170,3 +170,29 @@ def test_prefill_work_under_one_chunk_is_no_mixing(prompt, want):
             for i in range(24)]
     sp = diagnose(Timeline(pd.DataFrame(rows), None, meta={})).spikes.set_index("step")
     assert sp.loc[12, "cause"] == want
+
+
+@pytest.mark.parametrize("name, floor_s, ahead, want", [
+    ("a 512-token chunk beside 6 decodes: their 6 tokens waited 2.5x, under the P99", 0.025, 504.0, {8}),
+    ("the same slow tokens, no large chunk in the iteration histogram", 0.025, 40.0, set()),
+    ("a wait far beyond what this server's chunk intervals show: not the chunk's", 0.40, 504.0, set()),
+    ("a chunk whose tokens stayed under 2x the baseline", 0.015, 504.0, set()),
+])
+def test_a_chunks_lone_slow_tokens_spike(name, floor_s, ahead, want):
+    """vLLM V1 runs the chunk in one step with every running decode: one slow token per running request. With
+    6 running, an interval of 300 tokens holds 6 of them (2 %), under its P99 - the highest ITL bucket that grew
+    shows them (real vLLM tier g at 6 req/s). The instance's other chunk intervals (0.025 s tails) say what a
+    chunk step costs here; a 0.4 s wait is not one."""
+    sig = rows(np.array([0.01] * 17), np.array([0.01] * 17), running=[6.0] * 17)
+    sig["itl_tail_floor_s"] = [0.01] * 17
+    sig["prompt_chunk_ahead_tokens"] = [0.0] * 17
+    for i in (2, 5, 12, 15):  # the instance's other chunk intervals, spiked by their P99 (more decodes waited)
+        sig.loc[i, ["itl_tail_floor_s", "prompt_chunk_ahead_tokens", "itl_p99_s"]] = [0.025, 504.0, 0.03]
+    sig.loc[8, ["itl_tail_floor_s", "prompt_chunk_ahead_tokens"]] = [floor_s, ahead]
+    got = interval_spikes(sig, 2.0, SpikeConfig(), chunk_min=256.0)
+    assert set(np.flatnonzero(got.chunk_tail.to_numpy())) == want, name
+    assert 8 in set(np.flatnonzero(got.is_spike.to_numpy())) or not want, name
+    for i in want:
+        assert got.latency_s.iloc[i] == floor_s
+    # without chunk_min (a caller that reads no iteration histogram) no chunk tail is looked for
+    assert not interval_spikes(sig, 2.0, SpikeConfig()).is_spike.iloc[8]

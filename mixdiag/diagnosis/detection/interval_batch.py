@@ -18,6 +18,7 @@ from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import DiagnosisConfig
 from mixdiag.diagnosis.detection import host_wait
 from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.detection.chunk_step import large_chunk
 from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
 from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
                                                  interval_decode_evidence, period_stats, periodicity, prefill_events,
@@ -86,12 +87,11 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
         eager = batch >= sig["graph_none_min_tokens"].to_numpy(dtype=float)
         faulty = faulty | pd.Series(eager, index=sig.index)
     if "iteration_tokens_floor" in sig.columns and batch is not None:
-        # a step of batch + chunk_min tokens or more ran in the interval (the engine's own iteration-tokens
-        # histogram; each decode adds one token): a large prompt chunk beside the decodes (vLLM V1 schedules them in
-        # one step), measured - no healthy decode interval for the baseline, as a counted fault is not
+        # a step with a chunk of chunk_min tokens ran in the interval (the engine's own iteration-tokens histogram;
+        # each decode adds one token; chunk_step.py): a large prompt chunk beside the decodes (vLLM V1 schedules
+        # them in one step), measured - no healthy decode interval for the baseline, as a counted fault is not
         floor = pd.to_numeric(sig["iteration_tokens_floor"], errors="coerce").to_numpy(dtype=float)
-        with np.errstate(invalid="ignore"):
-            chunk = floor - batch >= cfg.attribution.chunk_min_tokens
+        chunk = large_chunk(floor - batch, batch, cfg.attribution.chunk_min_tokens)
         faulty = faulty | pd.Series(chunk, index=sig.index)
         if "graph_none_min_tokens" in sig.columns:
             # the decomposition's graph-fallback evidence on vLLM interval rows (rules/decomposition.py): the batch
@@ -109,7 +109,8 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     # (regimes.latency_view), as the spike baseline does: a capture whose faults (PD, EP, a host stall) cover
     # three quarters of its intervals has no healthy low side otherwise
     sig["reference_row"] = ~faulty.fillna(False).astype(bool).to_numpy()
-    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups, regimes=cfg.regimes)
+    felt = interval_spikes(sig, cfg.interval_ratio, cfg.spikes, faulty, groups=groups, regimes=cfg.regimes,
+                           chunk_min=cfg.attribution.chunk_min_tokens)
     lat, base = felt.latency_s, felt.baseline_s
     has_itl = felt.has_itl | felt.starved  # a starved interval's wait is measured on resuming
     sig["latency_s"] = lat

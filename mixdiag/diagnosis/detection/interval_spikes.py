@@ -1,7 +1,7 @@
 """Spikes on interval rows (scrapes, periodic stats lines): which intervals the decodes felt.
 
 An interval row has no step of its own, only the ITL histogram's increase over it (and counters).
-Three ways an interval is felt, each measured by the engine's own histogram or counters:
+Four ways an interval is felt, each measured by the engine's own histogram or counters:
 
 * **tail**: ITL P99 above ``interval_ratio`` x the baseline (the rolling median of P50 over the
   instance's intervals) - a few tokens waited long;
@@ -18,6 +18,10 @@ Three ways an interval is felt, each measured by the engine's own histogram or c
   through it logs that wait as one ITL when it resumes). The interval's latency is then its duration, a lower
   bound of every running decode's wait. SGLang without mixed chunk runs prefill batches alone
   while decodes wait (its ``get_new_batch_prefill`` path), which is exactly this.
+* **lone tail**: only the slowest tokens waited - one per running request, under every quantile of a busy
+  interval - read from the highest ITL bucket that grew (``itl_tail_floor_s``) where the engine measured
+  what makes such tokens: a preemption (the request's recompute), a pause it timed itself (a GC), or a
+  step with a large prompt chunk in its iteration histogram (every running decode of that step waited it).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import pandas as pd
 
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import RegimeConfig, SpikeConfig
+from mixdiag.diagnosis.detection.chunk_step import large_chunk
 from mixdiag.diagnosis.detection.regimes import _log2_bins, sustained_rows
 from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baseline
 
@@ -35,7 +40,7 @@ from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baselin
 @dataclass(frozen=True)
 class IntervalSpikes:
     """Per row: latency (P99, or the duration of a starved interval), baseline, spike mask, and
-    which rule made it a spike (``starved``, ``shift``, ``preempted_tail``, ``paused_tail``)."""
+    which rule made it a spike (``starved``, ``shift``, ``preempted_tail``, ``paused_tail``, ``chunk_tail``)."""
 
     latency_s: pd.Series
     baseline_s: pd.Series
@@ -45,6 +50,7 @@ class IntervalSpikes:
     shift: pd.Series
     preempted_tail: pd.Series | None = None
     paused_tail: pd.Series | None = None
+    chunk_tail: pd.Series | None = None
 
 
 def _num(sig: pd.DataFrame, col: str) -> pd.Series:
@@ -151,8 +157,43 @@ def _paused_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, grou
     return ok.fillna(False).astype(bool)
 
 
+#: a chunk's lone tail stands for the chunk only up to this many times the tail floor the instance's chunk
+#: intervals usually show: a longer wait beside a chunk is something else (a stall the engine does not time)
+CHUNK_TAIL_SPAN = 4.0
+
+
+def _chunk_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, chunk_min: float,
+                groups: np.ndarray | None) -> pd.Series:
+    """Intervals whose slowest token waited ``interval_ratio`` x the baseline or more, where vLLM's iteration
+    histogram holds a step with a large prompt chunk in or just after the interval (``prompt_chunk_ahead_tokens``,
+    chunk_step.py), and that wait is no more than ``CHUNK_TAIL_SPAN`` x the median slowest token of the
+    instance's chunk intervals. Basis: vLLM V1 schedules the chunk in one step with every running decode, so
+    each running request's token of that step waits the whole step - one token per request. With a few
+    requests running, an interval of hundreds of tokens holds a handful of them, under its P99 (real vLLM
+    tier g, 6 req/s: 512-token chunks at 22-45 ms beside 6-9 ms decodes, P99 still in the first bucket)."""
+    floor = _num(sig, "itl_tail_floor_s")
+    ahead = _num(sig, "prompt_chunk_ahead_tokens")
+    if floor.isna().all() or ahead.isna().all():
+        return pd.Series(False, index=sig.index)
+    running = _num(sig, "running_reqs")
+    batch = np.fmax(running.to_numpy(dtype=float), gw.shift(running, 1, np.nan, groups).to_numpy(dtype=float))
+    chunk = large_chunk(ahead.to_numpy(dtype=float), batch, chunk_min)
+    fl = floor.to_numpy(dtype=float)
+    usual = np.full(len(sig), np.nan)
+    b = np.array([0, len(sig)]) if groups is None else gw.bounds(groups)
+    for g in np.flatnonzero(np.add.reduceat(chunk, b[:-1]) > 0) if len(sig) else []:
+        part = slice(b[g], b[g + 1])
+        seen = fl[part][chunk[part] & (fl[part] > 0)]
+        if len(seen):
+            usual[part] = np.median(seen)
+    with np.errstate(invalid="ignore"):
+        ok = chunk & (fl >= interval_ratio * base.to_numpy(dtype=float)) & (fl <= CHUNK_TAIL_SPAN * usual)
+    return pd.Series(ok, index=sig.index)
+
+
 def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfig, faulty: pd.Series | None = None,
-                    groups: np.ndarray | None = None, regimes: RegimeConfig | None = None) -> IntervalSpikes:
+                    groups: np.ndarray | None = None, regimes: RegimeConfig | None = None,
+                    chunk_min: float | None = None) -> IntervalSpikes:
     """The three interval spike tests of the module doc over one instance's rows (sorted by time).
 
     ``faulty``: intervals whose counters or gauges measured a fault (an expert imbalance well above
@@ -188,11 +229,13 @@ def interval_spikes(sig: pd.DataFrame, interval_ratio: float, spikes: SpikeConfi
     shift = has_itl & ~tail & (p50 > np.maximum(spikes.ratio * base, base + spikes.mad_k * sigma))
     preempted = _preempted_tail(sig, base, interval_ratio, groups)
     paused = _paused_tail(sig, base, interval_ratio, groups)
-    lone = has_itl & ~tail & ~shift & (preempted | paused)
+    chunked = (pd.Series(False, index=sig.index) if chunk_min is None
+               else _chunk_tail(sig, base, interval_ratio, chunk_min, groups))
+    lone = has_itl & ~tail & ~shift & (preempted | paused | chunked)
     lat = lat.where(~lone, _num(sig, "itl_tail_floor_s"))
     dur = (_num(sig, "t_end_s") - _num(sig, "t_start_s")).clip(lower=0)
     lat = lat.where(~starved, dur)
     spike = tail | shift | lone | (starved & (lat > spikes.ratio * base))
     return IntervalSpikes(latency_s=lat, baseline_s=base, is_spike=spike.fillna(False).astype(bool),
                           has_itl=has_itl, starved=starved, shift=shift, preempted_tail=lone & preempted,
-                          paused_tail=lone & paused)
+                          paused_tail=lone & paused, chunk_tail=lone & chunked & ~preempted & ~paused)

@@ -9,6 +9,7 @@ import pandas as pd
 
 from mixdiag.diagnosis.config import AttributionConfig
 from mixdiag.diagnosis.detection.context import InstanceContext
+from mixdiag.diagnosis.detection.chunk_step import large_chunk_one
 from mixdiag.diagnosis.rules.rule_context import Attribution, evidence_of, num, off_graph_dominates, row_quality
 
 
@@ -122,11 +123,14 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     rel_ev = {"prefill_itl_rho": None if rho is None else round(rho, 3),
               "prefill_itl_p_value": None if p is None else round(p, 4), "relation_confidence": round(bonus, 3)}
     chunk = num(row.get("prompt_chunk_ahead_tokens"))
-    short = level != "out" or (chunk is not None and chunk < cfg.chunk_min_tokens)
     # the running batch at either end of the interval (the gauge at the previous scrape and at this one): at
     # the start, the interval's first steps ran that batch; at the end, its last ones
     ends = [v for v in (num(row.get("running_reqs")), num(row.get("running_reqs_start"))) if v is not None]
     umin, batch = num(row.get("graph_none_min_tokens")), (max(ends) if ends else None)
+    # no step in or just after the interval held a chunk that slows a step (chunk_step.py: a chunk of chunk_min
+    # tokens, or a step of the chunk_min bucket beside a handful of decodes)
+    small_chunk = chunk is not None and not large_chunk_one(chunk, batch, cfg.chunk_min_tokens)
+    short = level != "out" or small_chunk
     # a large prompt chunk ran in the interval - the engine's own iteration histogram holds a step of at least
     # batch + chunk_min tokens (decodes add one token each), or the prompt ahead was that large - and no step
     # was decode-only (every step scheduled more tokens than the batch: large_step_share 1, or unmeasured).
@@ -134,8 +138,8 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
     # "no more than the intervals that did not spike" (`short`): in a sustained mixing stretch every interval
     # holds that much (e2 tuning seed 23: 71 mixing intervals named graph_fallback)
     floor, lss = num(row.get("iteration_tokens_floor")), num(row.get("large_step_share"))
-    big_chunk = ((chunk is not None and chunk >= cfg.chunk_min_tokens)
-                 or (floor is not None and batch is not None and floor - batch >= cfg.chunk_min_tokens))
+    big_chunk = (large_chunk_one(chunk, batch, cfg.chunk_min_tokens)
+                 or (floor is not None and batch is not None and large_chunk_one(floor - batch, batch, cfg.chunk_min_tokens)))
     chunked = big_chunk and not (lss is not None and lss < 1.0)
     if umin is not None and batch is not None and batch >= umin and short and not chunked and not pos("mixed_steps"):
         # vLLM dispatches NONE above the largest capture size, so a running batch at least as large as
@@ -159,10 +163,10 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         if counted and not pos("mixed_steps") and not pos("prefill_steps"):
             return done("unknown", 0.3, **rel_ev, reason="the engine counted no prefill or mixed step in the interval: "
                         "its prompt tokens were counted here but computed before")
-        if level == "out" and chunk is not None and chunk < cfg.chunk_min_tokens:
+        if level == "out" and small_chunk:
             return done("unknown", 0.3, **rel_ev, **work_ev, prompt_chunk_ahead_tokens=chunk,
                         reason=f"prefill work stands above the usual, but no iteration in or up to one prefill time "
-                               f"after the interval held {cfg.chunk_min_tokens:.0f} prompt tokens beyond the decode "
+                               f"after the interval held a prompt chunk of {cfg.chunk_min_tokens:.0f} tokens beside the decode "
                                f"batch: only short prompts ran, each about one decode pass")
         most = max((v for v in (num(row.get("prefill_tokens")), num(work_ev.get("prefill_work_near")),
                                 num(work_ev.get("prefill_count_near"))) if v is not None), default=None)
