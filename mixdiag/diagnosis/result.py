@@ -107,6 +107,8 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "relation_confidence": ("ratio", "interval rows: confidence the whole-run prefill/ITL relation added"),
     "graph_none_min_tokens": ("tokens", "interval rows: the smallest batch the engine's CUDA-graph table counted "
                               "run without a graph in the window holding the interval"),
+    "tail_only": ("-", "interval rows: the spike is only the slowest tokens (one per running request beside a "
+                       "large chunk), read from the highest ITL bucket that grew; the interval's P99 did not move"),
     "prompt_chunk_ahead_tokens": ("tokens", "interval rows: prompt tokens, at least, of the largest iteration that "
                                   "finished a prefill in the interval or within one mean prefill time after it"),
     "prefill_work_near": ("count", "interval rows: prefill work in the interval (and the next, for late counters)"),

@@ -196,3 +196,25 @@ def test_a_chunks_lone_slow_tokens_spike(name, floor_s, ahead, want):
         assert got.latency_s.iloc[i] == floor_s
     # without chunk_min (a caller that reads no iteration histogram) no chunk tail is looked for
     assert not interval_spikes(sig, 2.0, SpikeConfig()).is_spike.iloc[8]
+
+
+def test_a_chunk_tail_is_a_mixing_spike_that_says_it_is_the_tail_alone():
+    """End to end on scrape-shaped rows of a lightly loaded vLLM (4-6 running, P50 and P99 at the 10 ms bucket edge):
+    the interval whose iteration histogram holds a 504-token chunk and whose slowest tokens reached the 25 ms bucket
+    is a mixing spike, and its evidence says the P99 did not move; the same tail without a chunk is no spike."""
+    from mixdiag.diagnosis import diagnose
+    from mixdiag.schema import Timeline
+    rows = []
+    for i in range(30):
+        chunk = i in (6, 14, 22)
+        rows.append(dict(instance="srv", step=i, t_start_s=float(i), t_end_s=i + 1.0, granularity="interval",
+                         kind="unknown", prefill_tokens=700.0 if chunk else 150.0, running_reqs=6.0, output_tokens=400.0,
+                         itl_count=400.0, itl_p50_s=0.01, itl_p99_s=0.01, itl_mean_s=0.006,
+                         itl_tail_floor_s=0.025 if chunk or i == 18 else 0.01,
+                         iteration_tokens_floor=512.0 if chunk else 128.0,
+                         prompt_chunk_ahead_tokens=504.0 if chunk else 120.0))
+    sp = diagnose(Timeline(pd.DataFrame(rows), None, meta={})).spikes.set_index("step")
+    for i in (6, 14, 22):
+        assert sp.loc[i, "cause"] == "mixing", sp.loc[i, "evidence"]
+        assert "tail_only" in sp.loc[i, "evidence"]
+    assert 18 not in sp.index  # a slow token with no chunk measured near it: nothing says what it was

@@ -122,6 +122,9 @@ def interval_signals(sig: pd.DataFrame, quality: dict, cfg: DiagnosisConfig, gro
     sig["preempted_tail"] = felt.preempted_tail
     # ... or after a pause the engine timed itself (a GC): named by the host rule, which reads the pause
     sig["paused_tail"] = felt.paused_tail
+    # ... or beside a large prompt chunk the engine's iteration histogram measured (every running decode of that
+    # step waited it): a mixing spike seen only in the tail, which the rule says in its evidence
+    sig["chunk_tail"] = felt.chunk_tail
     # the hotspot window's edge is read next to its full intervals
     rel = sig["imbalance_rel"].astype("float64")
     prev, nxt = gw.shift(rel, 1, np.nan, groups), gw.shift(rel, -1, np.nan, groups)

@@ -63,6 +63,10 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
 
     def done(cause: str, conf: float, **extra) -> Attribution:
         ev.update({k: v for k, v in extra.items() if v is not None})
+        if cause == "mixing" and bool(row.get("chunk_tail")):
+            # the spike is the tail alone (detection/interval_spikes._chunk_tail): say what was measured
+            ev["tail_only"] = ("only the slowest tokens moved - one per running request, the decodes of the chunk's "
+                               "step - read from the highest ITL bucket that grew; the interval's P99 did not")
         return Attribution(cause, round(max(0.0, min(1.0, conf * f)), 3), ev)
 
     if bool(row.get("kv_xfer")):
