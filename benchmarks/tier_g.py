@@ -3,7 +3,9 @@ scored by the strict rule of mixdiag/vllm_testbed/scoring.py against the engine'
 
 Views (what analyze reads from one run directory):
   g1 scrapes/ only; g2 scrapes/ + vllm.log (the operator log, no iteration lines);
-  g3 client.jsonl; g4 client.jsonl + scrapes/ + vllm.log (one instance); g5 the live URL.
+  g3 client.jsonl; g4 client.jsonl + scrapes/ + vllm.log (one instance); g5 the live URL;
+  g6 scrapes/ + vllm.log + host.csv and g7 g4 + host.csv (the EngineCore as the OS saw it: `mixdiag sample-host`,
+  recorded by the testbed since wave 8; runs captured before have no host.csv and are reported so).
 Runs are cached under benchmarks/.cache/tier_g/<name>/ (one `mixdiag testbed vllm` each, one at a
 time); `--no-generate` scores what is cached; `--runs DIR,...` scores other capture directories.
 
@@ -24,9 +26,13 @@ sys.path.insert(0, str(ROOT))
 from mixdiag.vllm_testbed import scoring  # noqa: E402
 
 VIEWS = {"g1": ("scrapes",), "g2": ("scrapes", "vllm.log"), "g3": ("client.jsonl",),
-         "g4": ("client.jsonl", "scrapes", "vllm.log")}
+         "g4": ("client.jsonl", "scrapes", "vllm.log"), "g6": ("scrapes", "vllm.log", "host.csv"),
+         "g7": ("client.jsonl", "scrapes", "vllm.log", "host.csv")}
 VIEW_NAMES = {"g1": "scrapes only", "g2": "scrapes + operator log", "g3": "client records",
-              "g4": "client + scrapes + log", "g5": "live URL"}
+              "g4": "client + scrapes + log", "g5": "live URL", "g6": "scrapes + log + host samples",
+              "g7": "client + scrapes + log + host samples"}
+#: the order views are scored and printed in
+ORDER = ("g1", "g2", "g3", "g4", "g5", "g6", "g7")
 #: the live view: `mixdiag analyze <url>/metrics --json` run beside the load by the testbed
 #: (`--live-analyze`, mixdiag/vllm_testbed/live_view.py), scored from the JSON it printed
 LIVE_JSON = Path("live") / "analyze.json"
@@ -98,11 +104,15 @@ def score(runs: dict[str, Path]) -> dict:
     units = {n: scoring.truth_units(r) for n, r in runs.items()}
     small = {n: scoring.small_mixed_units(r / "truth" / "iterations.log") for n, r in runs.items()}
     res["truth"] = {n: {c: sum(u.cause == c for u in us) for c in scoring.SCORED_CAUSES} for n, us in units.items()}
-    for view in [*VIEWS, "g5"]:
+    for view in ORDER:
         pooled, per_run = {}, {}
         for name, run in runs.items():
             if view == "g5" and not (run / LIVE_JSON).exists():
                 per_run[name] = {"error": f"no {LIVE_JSON} (run without --live-analyze)"}
+                continue
+            missing = [p for p in VIEWS.get(view, ()) if not (run / p).exists()]
+            if missing:
+                per_run[name] = {"error": f"no {', '.join(missing)} (captured before the testbed recorded it)"}
                 continue
             try:
                 calls = scoring.judge(spikes_of(run, view), units[name])

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.join_cells import POINT_SERIES, fill_points, fill_sums, fill_window
+from mixdiag.collectors.join_cells import POINT_SERIES, fill_overlaps, fill_points, fill_sums, fill_window
 from mixdiag.collectors.join_spine import resolution, spine_first
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
@@ -71,7 +71,7 @@ _MODEL_PATTERNS = (re.compile(rb'model_name="([^"]+)"'),
 _MODEL_ARG = re.compile(rb"\bmodel(?:_path)?='([^']+)'")
 _ROLES = {"vllm-log": "log", "sglang-log": "log", "prom-text": "scrapes", "prom-endpoint": "scrapes",
           "prom-http": "scrapes", "client-load": "client", "vllm-bench": "client", "guidellm": "client",
-          "nsys-sqlite": "trace", "kineto-json": "trace", "mixdiag-run": "run"}
+          "nsys-sqlite": "trace", "kineto-json": "trace", "mixdiag-run": "run", "host-samples": "host"}
 
 
 @dataclass
@@ -296,6 +296,11 @@ def join_server(srv: Server) -> Timeline:
     for gran, bucket in parts.items():
         if bucket:
             view = _merge_view(bucket, gran == "step", notes)
+            if gran == "step":
+                # timed stand-stills of a member without rows of its own (the host sampler) on the steps they hit
+                for inp in srv.members:
+                    if not any(inp is p for p, _ in bucket):
+                        view = fill_overlaps(view, inp, notes)
             if gran == "interval":
                 # timed events of a member whose rows went to the step view (an SGLang log, a vLLM log with
                 # iteration lines) reach the intervals too

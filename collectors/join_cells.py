@@ -17,9 +17,20 @@ WINDOW = ("graph_none_min_tokens",)
 #: window rather than a longer row's mean (a 10 s stats window dilutes a 3 s hotspot to a third).
 POINT_SERIES = {"expert_imbalance": "vllm_log:eplb_expert_imbalance"}
 #: Interval columns a member gives as timed events, one series point each (vLLM's GC debugger: one line per
-#: collection, stamped at its end): a spine row takes the sum of the events that ended in it, and 0 inside
-#: the member's span where none did (the debugger logs every collection: no line, no pause).
-SUM_POINT_SERIES = {"host_pause_s": ("vllm_log:gc_pause_s", "sglang_log:gc_pause_s")}
+#: collection, stamped at its end; the host sampler's stops): a spine row takes the sum of the events that ended
+#: in it, and 0 inside the member's span where none did (the debugger logs every collection: no line, no pause).
+SUM_POINT_SERIES = {"host_pause_s": ("vllm_log:gc_pause_s", "sglang_log:gc_pause_s"),
+                    # the OS's view of the engine process (collectors/host/proc_samples.py): stopped, or runnable
+                    # and starved of CPU; zero events mark the sampled span
+                    "host_stopped_s": ("host:stopped_s", "host:cpu_starved_s")}
+#: Of those, columns that take the longest event instead of the sum: a token waits through one stand-still, and
+#: ten 5 ms CPU waits of a busy host make no token wait 50 ms (the host sampler's events, stamped exactly: no
+#: stamp window to spread them over; a GC is one event)
+MAX_POINT_COLUMNS = frozenset({"host_stopped_s"})
+#: Step columns a member gives as timed events with a length (value seconds, stamped at the end): a step row takes
+#: how long the events overlapped its own span - on a clock fine enough to place them (``OVERLAP_MAX_RES_S``)
+OVERLAP_SERIES = {"host_stopped_s": ("host:stopped_s", "host:cpu_starved_s")}
+OVERLAP_MAX_RES_S = 0.05
 
 
 def fill_window(spine: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
@@ -103,6 +114,8 @@ def fill_sums(spine: pd.DataFrame, inp, notes: list[str]) -> pd.DataFrame:
         whole = bool(np.all(np.isfinite(t) & (np.mod(t, 1.0) == 0)))
         res = 1.0 if whole else resolution(pd.Series(stamps))
         res = res if np.isfinite(res) and res < 60 else 0.0
+        if col in MAX_POINT_COLUMNS:
+            res = 0.0   # the host sampler stamps each event at its end with the sample's unix time (microseconds)
         lo = np.nanmin(np.concatenate([t, rows["t_start_s"].to_numpy(dtype=float)]))
         hi = np.nanmax(np.concatenate([t + res, rows["t_end_s"].to_numpy(dtype=float)]))
         got = np.where((b > lo) & (a < hi), 0.0, np.nan)   # the member's span: a measured zero
@@ -118,12 +131,52 @@ def fill_sums(spine: pd.DataFrame, inp, notes: list[str]) -> pd.DataFrame:
                 tc = np.where(np.isfinite(tail[cand]), tail[cand], -np.inf)
                 if (tc == tc.max()).sum() == 1:   # a tie says nothing: the stamp's middle decides
                     pick = cand[int(np.argmax(tc))]
-            got[pick] = (0.0 if np.isnan(got[pick]) else got[pick]) + vi
+            prev = 0.0 if np.isnan(got[pick]) else got[pick]
+            got[pick] = max(prev, vi) if col in MAX_POINT_COLUMNS else prev + vi
             placed += 1
         if out is spine:
             out = spine.copy()
         cur = out[col].to_numpy(dtype=float, copy=True) if col in out else np.full(len(out), np.nan)
         out[col] = np.where(np.isfinite(got), got, cur)
         notes.append(f"{col} of {int(np.isfinite(got).sum())} interval rows from {inp.given}'s {placed} timed "
-                     f"events ({name})")
+                     f"events ({name}{', the longest per row' if col in MAX_POINT_COLUMNS else ''})")
+    return out
+
+
+def fill_overlaps(steps: pd.DataFrame, inp, notes: list[str]) -> pd.DataFrame:
+    """``steps``' :data:`OVERLAP_SERIES` columns from ``inp``'s timed events: per step row, the seconds the events
+    ``[t - value, t]`` overlapped its ``(t_start_s, t_end_s]``; 0 inside the events' span where none did, NaN
+    outside it. Only on a step clock of ``OVERLAP_MAX_RES_S`` or finer (a client's per-token clock, a trace):
+    whole-second log stamps cannot say which step a stop fell in."""
+    ser = inp.timeline.series
+    if not len(ser) or not len(steps):
+        return steps
+    res = resolution(steps["t_end_s"])
+    out = steps
+    for col, names in OVERLAP_SERIES.items():
+        pts = ser[ser["name"].isin(names)]
+        if not len(pts):
+            continue
+        if not (np.isfinite(res) and res <= OVERLAP_MAX_RES_S):
+            notes.append(f"{col} not placed on step rows: their clock ({res:g} s) is coarser than {OVERLAP_MAX_RES_S:g} s")
+            continue
+        end, dur = pts["t_s"].to_numpy(dtype=float), pts["value"].to_numpy(dtype=float)
+        start = end - np.nan_to_num(dur)
+        order = np.argsort(out["t_end_s"].to_numpy(dtype=float), kind="stable")
+        a, b = out["t_start_s"].to_numpy(dtype=float)[order], out["t_end_s"].to_numpy(dtype=float)[order]
+        got = np.where((b > np.nanmin(start)) & (a < np.nanmax(end)), 0.0, np.nan)   # the sampled span: measured 0
+        for s0, e0 in zip(start[dur > 0], end[dur > 0]):
+            # rows in end order; a step view's rows do not overlap, so their starts are in order too
+            lo, hi = np.searchsorted(b, s0, side="left"), np.searchsorted(a, e0, side="right")
+            for i in range(lo, hi):   # only the rows the event touches
+                ov = min(b[i], e0) - max(a[i], s0)
+                if ov > 0:
+                    got[i] = (0.0 if np.isnan(got[i]) else got[i]) + ov
+        if out is steps:
+            out = steps.copy()
+        placed = np.full(len(got), np.nan)
+        placed[order] = got
+        out[col] = placed
+        notes.append(f"{col} of {int(np.isfinite(got).sum())} step rows from {inp.given}'s "
+                     f"{int((dur > 0).sum())} timed stand-stills placed by time")
     return out

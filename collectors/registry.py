@@ -39,6 +39,7 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("kineto-json", "traces.kineto.reader", (".json", ".json.gz", ".pt.trace.json"), "PyTorch profiler (Kineto) trace"),
     Collector("dcgm", "gpu.dcgm", (".prom", ".txt"), "DCGM exporter scrape"),
     Collector("nvml-csv", "gpu.nvml", (".csv",), "CSV written by mixdiag's NVML sampler"),
+    Collector("host-samples", "host.proc_samples", (".csv",), "CSV written by mixdiag's host sampler (sample-host)"),
     Collector("prom-text", "prometheus.scrape_reader", (".prom", ".txt", ".metrics"), "Prometheus text exposition (scrape or dir)"),
     Collector("vllm-log", "logs.vllm_log", (".log", ".txt"), "vLLM server log"),
     Collector("sglang-log", "logs.sglang_log", (".log", ".txt"), "SGLang server log"),

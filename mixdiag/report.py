@@ -36,10 +36,15 @@ def evidence_summary(cause: str, ev: dict) -> str:
         parts.append(f"{g('preempted_reqs', '{:.0f}')} preempted" +
                      (f", KV usage {ev['kv_usage']:.2f}" if ev.get("kv_usage") is not None else ""))
     elif cause == "host_stall":
-        pause = ev.get("host_pause_s", ev.get("interval_host_pause_s"))
+        stopped = ev.get("host_stopped_s", ev.get("interval_host_stopped_s"))
+        # interval rows carry the GC part alone; step rows the interval's measured pause, the OS's part inside it
+        gc = ev["host_pause_s"] if ev.get("host_pause_s") is not None else (
+            None if ev.get("interval_host_pause_s") is None else ev["interval_host_pause_s"] - (stopped or 0.0))
+        gc = gc if gc is not None and gc > 1e-9 else None
         wait = ev.get("interval_host_wait_excess_s")
-        if pause is not None:   # the engine timed its own pause (vLLM's GC debugger)
-            head = f"GC pause {ms(pause)} (engine-timed)"
+        if gc is not None or stopped is not None:
+            head = ", ".join(([f"GC pause {ms(gc)} (engine-timed)"] if gc is not None else []) +
+                             ([f"engine process stopped/starved {ms(stopped)} (OS-sampled)"] if stopped is not None else []))
         elif wait is not None:  # the engine counted its GPU waiting on the host (SGLang)
             head = f"host wait {ms(wait)} beyond usual"
         else:

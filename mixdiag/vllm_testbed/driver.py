@@ -8,6 +8,7 @@ knobs. :func:`run` is the CLI's one-run path. A run directory holds::
     DIR/scrapes/<unix_time_s>.prom   timed /metrics scrapes (docs/contracts.md section 1)
     DIR/vllm.log                     the operator log, exactly as vLLM printed it (no iteration lines)
     DIR/client.jsonl                 every stream's `mixdiag load` records, merged
+    DIR/host.csv                     the EngineCore process as the OS saw it every 10 ms (`mixdiag sample-host`)
     DIR/loads/<stream>.jsonl         each stream's own records (and .out: its console output)
     DIR/truth/iterations.log         vLLM's per-iteration records, unix-time stamped
     DIR/truth/faults.csv             t_start_s,t_end_s,cause,detail of every injected fault
@@ -18,6 +19,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -53,6 +56,8 @@ class RunResult:
 
 #: seconds the live view keeps polling after the sending window (the last requests' decodes)
 _LIVE_TAIL_S = 10.0
+#: seconds between host samples of the EngineCore: a stop is placed within 10 ms
+HOST_SAMPLE_S = 0.01
 
 
 def _prepare_out(out: Path) -> None:
@@ -133,6 +138,7 @@ class Testbed:
         log_at, truth_at = _size(self.log_path), _size(self.truth_log)
         scraper = Scraper(self.server.url, out / "scrapes", cfg.scrape_interval_s)
         scraper.start()
+        host = _HostSampler(self.guard, self.engine_core_pid, out / "host.csv")
         time.sleep(cfg.scrape_interval_s * 1.5)   # a scrape before the first request: counters' start
         streams = [traffic.Stream("base", cfg.traffic.rate, cfg.duration_s, cfg.traffic.prompt_len,
                                   cfg.traffic.output_len, cfg.traffic.max_concurrency, cfg.seed)]
@@ -175,6 +181,7 @@ class Testbed:
                     self.guard.stop(r.proc, grace_s=5.0)
         time.sleep(cfg.scrape_interval_s * 1.5)   # a scrape after the last token
         scraper.finish()
+        errors += host.finish()
         t_end = time.time()
         errors += faults.errors
         if live is not None:
@@ -216,6 +223,29 @@ class Testbed:
                 "result": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(result).items()}}
         (out / "testbed.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
         return result
+
+
+class _HostSampler:
+    """``mixdiag sample-host`` of the EngineCore as a process of its own, from the first scrape to the last (the
+    testbed drives the analysis side only through processes and files, as it does ``mixdiag load``): the OS's view
+    of the process the faults stop (collectors/host/proc_samples.py)."""
+
+    def __init__(self, guard: ProcessGuard, pid: int | None, out: Path):
+        self.guard, self.errors, self.proc = guard, [], None
+        if pid is None:
+            self.errors.append("no EngineCore pid: host.csv not sampled")
+            return
+        self.log = out.with_suffix(".out")
+        with open(self.log, "w") as f:
+            self.proc = guard.popen([sys.executable, "-m", "mixdiag", "sample-host", "--pid", str(pid), "--out", str(out),
+                                     "--interval", str(HOST_SAMPLE_S), "-q"], stdout=f, stderr=subprocess.STDOUT)
+
+    def finish(self) -> list[str]:
+        if self.proc is not None:
+            self.guard.stop(self.proc, grace_s=10.0)   # SIGTERM: the sampler closes its file and exits
+            if self.proc.returncode not in (0, -15):
+                self.errors.append(f"host sampler exited {self.proc.returncode}; see {self.log}")
+        return self.errors
 
 
 def run(cfg: TestbedConfig, out: Path, venv: Path | None = None, say=lambda msg: None) -> RunResult:

@@ -376,3 +376,33 @@ def test_timed_pauses_of_a_step_view_log_reach_the_scrape_intervals():
     iv = tl.steps[tl.steps["granularity"] == "interval"].sort_values("t_end_s")
     # [t0+4, t0+5) straddles the t0+4.3 boundary, no ITL tails: the row holding t0+4.5 (ending t0+5.3) takes it
     np.testing.assert_allclose(iv["host_pause_s"].to_numpy(), [0.0, 0.0, 0.0, 0.0, 0.312, 0.0])
+
+
+def test_os_stand_stills_take_the_longest_per_interval_and_land_on_the_steps_they_hit():
+    """The host sampler's events (a stop, CPU starvations; each stamped at its end, value its length): an interval
+    takes the longest one (a token waits through one stand-still; short waits do not add up for any token), a step
+    row the seconds the events overlapped its own span - never an interval's whole sum lent to all its steps."""
+    from types import SimpleNamespace
+
+    from mixdiag.collectors.join_cells import fill_overlaps, fill_sums
+    t0 = 1.79e9
+    ser = pd.DataFrame({"instance": "host-pid7", "labels": "pid=7",
+                        "name": ["host:stopped_s", "host:cpu_starved_s", "host:cpu_starved_s", "host:stopped_s",
+                                 "host:stopped_s"],
+                        "t_s": t0 + np.array([0.0, 1.40, 1.70, 1.95, 4.0]), "value": [0.0, 0.03, 0.04, 0.30, 0.0]})
+    host = SimpleNamespace(given="h.csv", timeline=SimpleNamespace(series=ser, steps=None))
+    ends = t0 + np.arange(1, 5, dtype=float)                     # intervals (t0+k-1, t0+k]
+    iv = fill_sums(pd.DataFrame({"t_start_s": ends - 1.0, "t_end_s": ends}), host, [])
+    np.testing.assert_allclose(iv["host_stopped_s"].to_numpy(), [0.0, 0.30, 0.0, 0.0])
+    # steps of 50 ms over t0+1.5 .. t0+2.0: the 0.30 s stop (t0+1.65 .. t0+1.95) and the 40 ms wait (t0+1.66 ..
+    # t0+1.70) overlap only the steps they hit
+    a = t0 + 1.5 + 0.05 * np.arange(10)
+    steps = pd.DataFrame({"t_start_s": a, "t_end_s": a + 0.05})
+    got = fill_overlaps(steps, host, notes := [])["host_stopped_s"].to_numpy()
+    want = [0.0, 0.0, 0.0, 0.05 + 0.04, 0.05, 0.05, 0.05, 0.05, 0.05, 0.0]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    assert any("placed by time" in n for n in notes)
+    # a step clock of whole seconds cannot place them: left unmeasured, and said so
+    coarse = pd.DataFrame({"t_start_s": t0 + np.arange(3.0), "t_end_s": t0 + np.arange(1.0, 4.0)})
+    out = fill_overlaps(coarse, host, notes := [])
+    assert "host_stopped_s" not in out.columns and any("coarser" in n for n in notes)

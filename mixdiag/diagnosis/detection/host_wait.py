@@ -22,7 +22,9 @@ time the engine measured itself standing still; it is the wait where no GPU wait
 that count holds the pause's idle already). A pause under the instance's typical inter-token
 latency hides inside one step's spread (a young-generation collection takes well under a millisecond), so
 where pauses are the measure the noise is at least half the typical ITL: a pause stands out (k = 3) only
-at 1.5 typical ITLs or more.
+at 1.5 typical ITLs or more. ``host_stopped_s`` (mixdiag's host sampler: the OS saw the engine process stopped,
+or runnable and waiting for a CPU, collectors/host/proc_samples.py) is the same kind of measure, taken by the
+kernel instead of the engine: :func:`measured_pause` is their sum.
 """
 from __future__ import annotations
 
@@ -53,12 +55,12 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
     """(``gap_excess_s``, ``gap_excess_sigma_s``) per row of ``sig`` (one instance, or several numbered
     by ``groups``); NaN where the row has no GPU wait count or no request ran."""
     nan = np.full(len(sig), np.nan)
-    if "gpu_wait_s" not in sig.columns and "host_pause_s" not in sig.columns:
+    if "gpu_wait_s" not in sig.columns and not PAUSE_COLUMNS & set(sig.columns):
         return nan, nan.copy()
     wait = _col(sig, "gpu_wait_s")
     # where the GPU's wait is counted it holds a pause's idle already (SGLang): the pause is the measure
     # only where nothing counts the wait (vLLM)
-    pause = np.where(np.isfinite(wait), np.nan, _col(sig, "host_pause_s"))
+    pause = np.where(np.isfinite(wait), np.nan, measured_pause(sig))
     wait = np.where(np.isfinite(wait), wait, pause)
     dt = (sig["t_end_s"] - sig["t_start_s"]).to_numpy(dtype=float)
     ok = np.isfinite(wait) & (dt > 0) & _running(sig)
@@ -85,6 +87,17 @@ def wait_excess(sig: pd.DataFrame, groups: np.ndarray | None) -> tuple[np.ndarra
         sigma = np.where(np.isfinite(pause), np.fmax(sigma, 0.5 * _typical_itl(sig, groups)), sigma)
     excess = np.where(ok, np.clip(wait - usual * unit, 0.0, None), np.nan)
     return excess, np.where(ok, sigma, np.nan)
+
+
+#: interval columns of host time measured standing still: the engine's own GC timing, the OS's view of the process
+PAUSE_COLUMNS = frozenset({"host_pause_s", "host_stopped_s"})
+
+
+def measured_pause(sig: pd.DataFrame) -> np.ndarray:
+    """Per row: the host time measured standing still - ``host_pause_s`` (the engine timed it: GC) plus
+    ``host_stopped_s`` (the OS saw the process stopped or starved of CPU); NaN where neither was measured."""
+    a, b = _col(sig, "host_pause_s"), _col(sig, "host_stopped_s")
+    return np.where(np.isfinite(a) | np.isfinite(b), np.nan_to_num(a) + np.nan_to_num(b), np.nan)
 
 
 def _col(sig: pd.DataFrame, c: str) -> np.ndarray:

@@ -33,6 +33,7 @@ import pandas as pd
 from mixdiag.diagnosis import groupwise as gw
 from mixdiag.diagnosis.config import RegimeConfig, SpikeConfig
 from mixdiag.diagnosis.detection.chunk_step import large_chunk
+from mixdiag.diagnosis.detection.host_wait import measured_pause
 from mixdiag.diagnosis.detection.regimes import _log2_bins, sustained_rows
 from mixdiag.diagnosis.detection.spikes import grouped_baseline, rolling_baseline
 
@@ -149,7 +150,7 @@ def _paused_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, grou
     carries the pause as one ITL - one token per request, under every quantile of a busy interval, as with
     a preempted request (:func:`_preempted_tail`)."""
     floor = _num(sig, "itl_tail_floor_s")
-    pause = _num(sig, "host_pause_s")
+    pause = pd.Series(measured_pause(sig), index=sig.index)   # GC the engine timed, or a stop the OS saw
     if floor.isna().all() or pause.isna().all():
         return pd.Series(False, index=sig.index)
     near = np.fmax(pause.to_numpy(dtype=float), gw.shift(pause, 1, np.nan, groups).to_numpy(dtype=float))

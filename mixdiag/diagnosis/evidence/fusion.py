@@ -171,7 +171,7 @@ STEP_EVIDENCE = ("fused_interval", "fused_interval_expert_imbalance", "fused_int
                  "fused_interval_graph_off_decode_steps", "fused_among_largest_batches",
                  "fused_interval_kv_transfer_bytes", "fused_pd_install", "fused_interval_preempted_reqs",
                  "fused_recent_kv_transfer_bytes", "fused_interval_host_wait_per_pass_s",
-                 "fused_interval_host_pause_s")
+                 "fused_interval_host_pause_s", "fused_interval_host_stopped_s")
 
 
 def _time_or_count_window(st: pd.DataFrame, ab, r) -> pd.DataFrame:

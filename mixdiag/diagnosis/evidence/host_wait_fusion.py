@@ -36,21 +36,30 @@ def fuse_host_wait(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame, k: flo
 
 
 def fuse_host_pause(f: pd.DataFrame, st_mask: pd.Series, iv: pd.DataFrame) -> None:
-    """``fused_interval_host_pause_s`` of step rows: the engine's own timed pauses (``host_pause_s``: vLLM's
-    GC debugger) in the intervals the step's span overlaps, summed; NaN where none of them measured pauses.
-    Unlike the per-forward wait, a pause is one gap: it lands whole on the one step that spanned it."""
-    if "host_pause_s" not in iv.columns or not iv["host_pause_s"].notna().any():
-        return
-    ivs = iv.sort_values("t_end_s")
-    pause = pd.to_numeric(ivs["host_pause_s"], errors="coerce").to_numpy(dtype=float)
+    """``fused_interval_host_pause_s`` of step rows: the measured pauses where the step ran - the engine's own
+    timed pauses (``host_pause_s``: vLLM's GC debugger) in the intervals the step's span overlaps, summed, plus the
+    stand-stills the OS saw on the step's own span (its ``host_stopped_s``: the host sampler's stops placed by time,
+    collectors/join_cells.py ``fill_overlaps``) - and ``fused_interval_host_stopped_s`` that OS part; NaN where
+    nothing measured pauses. Unlike the per-forward wait, a pause is one gap: it lands whole on the one step that
+    spanned it, so the OS's events are read on the step itself, never an interval's (a busy host's many short CPU
+    waits in one interval are no one step's wait)."""
     st = f[st_mask]
-    n, lo, hi = _spans(ivs, st)
-    out = np.full(len(st), np.nan)
-    for i, (a, b) in enumerate(zip(lo, hi)):
-        part = pause[min(a, b):min(b, n - 1) + 1] if a < n else pause[:0]
-        if np.isfinite(part).any():
-            out[i] = np.nansum(part)
-    f.loc[st.index, "fused_interval_host_pause_s"] = out
+    own = pd.to_numeric(st["host_stopped_s"], errors="coerce").to_numpy(dtype=float) \
+        if "host_stopped_s" in st.columns else np.full(len(st), np.nan)
+    gc = np.full(len(st), np.nan)
+    if "host_pause_s" in iv.columns and iv["host_pause_s"].notna().any():
+        ivs = iv.sort_values("t_end_s")
+        pause = pd.to_numeric(ivs["host_pause_s"], errors="coerce").to_numpy(dtype=float)
+        n, lo, hi = _spans(ivs, st)
+        for i, (a, b) in enumerate(zip(lo, hi)):
+            part = pause[min(a, b):min(b, n - 1) + 1] if a < n else pause[:0]
+            if np.isfinite(part).any():
+                gc[i] = np.nansum(part)
+    if not (np.isfinite(gc).any() or np.isfinite(own).any()):
+        return
+    f.loc[st.index, "fused_interval_host_pause_s"] = np.where(np.isfinite(gc) | np.isfinite(own),
+                                                              np.nan_to_num(gc) + np.nan_to_num(own), np.nan)
+    f.loc[st.index, "fused_interval_host_stopped_s"] = own
 
 
 def _spans(ivs: pd.DataFrame, st: pd.DataFrame) -> tuple[int, np.ndarray, np.ndarray]:

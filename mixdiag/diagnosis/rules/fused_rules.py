@@ -114,11 +114,14 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
         # as most of the step's excess, and the step lasted at least half of it (it spanned the pause). Any
         # step kind: requests that arrived during the pause join the step that ends it; a prompt chunk in
         # that step costs what a chunk costs, the pause carries the rest (the headline is the larger part)
-        pause = num(row.get("fused_interval_host_pause_s"))
+        pause, seen = num(row.get("fused_interval_host_pause_s")), num(row.get("fused_interval_host_stopped_s"))
+        seen = seen if seen is not None and seen > 0 else None
+        gc = pause - (seen or 0.0)
+        said = ([f"the engine logged {gc:.3f} s of garbage collection"] if gc > 1e-9 else []) + (
+            [f"the OS saw the engine process stopped or waiting for a CPU {seen:.3f} s (host sampler)"] if seen else [])
         return Attribution("host_stall", round(0.7 * cfg.interval_factor, 3), dict(a.evidence) | {
-            "interval_host_pause_s": pause,
-            "reason": f"the engine logged {pause:.3f} s of garbage collection where this step ran (its own GC "
-                      f"timing), most of the step's excess"})
+            "interval_host_pause_s": pause, **({"interval_host_stopped_s": seen} if seen else {}),
+            "reason": " and ".join(said) + " where this step ran, most of the step's excess"})
     k = num(row.get("fused_interval"))
     # a step called mixing, or left unknown for a chunk too small to slow a step (step rule 4), whose
     # context requests scheduled one token each: the shape of a PD install
@@ -165,7 +168,7 @@ def _host_wait_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
 
 
 def _host_pause_holds(row: pd.Series, cfg: AttributionConfig) -> bool:
-    """A pause the engine timed in the step's intervals (evidence/host_wait_fusion.py ``fuse_host_pause``) is
+    """A pause the engine timed, or the OS saw, in the step's intervals (evidence/host_wait_fusion.py ``fuse_host_pause``) is
     at least ``host_gap_share`` of the step's excess, and the excess at least half the pause: a pause of d
     seconds makes the step that spans it last d longer, and a step much shorter than the pause did not."""
     pause, lat, base = (num(row.get(c)) for c in ("fused_interval_host_pause_s", "latency_s", "baseline_s"))

@@ -102,13 +102,18 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         # measured, never by elimination: the engine counted its GPU idle, waiting on the host, this much
         # beyond its usual share of the interval, and that wait holds most of the interval's ITL excess
         share = min(1.0, gap / excess)
-        pause = num(row.get("host_pause_s"))
+        pause, stopped = num(row.get("host_pause_s")), num(row.get("host_stopped_s"))
         timed = pause is not None and pause > 0   # vLLM's GC debugger timed the collections
-        reason = (f"the engine logged {pause:.3f} s of garbage collection in the interval (its own GC timing)" if timed
-                  else f"the GPU waited {gap:.3f} s on the host beyond its usual share of the interval (the engine's "
-                       f"own count)")
+        seen = stopped is not None and stopped > 0   # the OS saw the engine process stopped or starved of CPU
+        said = [f"the engine logged {pause:.3f} s of garbage collection in the interval (its own GC timing)"] if timed else []
+        if seen:
+            said.append(f"the OS saw the engine process stopped or waiting for a CPU {stopped:.3f} s in the interval "
+                        f"(host sampler)")
+        reason = " and ".join(said) or (f"the GPU waited {gap:.3f} s on the host beyond its usual share of the "
+                                        f"interval (the engine's own count)")
         return done("host_stall", 0.6 + 0.3 * share, gap_share_of_excess=round(share, 3),
                     interval_host_wait_excess_s=round(gap, 4), host_pause_s=round(pause, 4) if timed else None,
+                    host_stopped_s=round(stopped, 4) if seen else None,
                     reason=reason + ", most of the interval's ITL excess")
 
     if bool(row.get("starved")):
