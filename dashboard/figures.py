@@ -22,7 +22,7 @@ GRAPH_MODE_ORDER = ["unknown", "NONE", "PIECEWISE", "FULL"]
 PANEL_TITLES = {"itl": "Inter-token latency", "alloc": "Token allocation per step",
                 "sm": "SM activity", "graph": "CUDA-graph mode per step",
                 "expert": "Expert imbalance (max/mean per EP rank)", "kv": "PD KV transfer per step",
-                "pause": "Host pause the engine timed (GC)"}
+                "pause": "Host pause (engine-timed GC; the OS saw the process stopped)"}
 
 
 #: Episode bands drawn at most (largest excess first): one shape each, and the browser redraws them all on zoom.
@@ -140,6 +140,14 @@ def timeline_figure(view: TimelineView, x_range: tuple[float, float] | None = No
                                  line={"color": "#D55E00", "width": 1, "shape": "hv"},
                                  hovertemplate="%{x:.3f}s host pause %{y:.3f} s<extra></extra>"),
                       row=row["pause"], col=1)
+        if "host_stopped_s" in st.columns and (st["host_stopped_s"].fillna(0) >= 1e-3).any():
+            hs = st["host_stopped_s"].fillna(0).to_numpy()
+            o = _take(st, minmax_indices(t, hs, max_points, x_range))
+            fig.add_trace(go.Scatter(x=o["t_rel_s"], y=o["host_stopped_s"].fillna(0), mode="lines",
+                                     name="process stopped (OS)",
+                                     line={"color": "#CC79A7", "width": 1, "shape": "hv"},
+                                     hovertemplate="%{x:.3f}s stopped %{y:.3f} s<extra></extra>"),
+                          row=row["pause"], col=1)
         fig.update_yaxes(title_text="s", row=row["pause"], col=1)
 
     episode_bands(fig, view.episodes)

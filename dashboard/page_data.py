@@ -37,7 +37,7 @@ class TimelineView:
     has_expert: bool
     has_kv: bool
     episodes: pd.DataFrame = field(default_factory=no_episodes)  # EPISODE_BAND_COLUMNS, by start time
-    has_pause: bool = False   # the engine timed host pauses of its own (host_pause_s: GC debugger lines)
+    has_pause: bool = False   # measured host pauses: GC the engine timed (host_pause_s), stops the OS saw (host_stopped_s)
 
     @property
     def x_extent(self) -> tuple[float, float]:

@@ -44,7 +44,7 @@ def evidence_summary(cause: str, ev: dict) -> str:
         wait = ev.get("interval_host_wait_excess_s")
         if gc is not None or stopped is not None:
             head = ", ".join(([f"GC pause {ms(gc)} (engine-timed)"] if gc is not None else []) +
-                             ([f"engine process stopped/starved {ms(stopped)} (OS-sampled)"] if stopped is not None else []))
+                             ([f"engine process stopped {ms(stopped)} (OS-sampled)"] if stopped is not None else []))
         elif wait is not None:  # the engine counted its GPU waiting on the host (SGLang)
             head = f"host wait {ms(wait)} beyond usual"
         else:

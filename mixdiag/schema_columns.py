@@ -83,8 +83,9 @@ STEPS_COLUMNS: tuple[Column, ...] = (
        "waiting on the host (SGLang gpu_overlap_wait_seconds_total; measured)", nonnegative=True),
     _c("host_pause_s", "float64", "s", "time the engine process stood still in host work it timed itself (vLLM's "
        "GC debugger, VLLM_GC_DEBUG=1: each garbage collection's duration; measured)", nonnegative=True),
-    _c("host_stopped_s", "float64", "s", "interval rows: time the OS saw the engine process stopped (state T) or "
-       "runnable but waiting for a CPU (schedstat run_delay) - mixdiag's host sampler; measured", nonnegative=True),
+    _c("host_stopped_s", "float64", "s", "time the OS saw the engine process stopped (state T; mixdiag's host "
+       "sampler): interval rows the longest stop that ended in the interval, step rows the stops' overlap with the "
+       "step; measured", nonnegative=True),
     _c("itl_count", "float64", "count", "interval rows: inter-token latencies observed in the interval", nonnegative=True),
     _c("itl_mean_s", "float64", "s", "interval rows: mean inter-token latency", nonnegative=True),
     _c("itl_p50_s", "float64", "s", "interval rows: median inter-token latency", nonnegative=True),

@@ -17,9 +17,9 @@ CSV (``FORMAT = "host-samples"``)::
 ``t_s``: unix seconds when the sample was read; ``state``: the one-letter task state; ``cpu_s``: user + system
 CPU time; ``run_delay_s``: cumulative run-queue wait (empty where the kernel keeps no schedstat).
 
-Read back as timed events (each stamped at its end, value = its length in seconds), summed by the join into the
-scrape intervals like the engine's own GC lines (collectors/join_cells.py ``SUM_POINT_SERIES``, column
-``host_stopped_s``):
+Read back as timed events (each stamped at its end, value = its length in seconds); the join lends the stops to
+the scrape intervals (the longest per interval) and to the steps they overlapped (collectors/join_cells.py, column
+``host_stopped_s``). The starvations stay a series: no testbed truth checks them yet (docs/collectors-text.md):
 
 * ``host:stopped_s`` - a run of samples in state T/t: from midway between the last sample before it and its
   first, to midway between its last and the first after it (the sampling interval bounds the error);

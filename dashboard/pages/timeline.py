@@ -33,7 +33,8 @@ X_ZOOM_ONLY = """(r) => (r && Object.keys(r).some(k => /^xaxis\\d*\\.(range|auto
     ? r : window.dash_clientside.no_update"""
 #: Step columns the Timeline page draws (all on the steps frame of the contract).
 STEP_PANEL_COLUMNS = ("step", "t_start_s", "t_end_s", "kind", "prefill_tokens", "decode_rows", "sm_active",
-                      "graph_mode", "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s", "host_pause_s")
+                      "graph_mode", "expert_imbalance", "kv_transfer_bytes", "kv_transfer_s", "host_pause_s",
+                      "host_stopped_s")
 
 
 def default_instance(timeline: Timeline, diagnosis) -> str | None:
@@ -106,7 +107,7 @@ def timeline_view(timeline: Timeline, diagnosis, instance: str) -> TimelineView:
                         sm_quality=quality, has_expert=bool(steps["expert_imbalance"].notna().any()),
                         has_kv=bool((steps["kv_transfer_bytes"].fillna(0) > 0).any()
                                     or (steps["kv_transfer_s"].fillna(0) > 0).any()),
-                        has_pause=bool((steps["host_pause_s"].fillna(0) >= 1e-3).any()),
+                        has_pause=bool((steps[["host_pause_s", "host_stopped_s"]].fillna(0) >= 1e-3).any(axis=None)),
                         episodes=episodes)
 
 

@@ -98,7 +98,7 @@ EVIDENCE_FIELDS: dict[str, tuple[str, str]] = {
     "interval_host_wait_excess_s": ("s", "interval rows: GPU wait on the host between forwards beyond the "
                                     "instance's usual share (SGLang gpu_overlap_wait_seconds_total; vLLM GC pauses)"),
     "host_pause_s": ("s", "interval rows: garbage-collection time the engine logged (vLLM VLLM_GC_DEBUG=1)"),
-    "host_stopped_s": ("s", "interval rows: time the OS saw the engine process stopped or waiting for a CPU "
+    "host_stopped_s": ("s", "interval rows: the longest time the OS saw the engine process stopped "
                             "(mixdiag sample-host)"),
     "interval_host_stopped_s": ("s", "step rows: the OS-sampled part of interval_host_pause_s"),
     "arrivals": ("count", "requests that arrived / began prefill in the row"),

@@ -8,7 +8,8 @@ knobs. :func:`run` is the CLI's one-run path. A run directory holds::
     DIR/scrapes/<unix_time_s>.prom   timed /metrics scrapes (docs/contracts.md section 1)
     DIR/vllm.log                     the operator log, exactly as vLLM printed it (no iteration lines)
     DIR/client.jsonl                 every stream's `mixdiag load` records, merged
-    DIR/host.csv                     the EngineCore process as the OS saw it every 10 ms (`mixdiag sample-host`)
+    DIR/host.csv                     the EngineCore process as the OS saw it every 10 ms (`mixdiag sample-host`;
+                                     host.out: its console output)
     DIR/loads/<stream>.jsonl         each stream's own records (and .out: its console output)
     DIR/truth/iterations.log         vLLM's per-iteration records, unix-time stamped
     DIR/truth/faults.csv             t_start_s,t_end_s,cause,detail of every injected fault

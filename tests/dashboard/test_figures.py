@@ -207,3 +207,14 @@ def test_a_host_pause_panel_where_the_engine_timed_pauses():
     fig = figures.timeline_figure(v)
     assert figures.PANEL_TITLES["pause"] in [a.text for a in fig.layout.annotations]
     assert max(traces(fig, "host pause")[0].y) == pytest.approx(0.31)
+
+
+def test_the_pause_panel_draws_what_the_os_saw_beside_the_gc():
+    """The host sampler's stand-stills (host_stopped_s) share the pause panel, as a trace of their own."""
+    import dataclasses
+    v = big_view(2_000)
+    idx = np.arange(len(v.steps))
+    steps = v.steps.assign(host_pause_s=0.0, host_stopped_s=np.where(idx == 900, 0.6, 0.0))
+    fig = figures.timeline_figure(dataclasses.replace(v, steps=steps, has_pause=True))
+    assert max(traces(fig, "process stopped (OS)")[0].y) == pytest.approx(0.6)
+    assert max(traces(fig, "host pause")[0].y) == 0.0

@@ -46,9 +46,9 @@ def test_a_step_reads_the_stand_stills_on_its_own_span():
 
 
 @pytest.mark.parametrize("ev,want", [
-    ({"host_stopped_s": 0.31, "gap_share_of_excess": 1.0}, "engine process stopped/starved 310.0 ms (OS-sampled) (100% of excess)"),
-    ({"host_pause_s": 0.27, "host_stopped_s": 0.05}, "GC pause 270.0 ms (engine-timed), engine process stopped/starved 50.0 ms (OS-sampled)"),
-    ({"interval_host_pause_s": 0.2, "interval_host_stopped_s": 0.2}, "engine process stopped/starved 200.0 ms (OS-sampled)"),
+    ({"host_stopped_s": 0.31, "gap_share_of_excess": 1.0}, "engine process stopped 310.0 ms (OS-sampled) (100% of excess)"),
+    ({"host_pause_s": 0.27, "host_stopped_s": 0.05}, "GC pause 270.0 ms (engine-timed), engine process stopped 50.0 ms (OS-sampled)"),
+    ({"interval_host_pause_s": 0.2, "interval_host_stopped_s": 0.2}, "engine process stopped 200.0 ms (OS-sampled)"),
 ])
 def test_the_evidence_line_says_who_measured_the_stand_still(ev, want):
     assert evidence_summary("host_stall", ev) == want

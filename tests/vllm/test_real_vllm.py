@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mixdiag.vllm_testbed import environment, fault_plan, scoring, truth
@@ -288,6 +289,39 @@ def test_gc_pauses_are_timed_by_the_engine_and_named_where_decodes_waited(stall_
     assert on_pause == named, (named, pauses)
     if held:
         assert on_pause, (held, report["by_cause"])
+
+
+def test_sigstops_are_seen_by_the_os_and_named_with_the_host_samples(stall_run):
+    """The testbed samples the EngineCore (`mixdiag sample-host`, host.csv): the kernel shows every SIGSTOP as state
+    T, and scrapes + log + host samples name host_stall at intervals holding a stop or a measured CPU starvation -
+    at least one SIGSTOP of >= 0.3 s that held decodes - where scrapes + log alone name none at the SIGSTOPs."""
+    from mixdiag.collectors.host import proc_samples
+    d = stall_run.out
+    rows = [r.split(",") for r in (d / "host.csv").read_text().splitlines()[1:]]
+    stopped = [float(r[0]) for r in rows if r[2] in ("T", "t")]
+    stalls = [f for f in truth.read_faults(d / "truth" / "faults.csv")
+              if f.cause == "host_stall" and f.detail.startswith("SIGSTOP")]
+    # truth of the truth: a sample in state T inside every stop the sampler's gaps could not step over
+    gaps = np.diff([float(r[0]) for r in rows])
+    for s in stalls:
+        if s.t_end_s - s.t_start_s > 2 * float(np.max(gaps)):
+            assert any(s.t_start_s - 0.05 <= t <= s.t_end_s + 0.05 for t in stopped), s
+    ev = proc_samples.read(str(d / "host.csv")).series
+    starved = ev[(ev["name"] == proc_samples.STARVED_SERIES)]
+    held = {(u.t0_s, u.t1_s) for u in scoring.stall_units(d / "truth" / "faults.csv", d / "truth" / "iterations.log")}
+    pauses = [f for f in truth.read_faults(d / "truth" / "faults.csv") if f.cause == "host_stall"]
+    report = analyze(d / "scrapes", d / "vllm.log", d / "host.csv")
+    times = scrape_times(d)
+    named = [iv for iv, cause in spikes_by_interval(report, times) if cause == "host_stall"]
+    print(f"host samples: {len(rows)} samples, {len(stopped)} in state T, {len(starved)} CPU starvations; "
+          f"scrapes+log+host: {report['by_cause']}")
+    for lo, hi in named:   # each call has a measured stand-still in or just before its interval
+        assert any(p.t_start_s <= hi and lo - 1.0 <= p.t_end_s for p in pauses) or any(
+            lo - 1.0 <= t <= hi for t in starved["t_s"]), ((lo, hi), pauses)
+    long_held = [s for s in stalls if s.t_end_s - s.t_start_s >= 0.3 and (s.t_start_s, s.t_end_s) in held]
+    if long_held:
+        assert any(any(s.t_start_s <= hi and lo <= s.t_end_s + 0.5 for lo, hi in named) for s in long_held), \
+            (long_held, named)
 
 
 # ---------------------------------------------------------------------------------------------- KV pressure

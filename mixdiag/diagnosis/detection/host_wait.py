@@ -23,7 +23,7 @@ that count holds the pause's idle already). A pause under the instance's typical
 latency hides inside one step's spread (a young-generation collection takes well under a millisecond), so
 where pauses are the measure the noise is at least half the typical ITL: a pause stands out (k = 3) only
 at 1.5 typical ITLs or more. ``host_stopped_s`` (mixdiag's host sampler: the OS saw the engine process stopped,
-or runnable and waiting for a CPU, collectors/host/proc_samples.py) is the same kind of measure, taken by the
+collectors/host/proc_samples.py) is the same kind of measure, taken by the
 kernel instead of the engine: :func:`measured_pause` is their sum.
 """
 from __future__ import annotations
@@ -95,7 +95,7 @@ PAUSE_COLUMNS = frozenset({"host_pause_s", "host_stopped_s"})
 
 def measured_pause(sig: pd.DataFrame) -> np.ndarray:
     """Per row: the host time measured standing still - ``host_pause_s`` (the engine timed it: GC) plus
-    ``host_stopped_s`` (the OS saw the process stopped or starved of CPU); NaN where neither was measured."""
+    ``host_stopped_s`` (the OS saw the process stopped); NaN where neither was measured."""
     a, b = _col(sig, "host_pause_s"), _col(sig, "host_stopped_s")
     return np.where(np.isfinite(a) | np.isfinite(b), np.nan_to_num(a) + np.nan_to_num(b), np.nan)
 

@@ -118,7 +118,7 @@ def attribute_fused(row: pd.Series, a: Attribution, cfg: AttributionConfig = Att
         seen = seen if seen is not None and seen > 0 else None
         gc = pause - (seen or 0.0)
         said = ([f"the engine logged {gc:.3f} s of garbage collection"] if gc > 1e-9 else []) + (
-            [f"the OS saw the engine process stopped or waiting for a CPU {seen:.3f} s (host sampler)"] if seen else [])
+            [f"the OS saw the engine process stopped {seen:.3f} s (host sampler)"] if seen else [])
         return Attribution("host_stall", round(0.7 * cfg.interval_factor, 3), dict(a.evidence) | {
             "interval_host_pause_s": pause, **({"interval_host_stopped_s": seen} if seen else {}),
             "reason": " and ".join(said) + " where this step ran, most of the step's excess"})

@@ -104,10 +104,10 @@ def attribute_interval(row: pd.Series, ctx: InstanceContext, cfg: AttributionCon
         share = min(1.0, gap / excess)
         pause, stopped = num(row.get("host_pause_s")), num(row.get("host_stopped_s"))
         timed = pause is not None and pause > 0   # vLLM's GC debugger timed the collections
-        seen = stopped is not None and stopped > 0   # the OS saw the engine process stopped or starved of CPU
+        seen = stopped is not None and stopped > 0   # the OS saw the engine process stopped (host sampler)
         said = [f"the engine logged {pause:.3f} s of garbage collection in the interval (its own GC timing)"] if timed else []
         if seen:
-            said.append(f"the OS saw the engine process stopped or waiting for a CPU {stopped:.3f} s in the interval "
+            said.append(f"the OS saw the engine process stopped {stopped:.3f} s in the interval "
                         f"(host sampler)")
         reason = " and ".join(said) or (f"the GPU waited {gap:.3f} s on the host beyond its usual share of the "
                                         f"interval (the engine's own count)")
