@@ -135,5 +135,9 @@ def test_real_vllm_scrapes_log_and_host_samples_name_the_sigstops():
     for a, b, ev in zip(hs["t_start_s"], hs["t_end_s"], hs["evidence"]):
         assert any(r.t_start_s <= b and a <= r.t_end_s for r in truth)
         assert ev["host_stopped_s"] > 0.15 and "OS saw the engine process" in ev["reason"]
-    alone = diagnose(load([str(FIX / "scrapes"), str(FIX / "vllm.log")])).spikes
-    assert not (alone["cause"] == "host_stall").any()
+    alone = diagnose(load([str(FIX / "scrapes"), str(FIX / "vllm.log")]))
+    assert not (alone.spikes["cause"] == "host_stall").any()
+    # the host time the OS measured is a signal the server now has; without the samples it has none
+    inst = tl.instances[0]
+    assert diagnose(tl).instances[inst]["signals"]["host_time"] == "measured"
+    assert alone.instances[inst]["signals"]["host_time"] == "absent"

@@ -20,14 +20,14 @@ from mixdiag.diagnosis.detection import host_wait
 from mixdiag.diagnosis.detection.context import InstanceContext
 from mixdiag.diagnosis.detection.chunk_step import large_chunk
 from mixdiag.diagnosis.detection.interval_spikes import interval_spikes
-from mixdiag.diagnosis.detection.signals import (SIGNAL_COLUMNS, decode_graph_norm, graph_off_decode_column,
-                                                 interval_decode_evidence, period_stats, periodicity, prefill_events,
+from mixdiag.diagnosis.detection.signals import (HOST_TIME_COLUMNS, SIGNAL_COLUMNS, decode_graph_norm,
+                                                 graph_off_decode_column, interval_decode_evidence, period_stats, periodicity, prefill_events,
                                                  qualities, rank_relation, row_qualities, step_signals,
                                                  counted_work, work_near)
 from mixdiag.schema import Timeline
 
 #: Columns whose presence per instance decides the signal qualities (signals.qualities).
-_PRESENCE = tuple(dict.fromkeys(c for cols in SIGNAL_COLUMNS.values() for c in cols))
+_PRESENCE = tuple(dict.fromkeys([*(c for cols in SIGNAL_COLUMNS.values() for c in cols), *HOST_TIME_COLUMNS]))
 _MODES = ("graph_full_steps", "graph_piecewise_steps", "graph_none_steps")
 
 

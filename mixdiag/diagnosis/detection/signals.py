@@ -45,6 +45,10 @@ def signal_quality(meta: dict, instance: str, steps: pd.DataFrame, has_tokens: b
                      bool(len(steps)) and bool(equal(steps["granularity"], "step").any()))
 
 
+#: interval columns that measure host time (detection/host_wait.py)
+HOST_TIME_COLUMNS = ("gpu_wait_s", "host_pause_s", "host_stopped_s")
+
+
 def qualities(meta: dict, instance: str, has_data, has_tokens: bool, has_step_rows: bool) -> dict[str, str]:
     """:func:`signal_quality` from ``has_data(column)`` (whether the instance's rows hold any of it)."""
     declared = (meta or {}).get("signals", {}).get(instance, {}) or {}
@@ -53,7 +57,9 @@ def qualities(meta: dict, instance: str, has_data, has_tokens: bool, has_step_ro
         if sig == "itl":
             present = has_tokens or any(has_data(c) for c in SIGNAL_COLUMNS["itl"])
         elif sig == "host_time":
-            present = has_step_rows
+            # gaps between step rows, or host time an interval row counts itself: the GPU's wait on the host
+            # (SGLang), the engine's GC timing (vLLM), the OS's view of the process (host sampler)
+            present = has_step_rows or any(has_data(c) for c in HOST_TIME_COLUMNS)
         elif sig == "token_allocation":
             present = has_data("prefill_tokens") and (has_data("decode_rows") or has_data("decode_reqs"))
         else:
