@@ -18,6 +18,7 @@ made mostly of undecodable bytes is binary garbage and is skipped as such.
 from __future__ import annotations
 
 import calendar
+import csv
 import io
 import os
 import re
@@ -186,6 +187,33 @@ def read_lines(source, fmt: str) -> tuple[list[str], bool, LineStats]:
     if replaced:
         lines = clean_lines(lines)
     return lines, ends, stats
+
+
+def csv_records(source, fmt: str, header: tuple[str, ...], what: str) -> tuple[list[tuple[str, list[str]]], LineStats]:
+    """The data rows of one of mixdiag's sampler CSVs (NVML, host): ``(raw line, fields)`` of every line with
+    ``len(header)`` fields, and the :class:`LineStats` that counted the header and blank lines ignored and every
+    other line skipped. A first line other than ``header`` is a one-line error naming ``what`` the file should be."""
+    lines, _, stats = read_lines(source, fmt)
+    if not lines or lines[0].strip() != ",".join(header):
+        raise UserError(f"{source_name(source)}: not {what} (first line must be {','.join(header)})")
+    stats.ignored()  # the header
+    out = []
+    for raw in lines[1:]:
+        if not raw.strip():
+            stats.ignored()
+            continue
+        if is_garbage(raw):
+            stats.skipped(raw, "not text")
+            continue
+        try:
+            rec = next(csv.reader(io.StringIO(raw)), [])
+        except csv.Error:  # a stray CR inside the line
+            rec = []
+        if len(rec) != len(header):
+            stats.skipped(raw, f"not {len(header)} fields: {','.join(header)}")
+            continue
+        out.append((raw, rec))
+    return out, stats
 
 
 def read_counted(source, ascii_bytes: bool = False) -> tuple[str, str | bytes, int]:

@@ -17,7 +17,6 @@ sampler; without it, or without a driver, the sampler stops with a one-line erro
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 import time
@@ -30,7 +29,7 @@ from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
 from mixdiag.gpu_probe import METRICS, choose_source, gpm_sm_util, load_nvml
-from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
+from mixdiag.collectors.text_input import csv_records, source_name
 
 __all__ = ["FORMAT", "HEADER", "sniff", "sample", "read"]
 
@@ -99,25 +98,14 @@ def sample(out: str | os.PathLike, *, device_index: int = 0, interval_s: float =
 def read(source, *, instance: str | None = None, steps: Timeline | pd.DataFrame | None = None,
          **options) -> Timeline:
     """Read a sampler CSV into series ``nvml_<metric>`` (and ``steps.sm_active`` when ``steps`` given)."""
-    lines, _, stats = read_lines(source, FORMAT)
-    if not lines or lines[0].strip() != ",".join(HEADER):
-        raise UserError(f"{source_name(source)}: not an NVML sampler CSV (first line must be {','.join(HEADER)})")
-    stats.ignored()  # the header
+    recs, stats = csv_records(source, FORMAT, HEADER, "an NVML sampler CSV")
     base = instance or Path(source_name(source)).stem
     rows = []
-    for raw in lines[1:]:
-        if not raw.strip():
-            stats.ignored()
-            continue
-        if is_garbage(raw):
-            stats.skipped(raw, "not text")
-            continue
+    for raw, (t, gpu, uuid, metric, value) in recs:
         try:
-            rec = next(csv.reader(io.StringIO(raw)), [])
-            t, gpu, uuid, metric, value = rec
             t_s, v = float(t), float(value)
-        except (ValueError, csv.Error):  # csv.Error: a stray CR inside the line
-            stats.skipped(raw, "not 5 fields: t_s,gpu_index,gpu_uuid,metric,value")
+        except ValueError:
+            stats.skipped(raw, "time or value not a number")
             continue
         if metric not in METRICS or not (math.isfinite(t_s) and (math.isnan(v) or 0.0 <= v <= 1.0)):
             stats.skipped(raw, "unknown metric, bad time or value outside 0..1")

@@ -33,7 +33,6 @@ measured 0. Rows the reader cannot use are counted and reported (``meta["sources
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 import time
@@ -42,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mixdiag.collectors.text_input import is_garbage, read_lines, source_name
+from mixdiag.collectors.text_input import csv_records, source_name
 from mixdiag.errors import UserError
 from mixdiag.schema import Timeline
 
@@ -158,23 +157,13 @@ def events(t: np.ndarray, state: np.ndarray, delay: np.ndarray) -> list[tuple[st
 
 def read(source, *, instance: str | None = None, **options) -> Timeline:
     """Read a sampler CSV into the series ``host:stopped_s`` and ``host:cpu_starved_s`` (module doc)."""
-    lines, _, stats = read_lines(source, FORMAT)
-    if not lines or lines[0].strip() != ",".join(HEADER):
-        raise UserError(f"{source_name(source)}: not a host sampler CSV (first line must be {','.join(HEADER)})")
-    stats.ignored()  # the header
+    lines, stats = csv_records(source, FORMAT, HEADER, "a host sampler CSV")
     recs: dict[int, list[tuple[float, str, float]]] = {}
-    for raw in lines[1:]:
-        if not raw.strip():
-            stats.ignored()
-            continue
-        if is_garbage(raw):
-            stats.skipped(raw, "not text")
-            continue
+    for raw, (t, pid, state, _cpu, delay) in lines:
         try:
-            t, pid, state, _cpu, delay = next(csv.reader(io.StringIO(raw)), [])
             t_s, p, d = float(t), int(pid), (float(delay) if delay.strip() else math.nan)
-        except (ValueError, csv.Error):
-            stats.skipped(raw, "not 5 fields: t_s,pid,state,cpu_s,run_delay_s")
+        except ValueError:
+            stats.skipped(raw, "time, pid or run-queue wait not a number")
             continue
         if not math.isfinite(t_s) or len(state.strip()) != 1:
             stats.skipped(raw, "bad time or state")

@@ -180,13 +180,8 @@ def _chunk_tail(sig: pd.DataFrame, base: pd.Series, interval_ratio: float, chunk
     batch = np.fmax(running.to_numpy(dtype=float), gw.shift(running, 1, np.nan, groups).to_numpy(dtype=float))
     chunk = large_chunk(ahead.to_numpy(dtype=float), batch, chunk_min)
     fl = floor.to_numpy(dtype=float)
-    usual = np.full(len(sig), np.nan)
-    b = np.array([0, len(sig)]) if groups is None else gw.bounds(groups)
-    for g in np.flatnonzero(np.add.reduceat(chunk, b[:-1]) > 0) if len(sig) else []:
-        part = slice(b[g], b[g + 1])
-        seen = fl[part][chunk[part] & (fl[part] > 0)]
-        if len(seen):
-            usual[part] = np.median(seen)
+    # the instance's usual slowest token of a chunk interval (NaN where it has none)
+    usual = gw.quantile(pd.Series(np.where(chunk & (fl > 0), fl, np.nan), index=sig.index), 0.5, groups).to_numpy()
     with np.errstate(invalid="ignore"):
         ok = chunk & (fl >= interval_ratio * base.to_numpy(dtype=float)) & (fl <= CHUNK_TAIL_SPAN * usual)
     return pd.Series(ok, index=sig.index)
